@@ -1,0 +1,1 @@
+"""Calve: multi-tenant HTTP ingestion into Apache Iceberg."""

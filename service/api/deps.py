@@ -1,0 +1,99 @@
+"""Dependencies that routes take, as Annotated aliases."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Annotated
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pyiceberg.catalog import Catalog
+from sqlmodel import Session
+
+from service.catalog import get_catalog
+from service.core.config import Settings
+from service.core.db import get_engine
+from service.receipts import ReceiptWaiter
+from service.tenants import Principal, authenticate
+
+NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
+_NAME = re.compile(NAME_PATTERN)
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_session(settings: SettingsDep) -> Iterator[Session]:
+    with Session(get_engine(settings.resolved_database_url())) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_redis(request: Request) -> aioredis.Redis:
+    return request.app.state.redis
+
+
+def get_sync_redis(request: Request) -> redis.Redis:
+    return request.app.state.sync_redis
+
+
+def get_waiter(request: Request) -> ReceiptWaiter:
+    return request.app.state.waiter
+
+
+def get_iceberg(settings: SettingsDep) -> Catalog:
+    return get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
+
+
+RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
+SyncRedisDep = Annotated[redis.Redis, Depends(get_sync_redis)]
+WaiterDep = Annotated[ReceiptWaiter, Depends(get_waiter)]
+CatalogDep = Annotated[Catalog, Depends(get_iceberg)]
+
+
+def _principal(session: SessionDep, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing token: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    principal = authenticate(session, credentials.credentials)
+    if principal is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    return principal
+
+
+def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
+    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+        if scope not in principal.scopes:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the '{scope}' scope")
+        return principal
+
+    return check
+
+
+IngestPrincipal = Annotated[Principal, Depends(require_scope("ingest"))]
+ReadPrincipal = Annotated[Principal, Depends(require_scope("read"))]
+
+TableName = Annotated[
+    str,
+    Path(pattern=NAME_PATTERN, description="lower-case letters, digits and '_', at most 63, not starting with a digit"),
+]
+
+
+def valid_name(name: str) -> bool:
+    return bool(_NAME.match(name))

@@ -1,0 +1,64 @@
+"""GET /healthz (alive), GET /readyz (every dependency answers), GET /metrics."""
+
+from __future__ import annotations
+
+import grpc
+from fastapi import APIRouter, status
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+
+from service import metrics
+from service.api.deps import CatalogDep, SettingsDep, SyncRedisDep
+from service.core.db import get_engine
+
+router = APIRouter(tags=["health"])
+CHECK_TIMEOUT_S = 2.0
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+def _spark_answers(remote: str | None) -> str | None:
+    if not remote:
+        return "CALVE_SPARK_REMOTE is not set"
+    target = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=CHECK_TIMEOUT_S)
+        return None
+    except grpc.FutureTimeoutError:
+        return f"no answer from {target}"
+    finally:
+        channel.close()
+
+
+@router.get("/readyz")
+def readyz(settings: SettingsDep, client: SyncRedisDep, catalog: CatalogDep) -> JSONResponse:
+    problems: dict[str, str] = {}
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"; the message says which
+        problems["redis"] = str(exc)
+    spark = _spark_answers(settings.spark_remote)
+    if spark:
+        problems["spark_connect"] = spark
+    try:
+        catalog.list_namespaces()
+    except Exception as exc:  # noqa: BLE001
+        problems["catalog"] = str(exc)
+    try:
+        with get_engine(settings.resolved_database_url()).connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001
+        problems["metadata_db"] = str(exc)
+    if problems:
+        return JSONResponse({"status": "unavailable", "missing": problems}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+def prometheus_metrics(client: SyncRedisDep) -> Response:
+    return Response(metrics.render(client), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,68 @@
+"""GET /v1/tables, /v1/tables/{name}, /v1/tables/{name}/rows."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import Response
+from pyiceberg.exceptions import NoSuchNamespaceError
+from pyiceberg.table import Table
+
+import orjson
+
+from service.api.deps import CatalogDep, ReadPrincipal, TableName
+from service.catalog import load_table
+
+router = APIRouter(prefix="/v1/tables", tags=["tables"])
+RECENT_SNAPSHOTS = 10
+
+
+def _table_or_404(catalog: CatalogDep, tenant: str, name: str) -> Table:
+    table = load_table(catalog, tenant, name)
+    if table is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no table {name!r}")
+    return table
+
+
+@router.get("")
+def list_tables(principal: ReadPrincipal, catalog: CatalogDep) -> dict:
+    try:
+        identifiers = catalog.list_tables(principal.tenant)
+    except NoSuchNamespaceError:
+        identifiers = []
+    return {"tables": sorted(identifier[-1] for identifier in identifiers)}
+
+
+@router.get("/{name}")
+def describe_table(name: TableName, principal: ReadPrincipal, catalog: CatalogDep) -> dict:
+    table = _table_or_404(catalog, principal.tenant, name)
+    snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)[:RECENT_SNAPSHOTS]
+    return {
+        "name": name,
+        "location": table.location(),
+        "schema": orjson.loads(table.schema().model_dump_json()),
+        "partition_spec": orjson.loads(table.spec().model_dump_json()),
+        "current_snapshot_id": table.metadata.current_snapshot_id,
+        "snapshots": [
+            {
+                "snapshot_id": snapshot.snapshot_id,
+                "parent_snapshot_id": snapshot.parent_snapshot_id,
+                "timestamp_ms": snapshot.timestamp_ms,
+                "summary": snapshot.summary.model_dump() if snapshot.summary else {},
+            }
+            for snapshot in snapshots
+        ],
+    }
+
+
+@router.get("/{name}/rows")
+def preview_rows(
+    name: TableName,
+    principal: ReadPrincipal,
+    catalog: CatalogDep,
+    limit: int = Query(20, ge=1, le=1000),
+) -> Response:
+    table = _table_or_404(catalog, principal.tenant, name)
+    rows = table.scan(limit=limit).to_arrow().to_pylist()
+    # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
+    content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
+    return Response(content, media_type="application/json")

@@ -1,0 +1,115 @@
+"""The Iceberg catalog and what Calve reads from its tables.
+
+Each tenant owns one namespace, named after the tenant. The SQL catalog on SQLite is the embedded
+default; any pyiceberg catalog URI works the same way.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from functools import lru_cache
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+from sqlalchemy import event
+
+from service.core.keys import SUMMARY_WATERMARK
+
+CATALOG_NAME = "calve"
+
+# pyiceberg retries a conflicting append by re-applying it on the refreshed table. That would
+# bypass the watermark check and commit files a rival leader already committed, so Calve turns
+# it off and handles conflicts itself (reload, re-filter, retry).
+COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+TABLE_PROPERTIES = {
+    COMMIT_RETRIES_PROPERTY: "0",
+    # Keep the metadata directory bounded: one JSON file per commit otherwise piles up forever.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+
+
+@lru_cache(maxsize=4)
+def get_catalog(uri: str, warehouse: str) -> Catalog:
+    catalog = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=warehouse)
+    if uri.startswith("sqlite"):
+        _tune_sqlite(catalog)
+    return catalog
+
+
+def _tune_sqlite(catalog: SqlCatalog) -> None:
+    # Several processes commit to one SQLite file: WAL and a busy timeout turn lock contention
+    # into short waits instead of "database is locked" failures.
+    engine = catalog.engine
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    engine.dispose()
+
+
+def table_identifier(tenant: str, table: str) -> tuple[str, str]:
+    return (tenant, table)
+
+
+def ensure_namespace(catalog: Catalog, tenant: str) -> None:
+    try:
+        catalog.create_namespace(tenant)
+    except NamespaceAlreadyExistsError:
+        pass
+
+
+def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
+    try:
+        return catalog.load_table(table_identifier(tenant, table))
+    except NoSuchTableError:
+        return None
+
+
+def create_table_once(catalog: Catalog, tenant: str, table: str, schema) -> Table:  # noqa: ANN001 - pyarrow or Iceberg schema
+    """Create the table, or load it when another writer created it first."""
+    ensure_namespace(catalog, tenant)
+    try:
+        return catalog.create_table(table_identifier(tenant, table), schema=schema, properties=TABLE_PROPERTIES)
+    except TableAlreadyExistsError:
+        return catalog.load_table(table_identifier(tenant, table))
+
+
+def ensure_commit_properties(table: Table) -> Table:
+    """Make a table created elsewhere safe for Calve's committer (see TABLE_PROPERTIES)."""
+    if table.properties.get(COMMIT_RETRIES_PROPERTY) == "0":
+        return table
+    with table.transaction() as transaction:
+        transaction.set_properties({COMMIT_RETRIES_PROPERTY: "0"})
+    return table
+
+
+def calve_snapshots(table: Table) -> list[Snapshot]:
+    """Snapshots that Calve's committer made, newest first.
+
+    Walks the current branch's ancestry, so a maintenance commit on top (which carries no
+    watermark) does not hide the last watermark.
+    """
+    snapshots: list[Snapshot] = []
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        if snapshot.summary is not None and SUMMARY_WATERMARK in snapshot.summary.additional_properties:
+            snapshots.append(snapshot)
+        if snapshot.parent_snapshot_id is None:
+            break
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return snapshots
+
+
+def watermark(table: Table) -> str:
+    """The last commit-stream entry id already in the table ("0-0" when none is)."""
+    for snapshot in calve_snapshots(table):
+        return snapshot.summary.additional_properties[SUMMARY_WATERMARK]
+    return "0-0"

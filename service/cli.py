@@ -1,0 +1,162 @@
+"""The `calve` command: `up` runs everything; `api`, `writer`, `committer` run one role."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from service.core.config import Settings, get_settings
+from service.exceptions import StartupError
+
+log = logging.getLogger("calve")
+ROLES = ("api", "writer", "committer")
+GRACE_S = 30.0
+
+
+def _logging() -> None:
+    logging.basicConfig(level=os.environ.get("CALVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _require(settings: Settings, *names: str) -> None:
+    missing = [f"CALVE_{n.upper()}" for n in names if not getattr(settings, n)]
+    if missing:
+        raise StartupError(f"{', '.join(missing)} must be set to run this role alone (or use `calve up`)")
+
+
+def run_api(settings: Settings) -> None:
+    import uvicorn
+
+    from service.api.main import create_app
+
+    _require(settings, "redis_url")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", access_log=False)
+
+
+def _catalog_and_redis(settings: Settings):  # noqa: ANN202
+    import redis
+
+    from service.catalog import get_catalog
+
+    _require(settings, "redis_url")
+    return redis.Redis.from_url(settings.redis_url), get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
+
+
+def run_writer(settings: Settings) -> None:
+    from service.writer import Writer
+
+    _require(settings, "spark_remote")
+    client, catalog = _catalog_and_redis(settings)
+    Writer(settings, client, catalog).run(_stop_event())
+
+
+def run_committer(settings: Settings) -> None:
+    from service.committer import Committer
+
+    client, catalog = _catalog_and_redis(settings)
+    Committer(settings, client, catalog).run(_stop_event())
+
+
+def prepare_metadata(settings: Settings) -> None:
+    """Migrate the metadata DB and create the first tenant and token."""
+    from sqlmodel import Session
+
+    from service.core.db import get_engine, migrate
+    from service.tenants import BOOTSTRAP_TOKEN_FILE, bootstrap
+
+    migrate(settings.resolved_database_url())
+    with Session(get_engine(settings.resolved_database_url())) as session:
+        token = bootstrap(session, settings.data_path, settings.bootstrap_token)
+    if token:
+        print(f"\nCreated tenant 'demo'. Its admin token (shown once, also in {settings.data_path / BOOTSTRAP_TOKEN_FILE}):\n\n    {token}\n", flush=True)
+
+
+def run_up(settings: Settings) -> None:
+    from service import processes
+
+    data = settings.data_path
+    logs = data / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stop = _stop_event()
+    started: list = []  # (name, Popen), stopped in reverse order
+    env = dict(os.environ, CALVE_DATA_DIR=str(data))
+    try:
+        if not settings.redis_url:
+            port = processes.free_port()
+            print(f"starting redis-server on 127.0.0.1:{port} (AOF in {data / 'redis'})", flush=True)
+            started.append(("redis", processes.start_redis(data, port, logs / "redis.log")))
+            settings.redis_url = f"redis://127.0.0.1:{port}/0"
+        if not settings.spark_remote:
+            port = settings.spark_port or processes.free_port()
+            print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
+            started.append(("spark", processes.start_spark_connect(port, settings.spark_driver_memory, data / "spark", logs / "spark-connect.log")))
+            settings.spark_remote = f"sc://127.0.0.1:{port}"
+        env.update(CALVE_REDIS_URL=settings.redis_url, CALVE_SPARK_REMOTE=settings.spark_remote)
+
+        metrics_dir = data / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+
+        prepare_metadata(settings)
+        roles = {role: processes.spawn([sys.executable, "-m", "service.cli", role], env=env) for role in ROLES}
+        started.extend(roles.items())
+        processes.wait_for_port(settings.port, 60, roles["api"], "api", None)
+        print(f"Calve is up: http://{settings.host}:{settings.port}  (Ctrl-C stops everything)", flush=True)
+        while not stop.wait(1.0):
+            for role, process in list(roles.items()):
+                if process.poll() is not None:
+                    log.error("%s exited with code %s; restarting it", role, process.returncode)
+                    time.sleep(1.0)
+                    roles[role] = processes.spawn([sys.executable, "-m", "service.cli", role], env=env)
+                    started.append((role, roles[role]))
+    finally:
+        print("stopping Calve...", flush=True)
+        for name, process in reversed(started):
+            processes.stop(process, GRACE_S if name in ROLES else 15)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="calve", description="HTTP ingestion into Apache Iceberg")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("up", help="run every role on embedded defaults (Redis, Spark Connect, SQLite catalog)")
+    commands.add_parser("api", help="run the HTTP api")
+    commands.add_parser("writer", help="run a writer (needs CALVE_REDIS_URL, CALVE_SPARK_REMOTE)")
+    commands.add_parser("committer", help="run a committer (needs CALVE_REDIS_URL)")
+    commands.add_parser("migrate", help="apply metadata DB migrations and create the first tenant")
+    args = parser.parse_args(argv)
+    _logging()
+    settings = get_settings()
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    try:
+        {
+            "up": run_up,
+            "api": run_api,
+            "writer": run_writer,
+            "committer": run_committer,
+            "migrate": prepare_metadata,
+        }[args.command](settings)
+    except StartupError as exc:
+        print(f"calve: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

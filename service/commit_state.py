@@ -1,0 +1,74 @@
+"""Commit bookkeeping without I/O: when a table is due, what a commit covers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from service.core import keys
+from service.streams import id_after, text
+
+
+@dataclass(frozen=True)
+class PendingFiles:
+    """One commit-stream entry: files a writer produced and the receipts they hold."""
+
+    entry_id: str
+    files: list[str]
+    rows_by_receipt: dict[str, int]
+
+    @classmethod
+    def from_stream(cls, entry_id: bytes | str, fields: dict) -> "PendingFiles":
+        get = lambda name: fields[name.encode()]  # noqa: E731
+        return cls(text(entry_id), orjson.loads(get(keys.F_FILES)), orjson.loads(get(keys.F_RECEIPTS)))
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What one Iceberg commit covers: every pending entry after the table's watermark."""
+
+    entries: list[PendingFiles]
+
+    @classmethod
+    def after(cls, entries: list[PendingFiles], watermark: str) -> "CommitPlan":
+        # Entries at or below the watermark are already in the table (a commit whose
+        # acknowledgement step did not finish, or another leader's commit): never add them again.
+        return cls([entry for entry in entries if id_after(entry.entry_id, watermark)])
+
+    @property
+    def empty(self) -> bool:
+        return not self.entries
+
+    @property
+    def watermark(self) -> str:
+        return self.entries[-1].entry_id
+
+    @property
+    def files(self) -> list[str]:
+        return [path for entry in self.entries for path in entry.files]
+
+    @property
+    def rows(self) -> int:
+        return sum(sum(entry.rows_by_receipt.values()) for entry in self.entries)
+
+    def rows_by_receipt(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for entry in self.entries:
+            for receipt, rows in entry.rows_by_receipt.items():
+                merged[receipt] = merged.get(receipt, 0) + rows
+        return merged
+
+
+@dataclass
+class CommitSchedule:
+    """Commits at most once per interval per table; after a quiet spell the next is immediate."""
+
+    interval_s: float
+    last_commit: dict[str, float] = field(default_factory=dict)
+
+    def is_commit_due(self, table: str, now: float) -> bool:
+        return now - self.last_commit.get(table, float("-inf")) >= self.interval_s
+
+    def record_commit(self, table: str, now: float) -> None:
+        self.last_commit[table] = now

@@ -1,0 +1,66 @@
+"""Settings, read once from the environment (prefix CALVE_)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CALVE_", extra="ignore")
+
+    data_dir: Path = Path("./data")
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # External services; when unset, `calve up` starts embedded ones under data_dir.
+    redis_url: str | None = None
+    spark_remote: str | None = None
+    catalog_uri: str | None = None
+    warehouse: str | None = None
+    database_url: str | None = None
+
+    bootstrap_token: str | None = None
+
+    # Embedded Spark Connect server.
+    spark_driver_memory: str = "4g"
+    spark_port: int = 0  # 0: pick a free port
+
+    # Ingest limits.
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_decompressed_bytes: int = 10 * 1024 * 1024
+    max_events_per_request: int = 100_000
+    wait_timeout_s: float = 30.0
+    max_wait_timeout_s: float = 300.0
+    receipt_ttl_s: int = 7 * 24 * 3600
+
+    # Writer batching: a batch closes at whichever limit comes first.
+    writer_batch_events: int = 200_000
+    writer_batch_bytes: int = 48 * 1024 * 1024
+    writer_batch_wait_s: float = 0.5
+    writer_claim_idle_s: float = 60.0
+
+    # Committer.
+    commit_interval_s: float = Field(default=2.0, gt=0)
+    commit_max_entries: int = 500
+    commit_retries: int = 8
+    lease_s: float = 10.0
+
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.resolve()
+
+    def resolved_catalog_uri(self) -> str:
+        return self.catalog_uri or f"sqlite:///{self.data_path / 'catalog.db'}"
+
+    def resolved_warehouse(self) -> str:
+        return self.warehouse or (self.data_path / "warehouse").as_uri()
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_path / 'calve.db'}"
+
+
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,21 @@
+"""Calve's exceptions."""
+
+
+class CalveError(Exception):
+    """Base of every error Calve raises on purpose."""
+
+
+class BadRequestBody(CalveError):
+    """The request body is not JSON, JSON lines or a JSON object/array Calve accepts."""
+
+
+class BodyTooLarge(CalveError):
+    """The request body exceeds a size or count limit."""
+
+
+class LeadershipLost(CalveError):
+    """This committer no longer holds the lease of the table it was committing."""
+
+
+class StartupError(CalveError):
+    """A part of the embedded stack could not be started; the message says what to do."""

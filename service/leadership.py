@@ -1,0 +1,68 @@
+"""Per-table leadership: a Redis lease plus a fencing counter.
+
+The lease (SET NX PX) says who may commit a table now. Each new lease takes the next value of the
+table's fencing counter, and the committer writes that value into every snapshot summary, so a
+commit made by a leader that had lost its lease (paused past it, say) is visible afterwards. The
+catalog's compare-and-swap and the watermark make such a commit harmless; the fence makes it
+detectable.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from service.core import keys
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class TableLease:
+    def __init__(self, client: redis.Redis, tenant: str, table: str, owner: str, lease_ms: int) -> None:
+        self.client = client
+        self.tenant = tenant
+        self.table = table
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self.key = keys.lease_key(tenant, table)
+        self.fence: int | None = None
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self) -> bool:
+        """Take the lease if nobody holds it; a successful take gets a new fence value."""
+        if not self.client.set(self.key, self.owner, nx=True, px=self.lease_ms):
+            return False
+        self.fence = int(self.client.incr(keys.fence_key(self.tenant, self.table)))
+        return True
+
+    def renew(self) -> bool:
+        """Extend the lease; False when it expired and someone else may hold it now."""
+        if self.fence is None:
+            return False
+        if self._renew(keys=[self.key], args=[self.owner, self.lease_ms]):
+            return True
+        self.fence = None
+        return False
+
+    def held(self) -> bool:
+        if self.fence is None:
+            return False
+        owner = self.client.get(self.key)
+        return owner is not None and owner.decode() == self.owner
+
+    def release(self) -> None:
+        if self.fence is not None:
+            self._release(keys=[self.key], args=[self.owner])
+            self.fence = None

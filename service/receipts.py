@@ -1,0 +1,191 @@
+"""Receipts: what happened to one ingest request.
+
+A receipt is a Redis hash, created with the input entry. The writer records which tables got
+rows; the committer records each table's snapshot and, when every table of the receipt is
+committed, flips the status and announces it on a pub/sub channel that waiting requests follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import redis
+import redis.asyncio as aioredis
+
+from service.core.keys import COMMITTED_CHANNEL, receipt_key
+
+log = logging.getLogger(__name__)
+
+BUFFERED = "buffered"
+WRITTEN = "written"
+COMMITTED = "committed"
+FAILED = "failed"
+
+WRITTEN_PREFIX = "written:"
+COMMITTED_PREFIX = "committed:"
+
+# Marks one table of a receipt committed; when all its tables are, marks the receipt committed.
+# Returns 1 only for the call that completed the receipt, so it is announced once.
+_MARK_COMMITTED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'committed:' .. ARGV[1], ARGV[2])
+if redis.call('HGET', KEYS[1], 'status') == 'committed' then return 0 end
+local expected = tonumber(redis.call('HGET', KEYS[1], 'tables') or '0')
+local done = 0
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(name, 1, 10) == 'committed:' then done = done + 1 end
+end
+if done >= expected then
+  redis.call('HSET', KEYS[1], 'status', 'committed', 'committed_at', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass
+class Receipt:
+    id: str
+    status: str
+    events: int
+    pipeline: str
+    created_at: float
+    tables: dict[str, dict] = field(default_factory=dict)
+    error: str | None = None
+
+    def public(self) -> dict:
+        body = {
+            "receipt": self.id,
+            "status": self.status,
+            "events": self.events,
+            "pipeline": self.pipeline,
+            "created_at": self.created_at,
+            "tables": self.tables,
+        }
+        if self.error:
+            body["error"] = self.error
+        return body
+
+
+def new_receipt_fields(events: int, pipeline: str) -> dict[str, str]:
+    return {"status": BUFFERED, "events": str(events), "pipeline": pipeline, "created_at": f"{time.time():.3f}"}
+
+
+def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Receipt | None:
+    if not raw:
+        return None
+    fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    tables: dict[str, dict] = {}
+    for name, value in fields.items():
+        if name.startswith(WRITTEN_PREFIX):
+            tables.setdefault(name[len(WRITTEN_PREFIX):], {})["rows"] = int(value)
+        elif name.startswith(COMMITTED_PREFIX):
+            snapshot_id, _, rows = value.partition(":")
+            entry = tables.setdefault(name[len(COMMITTED_PREFIX):], {})
+            entry["snapshot_id"] = int(snapshot_id)
+            entry["rows"] = int(rows)
+    return Receipt(
+        id=receipt_id,
+        status=fields.get("status", BUFFERED),
+        events=int(fields.get("events", 0)),
+        pipeline=fields.get("pipeline", ""),
+        created_at=float(fields.get("created_at", 0)),
+        tables=tables,
+        error=fields.get("error"),
+    )
+
+
+def get_receipt(client: redis.Redis, tenant: str, receipt_id: str) -> Receipt | None:
+    return parse_receipt(receipt_id, client.hgetall(receipt_key(tenant, receipt_id)))
+
+
+class ReceiptPublisher:
+    """The committer's side: mark receipts committed and announce the ones that completed."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._mark = client.register_script(_MARK_COMMITTED)
+
+    def mark_committed(self, tenant: str, table: str, snapshot_id: int, rows_by_receipt: dict[str, int]) -> list[str]:
+        now = f"{time.time():.3f}"
+        pipe = self._client.pipeline(transaction=False)
+        ids = list(rows_by_receipt)
+        for receipt_id in ids:
+            self._mark(
+                keys=[receipt_key(tenant, receipt_id)],
+                args=[table, f"{snapshot_id}:{rows_by_receipt[receipt_id]}", now],
+                client=pipe,
+            )
+        completed = [receipt_id for receipt_id, done in zip(ids, pipe.execute()) if done]
+        if completed:
+            self._client.publish(COMMITTED_CHANNEL, orjson.dumps(completed))
+        return completed
+
+
+class ReceiptWaiter:
+    """The api's side: one pub/sub subscription per process, fanned out to waiting requests.
+
+    Pub/sub loses messages across reconnects, so each waiter also re-reads its receipt every
+    second; the channel only makes the common case fast.
+    """
+
+    POLL_S = 1.0
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="receipt-waiter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self._client.pubsub()
+                await pubsub.subscribe(COMMITTED_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    for receipt_id in orjson.loads(message["data"]):
+                        for waiter in self._waiting.get(receipt_id, ()):
+                            waiter.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis went away; waiters keep polling meanwhile
+                log.warning("receipt subscription lost (%s); resubscribing", exc)
+                await asyncio.sleep(1.0)
+
+    async def wait(self, tenant: str, receipt_id: str, timeout_s: float) -> Receipt | None:
+        """The receipt once committed or failed, or its latest state when `timeout_s` passes."""
+        event = asyncio.Event()
+        self._waiting.setdefault(receipt_id, set()).add(event)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                receipt = parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))
+                if receipt is None or receipt.status in (COMMITTED, FAILED):
+                    return receipt
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return receipt
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=min(self.POLL_S, remaining))
+                event.clear()
+        finally:
+            waiters = self._waiting.get(receipt_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiting[receipt_id]

@@ -1,0 +1,31 @@
+"""One Spark Connect session per process, created on first use."""
+
+from __future__ import annotations
+
+import threading
+
+from pyspark.sql import SparkSession
+
+_lock = threading.Lock()
+_sessions: dict[str, SparkSession] = {}
+
+
+def spark_session(remote: str) -> SparkSession:
+    """The Spark Connect session for `remote` (`sc://host:port`), shared within the process."""
+    with _lock:
+        session = _sessions.get(remote)
+        if session is None:
+            session = SparkSession.builder.remote(remote).getOrCreate()
+            _sessions[remote] = session
+        return session
+
+
+def reset_session(remote: str) -> None:
+    """Forget a session whose server went away, so the next call reconnects."""
+    with _lock:
+        session = _sessions.pop(remote, None)
+    if session is not None:
+        try:
+            session.stop()
+        except Exception:  # noqa: BLE001 - the server is already gone; nothing to release
+            pass

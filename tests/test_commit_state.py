@@ -1,0 +1,41 @@
+"""Commit bookkeeping, without Redis or Iceberg."""
+
+from __future__ import annotations
+
+from service.commit_state import CommitPlan, CommitSchedule, PendingFiles
+from service.committer import next_id
+
+
+def entry(entry_id: str, receipt: str = "r", rows: int = 1) -> PendingFiles:
+    return PendingFiles(entry_id, [f"file://{entry_id}.parquet"], {receipt: rows})
+
+
+def test_plan_drops_entries_at_or_below_the_watermark() -> None:
+    plan = CommitPlan.after([entry("5-0"), entry("5-1"), entry("10-0")], "5-1")
+    assert [e.entry_id for e in plan.entries] == ["10-0"]
+    assert plan.watermark == "10-0"
+
+
+def test_plan_compares_ids_numerically_not_as_text() -> None:
+    plan = CommitPlan.after([entry("9-0"), entry("10-0")], "9-0")
+    assert [e.entry_id for e in plan.entries] == ["10-0"]
+
+
+def test_plan_merges_rows_per_receipt() -> None:
+    plan = CommitPlan([entry("1-0", "a", 2), entry("2-0", "a", 3), entry("3-0", "b", 1)])
+    assert plan.rows_by_receipt() == {"a": 5, "b": 1}
+    assert plan.rows == 6
+    assert len(plan.files) == 3
+
+
+def test_schedule_commits_at_most_once_per_interval() -> None:
+    schedule = CommitSchedule(interval_s=2.0)
+    assert schedule.is_commit_due("t", now=100.0)
+    schedule.record_commit("t", now=100.0)
+    assert not schedule.is_commit_due("t", now=101.9)
+    assert schedule.is_commit_due("t", now=102.0)
+    assert schedule.is_commit_due("other", now=100.5)
+
+
+def test_next_id_is_the_smallest_id_after() -> None:
+    assert next_id("17-3") == "17-4"

@@ -1,0 +1,156 @@
+"""POST /logs to committed Iceberg rows, against the real parts."""
+
+from __future__ import annotations
+
+import gzip
+import uuid
+
+import orjson
+import pytest
+
+from service.core import keys
+from tests.conftest import Stack, wait_until
+
+pytestmark = pytest.mark.spark
+
+
+def ndjson(events: list[dict]) -> bytes:
+    return b"\n".join(orjson.dumps(e) for e in events)
+
+
+def ids_in(stack: Stack) -> list[str]:
+    return [row["id"] for row in stack.rows()]
+
+
+def test_every_body_format_is_committed(stack: Stack) -> None:
+    tag = uuid.uuid4().hex[:8]
+    sent = {
+        "object": [{"id": f"{tag}-obj", "n": 1}],
+        "array": [{"id": f"{tag}-arr-{i}", "n": i} for i in range(3)],
+        "ndjson": [{"id": f"{tag}-nd-{i}", "n": i} for i in range(4)],
+        "gzip": [{"id": f"{tag}-gz-{i}", "n": i} for i in range(5)],
+    }
+    with stack.client() as http:
+        answers = [
+            http.post("/logs?wait=true", content=orjson.dumps(sent["object"][0]), headers={"Content-Type": "application/json"}),
+            http.post("/logs?wait=true", content=orjson.dumps(sent["array"]), headers={"Content-Type": "application/json"}),
+            http.post("/logs?wait=true", content=ndjson(sent["ndjson"]), headers={"Content-Type": "application/x-ndjson"}),
+            http.post(
+                "/logs?wait=true",
+                content=gzip.compress(ndjson(sent["gzip"])),
+                headers={"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"},
+            ),
+        ]
+    for answer, events in zip(answers, sent.values()):
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["status"] == "committed"
+        assert body["events"] == len(events)
+        assert body["tables"]["logs"]["rows"] == len(events)
+    rows = {row["id"]: row["n"] for row in stack.rows()}
+    assert rows == {e["id"]: e["n"] for events in sent.values() for e in events}
+
+
+def test_202_is_buffered_then_committed(stack: Stack) -> None:
+    with stack.client() as http:
+        answer = http.post("/logs", json={"id": "later", "msg": "hello"})
+        assert answer.status_code == 202
+        body = answer.json()
+        assert body["status"] == "buffered" and body["events"] == 1
+        receipt = body["receipt"]
+        committed = wait_until(
+            lambda: (r := http.get(f"/v1/receipts/{receipt}").json())["status"] == "committed" and r,
+            what="receipt to be committed",
+        )
+    snapshot_id = committed["tables"]["logs"]["snapshot_id"]
+    assert ids_in(stack) == ["later"]
+    table = stack.catalog().load_table(("demo", "logs"))
+    assert table.snapshot_by_id(snapshot_id) is not None
+
+
+def test_wait_true_answers_only_once_rows_are_readable(stack: Stack) -> None:
+    with stack.client() as http:
+        for round_ in range(3):
+            events = [{"id": f"w{round_}-{i}", "round": round_} for i in range(50)]
+            answer = http.post("/logs?wait=true", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"})
+            assert answer.status_code == 200, answer.text
+            # Read straight after the answer: every row of this request must already be there.
+            present = set(ids_in(stack))
+            assert {e["id"] for e in events} <= present
+
+
+def test_wait_true_times_out_with_202_while_nothing_commits(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",))
+    with stack.client() as http:
+        answer = http.post("/logs?wait=true&timeout=1", json={"id": "stuck"})
+    assert answer.status_code == 202
+    assert answer.json()["status"] == "buffered"
+
+
+def test_missing_and_bad_tokens_get_401_and_nothing_is_buffered(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",))
+    for token in (None, "calve_not-a-real-token"):
+        with stack.client(token) as http:
+            answer = http.post("/logs", json={"id": "x"})
+            assert answer.status_code == 401
+            assert "token" in answer.json()["detail"]
+            assert http.get("/v1/tables").status_code == 401
+    assert stack.redis.xlen(keys.input_stream_key("demo", "logs")) == 0
+
+
+def test_malformed_json_is_400_with_the_failing_line_and_nothing_is_buffered(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",))
+    with stack.client() as http:
+        bad = b'{"id": "a"}\n{"id": "b"}\n{"id": "c",\n{"id": "d"}'
+        answer = http.post("/logs", content=bad, headers={"Content-Type": "application/x-ndjson"})
+        assert answer.status_code == 400
+        assert "line 3" in answer.json()["detail"]
+        answer = http.post("/logs", content=b'{"id": ', headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400
+        assert "malformed JSON" in answer.json()["detail"]
+    assert stack.redis.xlen(keys.input_stream_key("demo", "logs")) == 0
+
+
+def test_oversize_body_is_413(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",), CALVE_MAX_BODY_BYTES="1000", CALVE_MAX_DECOMPRESSED_BYTES="5000")
+    with stack.client() as http:
+        answer = http.post("/logs", content=ndjson([{"pad": "x" * 100}] * 20), headers={"Content-Type": "application/x-ndjson"})
+        assert answer.status_code == 413
+        assert "1000 bytes" in answer.json()["detail"]
+        bomb = gzip.compress(b'{"pad":"' + b"x" * 100_000 + b'"}')
+        answer = http.post("/logs", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert answer.status_code == 413
+        assert "5000 bytes" in answer.json()["detail"]
+    assert stack.redis.xlen(keys.input_stream_key("demo", "logs")) == 0
+
+
+def test_tables_api_describes_and_previews(stack: Stack) -> None:
+    with stack.client() as http:
+        assert http.post("/logs?wait=true", json={"id": "t1", "level": "info"}).status_code == 200
+        assert http.get("/v1/tables").json() == {"tables": ["logs"]}
+        described = http.get("/v1/tables/logs").json()
+        assert {f["name"] for f in described["schema"]["fields"]} == {"id", "level"}
+        summary = described["snapshots"][0]["summary"]
+        assert summary[keys.SUMMARY_WATERMARK] and summary[keys.SUMMARY_FENCE]
+        assert http.get("/v1/tables/logs/rows?limit=5").json()["rows"] == [{"id": "t1", "level": "info"}]
+        assert http.get("/v1/tables/nope").status_code == 404
+        assert http.get("/v1/tables/..%2Fetc").status_code in (404, 422)
+        assert http.get("/v1/receipts/" + "0" * 32).status_code == 404
+
+
+def test_readyz_and_metrics(stack: Stack) -> None:
+    with stack.client() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        assert http.get("/readyz").status_code == 200
+        assert http.post("/logs?wait=true", json={"id": "m"}).status_code == 200
+        text = http.get("/metrics").text
+    assert 'calve_events_received_total{pipeline="logs",tenant="demo"} 1.0' in text
+    assert 'calve_stream_backlog{name="logs",stream="input",tenant="demo"} 0.0' in text
+
+
+def test_readyz_names_what_is_missing(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",), CALVE_SPARK_REMOTE="sc://127.0.0.1:1")
+    with stack.client(None) as http:
+        answer = http.get("/readyz")
+    assert answer.status_code == 503
+    assert set(answer.json()["missing"]) == {"spark_connect"}
