@@ -154,3 +154,11 @@ def test_readyz_names_what_is_missing(stack_factory) -> None:  # noqa: ANN001
         answer = http.get("/readyz")
     assert answer.status_code == 503
     assert set(answer.json()["missing"]) == {"spark_connect"}
+
+
+def test_console_page_is_served(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",))
+    with stack.client(None) as http:
+        page = http.get("/")
+    assert page.status_code == 200
+    assert "Calve console" in page.text and "/v1/tables" in page.text

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from service.api.routes import health, ingest, receipts, tables
 from service.core.config import Settings, get_settings
 from service.exceptions import BadRequestBody, BodyTooLarge
 from service.receipts import ReceiptWaiter
+
+CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -37,6 +40,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
     for router in (health.router, ingest.router, receipts.router, tables.router):
         app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    def console() -> FileResponse:
+        return FileResponse(CONSOLE_PAGE)
 
     @app.exception_handler(BadRequestBody)
     async def _bad_body(_request: Request, exc: BadRequestBody) -> JSONResponse:

@@ -1,0 +1,176 @@
+"""`make bench`: committed events/s and wait=true latency of the embedded stack, against a baseline.
+
+Starts `calve up` on a fresh data directory, lets concurrent producers POST 1,000-event NDJSON
+requests with wait=true for a fixed time, then stops it and measures, on the same events, what
+one process does with no HTTP, Redis or Spark: parse with pyarrow, write Parquet, append with
+pyiceberg. The last line of output is one JSON object.
+
+Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (96), BENCH_WARMUP_S (10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pyarrow as pa
+import pyarrow.json as pajson
+from pyiceberg.catalog.sql import SqlCatalog
+
+from service.processes import free_port
+
+EVENTS_PER_REQUEST = 1000
+TOKEN = "calve_bench-token-0123456789abcdefghijklmnopqrstuv"
+LEVELS = ["debug", "info", "info", "info", "warn", "error"]
+SERVICES = ["checkout", "search", "auth", "payments", "catalog"]
+
+
+def make_event(i: int) -> dict:
+    return {
+        "ts": 1_763_800_000_000 + i,
+        "level": random.choice(LEVELS),
+        "service": random.choice(SERVICES),
+        "host": f"web-{random.randint(1, 40):02d}",
+        "status": random.choice([200, 200, 200, 201, 404, 500]),
+        "latency_ms": round(random.random() * 250, 3),
+        "msg": f"request {i:010d} handled " + "".join(random.choices("abcdefghij", k=20)),
+    }
+
+
+def make_bodies(count: int) -> list[bytes]:
+    bodies = []
+    for b in range(count):
+        bodies.append(b"\n".join(orjson.dumps(make_event(b * EVENTS_PER_REQUEST + i)) for i in range(EVENTS_PER_REQUEST)))
+    return bodies
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def start_stack(data_dir: Path, port: int) -> subprocess.Popen:
+    env = dict(os.environ, CALVE_DATA_DIR=str(data_dir), CALVE_PORT=str(port), CALVE_BOOTSTRAP_TOKEN=TOKEN, CALVE_LOG_LEVEL="WARNING")
+    log = open(data_dir / "calve-up.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"calve up exited ({proc.returncode}); see {data_dir / 'calve-up.log'}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.terminate()
+    raise SystemExit("calve up did not become ready within 240 s")
+
+
+async def produce(port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float) -> tuple[int, list[float], int]:
+    """Run producers; returns (events acknowledged as committed in the window, latencies, failures)."""
+    latencies: list[float] = []
+    committed = 0
+    failures = 0
+    limits = httpx.Limits(max_connections=producers, max_keepalive_connections=producers)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, limits=limits, timeout=120) as client:
+        # Warm-up: table creation and the first Spark jobs, not counted.
+        warm_end = time.monotonic() + warmup_s
+
+        async def one(index: int, counted_from: float, until: float) -> None:
+            nonlocal committed, failures
+            k = index
+            while time.monotonic() < until:
+                body = bodies[k % len(bodies)]
+                k += producers
+                sent = time.monotonic()
+                answer = await client.post("/logs", params={"wait": "true", "timeout": "60"}, content=body)
+                done = time.monotonic()
+                if answer.status_code != 200:
+                    failures += 1
+                    continue
+                if sent >= counted_from and done <= until:
+                    latencies.append(done - sent)
+                    committed += answer.json()["events"]
+
+        await asyncio.gather(*(one(i, float("inf"), warm_end) for i in range(min(producers, 8))))
+        start = time.monotonic()
+        end = start + seconds
+        progress = asyncio.create_task(report_progress(lambda: committed, start, end))
+        await asyncio.gather(*(one(i, start, end) for i in range(producers)))
+        progress.cancel()
+    return committed, latencies, failures
+
+
+async def report_progress(count, start: float, end: float) -> None:  # noqa: ANN001
+    while True:
+        await asyncio.sleep(10)
+        elapsed = time.monotonic() - start
+        say(f"  {elapsed:5.0f}s / {end - start:.0f}s: {count():,} events committed ({count() / elapsed:,.0f}/s)")
+
+
+def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
+    """Events/s of pyarrow parse + Parquet write + pyiceberg append in one process."""
+    catalog = SqlCatalog("bench", uri=f"sqlite:///{work_dir / 'baseline.db'}", warehouse=(work_dir / "wh").as_uri())
+    catalog.create_namespace("bench")
+    per_batch = 100  # requests per append, like one writer batch
+    first = pajson.read_json(io.BytesIO(b"\n".join(bodies[:per_batch])))
+    table = catalog.create_table(("bench", "logs"), schema=first.schema)
+    events = 0
+    started = time.perf_counter()
+    for b in range(batches):
+        chunk = [bodies[(b * per_batch + i) % len(bodies)] for i in range(per_batch)]
+        arrow = pajson.read_json(io.BytesIO(b"\n".join(chunk)), parse_options=pajson.ParseOptions(explicit_schema=first.schema))
+        table.append(arrow)
+        events += arrow.num_rows
+    return events / (time.perf_counter() - started)
+
+
+def main() -> None:
+    seconds = float(os.environ.get("BENCH_SECONDS", "60"))
+    producers = int(os.environ.get("BENCH_PRODUCERS", "96"))
+    warmup_s = float(os.environ.get("BENCH_WARMUP_S", "10"))
+    bodies = make_bodies(200)
+    size = statistics.mean(len(line) for line in bodies[0].split(b"\n"))
+    with tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:
+        work = Path(tmp)
+        port = free_port()
+        say(f"starting the embedded stack (data in {work}) ...")
+        data_dir = work / "data"
+        data_dir.mkdir()
+        stack = start_stack(data_dir, port)
+        try:
+            say(f"load: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events, wait=true, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
+            committed, latencies, failures = asyncio.run(produce(port, bodies, seconds, producers, warmup_s))
+        finally:
+            stack.send_signal(signal.SIGTERM)
+            stack.wait(120)
+        rate = committed / seconds
+        p50 = statistics.median(latencies) if latencies else float("nan")
+        p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
+        say(f"calve: {rate:,.0f} events/s committed; wait=true ack p50 {p50:.2f}s p99 {p99:.2f}s; {failures} non-200 answers")
+        say("baseline: pyarrow parse + Parquet + pyiceberg append, one process ...")
+        base = baseline(bodies, work, batches=20)
+        say(f"baseline: {base:,.0f} events/s")
+    print(orjson.dumps({
+        "events_per_s": round(rate, 1),
+        "ack_p50_s": round(p50, 3),
+        "ack_p99_s": round(p99, 3),
+        "baseline_events_per_s": round(base, 1),
+        "ratio": round(rate / base, 3) if base else None,
+    }).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
