@@ -45,7 +45,12 @@ def run_api(settings: Settings) -> None:
     from service.api.main import create_app
 
     _require(settings, "redis_url")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    # Keep-alive longer than a typical load balancer's idle timeout (60 s), so the server is not
+    # the side that closes a connection a client is about to reuse.
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port,
+        log_level="warning", access_log=False, timeout_keep_alive=75,
+    )
 
 
 def _catalog_and_redis(settings: Settings):  # noqa: ANN202

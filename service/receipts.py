@@ -131,10 +131,10 @@ class ReceiptWaiter:
     """The api's side: one pub/sub subscription per process, fanned out to waiting requests.
 
     Pub/sub loses messages across reconnects, so each waiter also re-reads its receipt every
-    second; the channel only makes the common case fast.
+    POLL_S; the channel makes the common case fast.
     """
 
-    POLL_S = 1.0
+    POLL_S = 2.0
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client

@@ -51,5 +51,6 @@ def write_events(
     JSON mode); fields the schema does not know are not written.
     """
     parsed = spark.read.json(events_frame(spark, bodies), schema=spark_schema(schema), mode="PERMISSIVE")
-    # One file per job: batches are sized for it, and fewer files mean cheaper commits and reads.
-    parsed.coalesce(1).write.mode("error").option("compression", "zstd").parquet(directory)
+    # One file per Spark task: parsing runs on every core the cluster gives the job; a batch is
+    # sized so that each task's file is a reasonable size.
+    parsed.write.mode("error").option("compression", "zstd").parquet(directory)

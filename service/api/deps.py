@@ -15,7 +15,6 @@ from sqlmodel import Session
 
 from service.catalog import get_catalog
 from service.core.config import Settings
-from service.core.db import get_engine
 from service.receipts import ReceiptWaiter
 from service.tenants import Principal, authenticate
 
@@ -32,8 +31,8 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_session(settings: SettingsDep) -> Iterator[Session]:
-    with Session(get_engine(settings.resolved_database_url())) as session:
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
         yield session
 
 
@@ -62,14 +61,21 @@ WaiterDep = Annotated[ReceiptWaiter, Depends(get_waiter)]
 CatalogDep = Annotated[Catalog, Depends(get_iceberg)]
 
 
-def _principal(session: SessionDep, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing token: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = authenticate(session, credentials.credentials)
+    principal = request.app.state.principals.get(credentials.credentials)
+    if principal is None:
+        # A session of its own, closed at once: a SessionDep would stay open until the response,
+        # and a wait=true request holds its response for up to minutes.
+        with Session(request.app.state.engine) as session:
+            principal = authenticate(session, credentials.credentials)
+        if principal is not None:
+            request.app.state.principals[credentials.credentials] = principal
     if principal is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
+from cachetools import TTLCache
 from fastapi import FastAPI, Request, status
 from fastapi.responses import FileResponse, JSONResponse
 
 from service.api.routes import health, ingest, receipts, tables
 from service.core.config import Settings, get_settings
+from service.core.db import get_engine
 from service.exceptions import BadRequestBody, BodyTooLarge
 from service.receipts import ReceiptWaiter
 
@@ -26,7 +28,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not settings.redis_url:
             raise RuntimeError("CALVE_REDIS_URL is not set; start everything with `calve up`, or point it at Redis")
         app.state.settings = settings
-        app.state.redis = aioredis.Redis.from_url(settings.redis_url)
+        app.state.engine = get_engine(settings.resolved_database_url())
+        # Authenticated tokens, kept briefly so that a request does not cost a DB query; a
+        # revoked or disabled token stops working here within auth_cache_s.
+        app.state.principals = TTLCache(maxsize=10_000, ttl=settings.auth_cache_s)
+        # A blocking pool: under a burst, requests queue for a connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
+        )
+        app.state.redis = aioredis.Redis(connection_pool=pool)
         app.state.sync_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
         app.state.waiter = ReceiptWaiter(app.state.redis)
         await app.state.waiter.start()

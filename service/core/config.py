@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     database_url: str | None = None
 
     bootstrap_token: str | None = None
+    redis_max_connections: int = 64  # per api process
+    auth_cache_s: float = 5.0
 
     # Embedded Spark Connect server.
     spark_driver_memory: str = "4g"
@@ -39,7 +41,7 @@ class Settings(BaseSettings):
     # Writer batching: a batch closes at whichever limit comes first.
     writer_batch_events: int = 200_000
     writer_batch_bytes: int = 48 * 1024 * 1024
-    writer_batch_wait_s: float = 0.5
+    writer_batch_wait_s: float = 0.25
     writer_claim_idle_s: float = 60.0
 
     # Committer.
