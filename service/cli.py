@@ -16,7 +16,6 @@ from service.core.config import Settings, get_settings
 from service.exceptions import StartupError
 
 log = logging.getLogger("calve")
-ROLES = ("api", "writer", "committer")
 GRACE_S = 30.0
 
 
@@ -55,10 +54,14 @@ def run_api(settings: Settings) -> None:
 
 def _catalog_and_redis(settings: Settings):  # noqa: ANN202
     import redis
+    from prometheus_client import start_http_server
 
     from service.catalog import get_catalog
 
     _require(settings, "redis_url")
+    # Under `calve up` the api serves every role's metrics; a role run alone serves its own.
+    if settings.metrics_port and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        start_http_server(settings.metrics_port, addr=settings.host)
     return redis.Redis.from_url(settings.redis_url), get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
 
 
@@ -91,7 +94,7 @@ def prepare_metadata(settings: Settings) -> None:
         print(f"\nCreated tenant 'demo'. Its admin token (shown once, also in {settings.data_path / BOOTSTRAP_TOKEN_FILE}):\n\n    {token}\n", flush=True)
 
 
-def run_up(settings: Settings) -> None:
+def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
     from service import processes
 
     data = settings.data_path
@@ -119,27 +122,33 @@ def run_up(settings: Settings) -> None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
         prepare_metadata(settings)
-        roles = {role: processes.spawn([sys.executable, "-m", "service.cli", role], env=env) for role in ROLES}
+        # Each role is its own process, named by its command line (`service.cli writer`).
+        commands = {"api": "api"}
+        commands.update({f"writer-{i}": "writer" for i in range(1, writers + 1)})
+        commands.update({f"committer-{i}": "committer" for i in range(1, committers + 1)})
+        roles = {name: processes.spawn([sys.executable, "-m", "service.cli", role], env=env) for name, role in commands.items()}
         started.extend(roles.items())
         processes.wait_for_port(settings.port, 60, roles["api"], "api", None)
         print(f"Calve is up: http://{settings.host}:{settings.port}  (Ctrl-C stops everything)", flush=True)
         while not stop.wait(1.0):
-            for role, process in list(roles.items()):
+            for name, process in list(roles.items()):
                 if process.poll() is not None:
-                    log.error("%s exited with code %s; restarting it", role, process.returncode)
+                    log.error("%s exited with code %s; restarting it", name, process.returncode)
                     time.sleep(1.0)
-                    roles[role] = processes.spawn([sys.executable, "-m", "service.cli", role], env=env)
-                    started.append((role, roles[role]))
+                    roles[name] = processes.spawn([sys.executable, "-m", "service.cli", commands[name]], env=env)
+                    started.append((name, roles[name]))
     finally:
         print("stopping Calve...", flush=True)
         for name, process in reversed(started):
-            processes.stop(process, GRACE_S if name in ROLES else 15)
+            processes.stop(process, 15 if name in ("redis", "spark") else GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="calve", description="HTTP ingestion into Apache Iceberg")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="run every role on embedded defaults (Redis, Spark Connect, SQLite catalog)")
+    up = commands.add_parser("up", help="run every role on embedded defaults (Redis, Spark Connect, SQLite catalog)")
+    up.add_argument("--writers", type=int, default=2, help="writer processes (default 2: one Spark job's set-up overlaps another's work)")
+    up.add_argument("--committers", type=int, default=1, help="committer processes (tables are led by one at a time)")
     commands.add_parser("api", help="run the HTTP api")
     commands.add_parser("writer", help="run a writer (needs CALVE_REDIS_URL, CALVE_SPARK_REMOTE)")
     commands.add_parser("committer", help="run a committer (needs CALVE_REDIS_URL)")
@@ -149,13 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     settings.data_path.mkdir(parents=True, exist_ok=True)
     try:
-        {
-            "up": run_up,
-            "api": run_api,
-            "writer": run_writer,
-            "committer": run_committer,
-            "migrate": prepare_metadata,
-        }[args.command](settings)
+        if args.command == "up":
+            if args.writers < 1 or args.committers < 1:
+                parser.error("--writers and --committers need at least 1")
+            run_up(settings, writers=args.writers, committers=args.committers)
+        else:
+            {"api": run_api, "writer": run_writer, "committer": run_committer, "migrate": prepare_metadata}[args.command](settings)
     except StartupError as exc:
         print(f"calve: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -57,6 +57,8 @@ class Receipt:
     created_at: float
     tables: dict[str, dict] = field(default_factory=dict)
     error: str | None = None
+    written_at: float | None = None
+    committed_at: float | None = None
 
     def public(self) -> dict:
         body = {
@@ -65,6 +67,8 @@ class Receipt:
             "events": self.events,
             "pipeline": self.pipeline,
             "created_at": self.created_at,
+            "written_at": self.written_at,
+            "committed_at": self.committed_at,
             "tables": self.tables,
         }
         if self.error:
@@ -97,6 +101,8 @@ def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Recei
         created_at=float(fields.get("created_at", 0)),
         tables=tables,
         error=fields.get("error"),
+        written_at=float(fields["written_at"]) if "written_at" in fields else None,
+        committed_at=float(fields["committed_at"]) if "committed_at" in fields else None,
     )
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachetools import TTLCache
 from sqlmodel import Session, select
 
 from service.core.keys import DEFAULT_TENANT
@@ -21,6 +23,26 @@ class Principal:
 
     tenant: str
     scopes: frozenset[str]
+
+
+class PrincipalCache:
+    """Recently authenticated tokens, so that a request does not cost a DB query.
+
+    Keyed by the token's hash, never the token. Shared by the threadpool threads that run
+    dependencies, hence the lock (cachetools caches are not thread-safe).
+    """
+
+    def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
+        self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
+        self._lock = threading.Lock()
+
+    def get(self, token: str) -> Principal | None:
+        with self._lock:
+            return self._cache.get(hash_token(token))
+
+    def put(self, token: str, principal: Principal) -> None:
+        with self._lock:
+            self._cache[hash_token(token)] = principal
 
 
 def create_tenant(session: Session, name: str) -> Tenant:

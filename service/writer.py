@@ -247,9 +247,12 @@ class Writer:
                     keys.F_WRITER: self.name,
                 },
             )
+            now = f"{time.time():.3f}"
             for receipt, rows in written.rows_by_receipt.items():
-                receipt_key = keys.receipt_key(batch.tenant, receipt)
-                pipe.hset(receipt_key, mapping={"status": "written", "tables": "1", f"written:{written.table}": str(rows)})
+                pipe.hset(
+                    keys.receipt_key(batch.tenant, receipt),
+                    mapping={"status": "written", "tables": "1", f"written:{written.table}": str(rows), "written_at": now},
+                )
             pipe.xack(stream, keys.WRITER_GROUP, *ids)
             pipe.xdel(stream, *ids)
             pipe.execute()

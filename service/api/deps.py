@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Annotated
 
 import redis
@@ -29,14 +28,6 @@ def get_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-
-
-def get_session(request: Request) -> Iterator[Session]:
-    with Session(request.app.state.engine) as session:
-        yield session
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_redis(request: Request) -> aioredis.Redis:
@@ -70,12 +61,12 @@ def _principal(request: Request, credentials: HTTPAuthorizationCredentials | Non
         )
     principal = request.app.state.principals.get(credentials.credentials)
     if principal is None:
-        # A session of its own, closed at once: a SessionDep would stay open until the response,
-        # and a wait=true request holds its response for up to minutes.
+        # A session of its own, closed at once: a session dependency would stay open until the
+        # response, and a wait=true request holds its response for up to minutes.
         with Session(request.app.state.engine) as session:
             principal = authenticate(session, credentials.credentials)
         if principal is not None:
-            request.app.state.principals[credentials.credentials] = principal
+            request.app.state.principals.put(credentials.credentials, principal)
     if principal is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}

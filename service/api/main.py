@@ -7,7 +7,6 @@ from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
-from cachetools import TTLCache
 from fastapi import FastAPI, Request, status
 from fastapi.responses import FileResponse, JSONResponse
 
@@ -16,6 +15,7 @@ from service.core.config import Settings, get_settings
 from service.core.db import get_engine
 from service.exceptions import BadRequestBody, BodyTooLarge
 from service.receipts import ReceiptWaiter
+from service.tenants import PrincipalCache
 
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = get_engine(settings.resolved_database_url())
         # Authenticated tokens, kept briefly so that a request does not cost a DB query; a
         # revoked or disabled token stops working here within auth_cache_s.
-        app.state.principals = TTLCache(maxsize=10_000, ttl=settings.auth_cache_s)
+        app.state.principals = PrincipalCache(settings.auth_cache_s)
         # A blocking pool: under a burst, requests queue for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=settings.redis_max_connections, timeout=10

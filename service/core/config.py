@@ -24,6 +24,7 @@ class Settings(BaseSettings):
 
     bootstrap_token: str | None = None
     redis_max_connections: int = 64  # per api process
+    metrics_port: int = 0  # writer/committer run alone: serve /metrics here (0: off)
     auth_cache_s: float = 5.0
 
     # Embedded Spark Connect server.
@@ -45,7 +46,7 @@ class Settings(BaseSettings):
     writer_claim_idle_s: float = 60.0
 
     # Committer.
-    commit_interval_s: float = Field(default=2.0, gt=0)
+    commit_interval_s: float = Field(default=1.0, gt=0)
     commit_max_entries: int = 500
     commit_retries: int = 8
     lease_s: float = 10.0
