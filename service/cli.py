@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from service import admin_cli
 from service.core.config import Settings, get_settings
 from service.exceptions import StartupError
 
@@ -122,6 +123,7 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
         prepare_metadata(settings)
+        admin_cli.write_runtime(settings)
         # Each role is its own process, named by its command line (`service.cli writer`).
         commands = {"api": "api"}
         commands.update({f"writer-{i}": "writer" for i in range(1, writers + 1)})
@@ -139,6 +141,7 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
                     started.append((name, roles[name]))
     finally:
         print("stopping Calve...", flush=True)
+        (data / admin_cli.RUNTIME_FILE).unlink(missing_ok=True)
         for name, process in reversed(started):
             processes.stop(process, 15 if name in ("redis", "spark") else GRACE_S)
 
@@ -153,12 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("writer", help="run a writer (needs CALVE_REDIS_URL, CALVE_SPARK_REMOTE)")
     commands.add_parser("committer", help="run a committer (needs CALVE_REDIS_URL)")
     commands.add_parser("migrate", help="apply metadata DB migrations and create the first tenant")
+    admin_cli.add_commands(commands)
     args = parser.parse_args(argv)
     _logging()
     settings = get_settings()
     settings.data_path.mkdir(parents=True, exist_ok=True)
     try:
-        if args.command == "up":
+        if args.command in ("tenant", "token"):
+            admin_cli.run(settings, args)
+        elif args.command == "up":
             if args.writers < 1 or args.committers < 1:
                 parser.error("--writers and --committers need at least 1")
             run_up(settings, writers=args.writers, committers=args.committers)

@@ -19,3 +19,15 @@ class LeadershipLost(CalveError):
 
 class StartupError(CalveError):
     """A part of the embedded stack could not be started; the message says what to do."""
+
+
+class InvalidName(CalveError):
+    """A tenant, table, pipeline or path name that may not reach the catalog, files or Redis."""
+
+
+class AlreadyExists(CalveError):
+    """A tenant (or other named thing) with that name exists already."""
+
+
+class NotFound(CalveError):
+    """No such thing for this tenant (also what another tenant's things look like)."""

@@ -13,6 +13,10 @@ def utcnow() -> datetime:
 
 class TenantBase(SQLModel):
     name: str = Field(index=True, unique=True, max_length=63)
+    # Per-tenant overrides of the deployment's defaults (None: use the default).
+    max_events_per_s: int | None = None
+    max_bytes_per_s: int | None = None
+    max_backlog_events: int | None = None
 
 
 class Tenant(TenantBase, table=True):
@@ -21,14 +25,31 @@ class Tenant(TenantBase, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+class TenantPublic(TenantBase):
+    disabled: bool
+    created_at: datetime
+
+
 class TokenBase(SQLModel):
-    tenant_id: int = Field(foreign_key="tenant.id", index=True)
     scopes: str = "ingest,read,admin"  # comma-separated
+    pipelines: str | None = None  # comma-separated; restricts the ingest scope
     label: str = ""
+    expires_at: datetime | None = None
 
 
 class Token(TokenBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
+    tenant_id: int | None = Field(default=None, foreign_key="tenant.id", index=True)  # None: operator
     token_hash: str = Field(index=True, unique=True, max_length=64)
+    prefix: str = ""  # the first characters, to tell tokens apart in listings
     created_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+class TokenPublic(TokenBase):
+    id: int
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None

@@ -1,35 +1,64 @@
-"""Tenants and their tokens in the metadata DB."""
+"""Tenants and their tokens in the metadata DB.
+
+Tokens are random (256 bits), shown once, stored as SHA-256 hashes. Scopes: `ingest` (optionally
+only into named pipelines), `read` (tables, rows, receipts), `admin` (the tenant's tokens and,
+later, pipelines and tables). Operator tokens belong to no tenant and manage tenants.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from cachetools import TTLCache
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from service.core.keys import DEFAULT_TENANT
 from service.core.security import hash_token, new_token
-from service.models import Tenant, Token
+from service.exceptions import AlreadyExists, NotFound
+from service.models import Tenant, Token, utcnow
+from service.names import validate_name
 
 BOOTSTRAP_TOKEN_FILE = "admin-token"
+TENANT_SCOPES = frozenset({"ingest", "read", "admin"})
+OPERATOR_SCOPE = "operator"
+PREFIX_CHARS = 10
 
 
 @dataclass(frozen=True)
 class Principal:
     """Who a request acts as."""
 
-    tenant: str
+    tenant: str | None  # None for an operator token
     scopes: frozenset[str]
+    token_id: int
+    pipelines: frozenset[str] | None = None  # ingest restricted to these, or None for all
+    max_events_per_s: int | None = None
+    max_bytes_per_s: int | None = None
+    max_backlog_events: int | None = None
+    expires_at: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    @property
+    def is_operator(self) -> bool:
+        return OPERATOR_SCOPE in self.scopes
+
+    def may_ingest_into(self, pipeline: str) -> bool:
+        return self.pipelines is None or pipeline in self.pipelines
 
 
 class PrincipalCache:
     """Recently authenticated tokens, so that a request does not cost a DB query.
 
     Keyed by the token's hash, never the token. Shared by the threadpool threads that run
-    dependencies, hence the lock (cachetools caches are not thread-safe).
+    dependencies, hence the lock (cachetools caches are not thread-safe). `clear()` is called when
+    any api or CLI announces a revocation, so a revoked token stops working at once.
     """
 
     def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
@@ -44,31 +73,128 @@ class PrincipalCache:
         with self._lock:
             self._cache[hash_token(token)] = principal
 
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+
+def parse_scopes(scopes: str | list[str], allowed: frozenset[str] = TENANT_SCOPES) -> str:
+    items = [s.strip() for s in (scopes.split(",") if isinstance(scopes, str) else scopes) if s.strip()]
+    unknown = sorted(set(items) - allowed)
+    if unknown or not items:
+        raise ValueError(f"scopes must be a non-empty subset of {sorted(allowed)}; got {items}")
+    return ",".join(sorted(set(items)))
+
+
+def get_tenant(session: Session, name: str) -> Tenant | None:
+    return session.exec(select(Tenant).where(Tenant.name == name)).first()
+
 
 def create_tenant(session: Session, name: str) -> Tenant:
+    validate_name("tenant", name)
     tenant = Tenant(name=name)
+    session.add(tenant)
+    try:
+        session.commit()
+    except IntegrityError as exc:
+        session.rollback()
+        raise AlreadyExists(f"tenant {name!r} exists already") from exc
+    session.refresh(tenant)
+    return tenant
+
+
+def list_tenants(session: Session) -> list[Tenant]:
+    return list(session.exec(select(Tenant).order_by(Tenant.name)))
+
+
+def set_tenant_disabled(session: Session, name: str, disabled: bool) -> Tenant:
+    tenant = get_tenant(session, name)
+    if tenant is None:
+        raise NotFound(f"no tenant {name!r}")
+    tenant.disabled = disabled
     session.add(tenant)
     session.commit()
     session.refresh(tenant)
     return tenant
 
 
-def add_token(session: Session, tenant: Tenant, token: str, scopes: str = "ingest,read,admin", label: str = "") -> None:
-    session.add(Token(tenant_id=tenant.id, token_hash=hash_token(token), scopes=scopes, label=label))
+def issue_token(
+    session: Session,
+    tenant: Tenant | None,
+    scopes: str = "ingest,read,admin",
+    *,
+    pipelines: list[str] | None = None,
+    expires_in: timedelta | None = None,
+    label: str = "",
+    raw: str | None = None,
+) -> tuple[Token, str]:
+    """Create a token; returns the stored row and the raw token (shown once, never stored)."""
+    if tenant is None:
+        scopes = OPERATOR_SCOPE
+    else:
+        scopes = parse_scopes(scopes)
+    for pipeline in pipelines or ():
+        validate_name("pipeline", pipeline)
+    raw = raw or new_token()
+    token = Token(
+        tenant_id=tenant.id if tenant else None,
+        token_hash=hash_token(raw),
+        prefix=raw[:PREFIX_CHARS],
+        scopes=scopes,
+        pipelines=",".join(sorted(set(pipelines))) if pipelines else None,
+        expires_at=utcnow() + expires_in if expires_in else None,
+        label=label,
+    )
+    session.add(token)
     session.commit()
+    session.refresh(token)
+    return token, raw
 
 
-def authenticate(session: Session, token: str) -> Principal | None:
-    """The principal a raw bearer token stands for, or None if it is unknown, revoked or disabled."""
-    row = session.exec(
-        select(Token, Tenant).join(Tenant).where(Token.token_hash == hash_token(token))
-    ).first()
-    if row is None:
+def list_tokens(session: Session, tenant: Tenant | None) -> list[Token]:
+    owner = Token.tenant_id == tenant.id if tenant else Token.tenant_id.is_(None)
+    return list(session.exec(select(Token).where(owner).order_by(Token.id)))
+
+
+def revoke_token(session: Session, tenant: Tenant | None, token_id: int) -> Token:
+    """Revoke one of `tenant`'s tokens (tenant None: an operator token). Another's is NotFound."""
+    token = session.get(Token, token_id)
+    owner = tenant.id if tenant else None
+    if token is None or token.tenant_id != owner:
+        raise NotFound(f"no token {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+        session.add(token)
+        session.commit()
+        session.refresh(token)
+    return token
+
+
+def authenticate(session: Session, raw: str) -> Principal | None:
+    """The principal a raw bearer token stands for, or None if unknown, revoked, expired or disabled.
+
+    Records the time of use (callers cache the answer, so this writes about once per cache period).
+    """
+    token = session.exec(select(Token).where(Token.token_hash == hash_token(raw))).first()
+    now = utcnow()
+    if token is None or token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
         return None
-    stored, tenant = row
-    if stored.revoked_at is not None or tenant.disabled:
+    tenant = session.get(Tenant, token.tenant_id) if token.tenant_id is not None else None
+    if token.tenant_id is not None and (tenant is None or tenant.disabled):
         return None
-    return Principal(tenant=tenant.name, scopes=frozenset(s for s in stored.scopes.split(",") if s))
+    token.last_used_at = now
+    session.add(token)
+    session.commit()
+    return Principal(
+        tenant=tenant.name if tenant else None,
+        scopes=frozenset(s for s in token.scopes.split(",") if s),
+        token_id=token.id,
+        pipelines=frozenset(token.pipelines.split(",")) if token.pipelines else None,
+        max_events_per_s=tenant.max_events_per_s if tenant else None,
+        max_bytes_per_s=tenant.max_bytes_per_s if tenant else None,
+        max_backlog_events=tenant.max_backlog_events if tenant else None,
+        expires_at=token.expires_at,
+    )
 
 
 def bootstrap(session: Session, data_dir: Path, configured_token: str | None) -> str | None:
@@ -77,15 +203,23 @@ def bootstrap(session: Session, data_dir: Path, configured_token: str | None) ->
     Returns the generated token when Calve made one (to print once), else None. A generated token
     is also written, readable by the owner only, to `<data_dir>/admin-token`.
     """
-    if session.exec(select(Tenant).where(Tenant.name == DEFAULT_TENANT)).first() is not None:
+    if get_tenant(session, DEFAULT_TENANT) is not None:
         return None
     tenant = create_tenant(session, DEFAULT_TENANT)
-    token = configured_token or new_token()
-    add_token(session, tenant, token, label="bootstrap")
+    _token, raw = issue_token(session, tenant, label="bootstrap", raw=configured_token)
     if configured_token:
         return None
     path = data_dir / BOOTSTRAP_TOKEN_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    return token
+        handle.write(raw + "\n")
+    return raw
+
+
+def token_expiry(text: str) -> timedelta:
+    """'90d', '12h', '30m' or '45s' as a duration."""
+    units = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.isdigit() or int(number) <= 0:
+        raise ValueError(f"expiry {text!r}: use a positive number with d, h, m or s, e.g. 90d")
+    return timedelta(**{units[unit]: int(number)})

@@ -255,6 +255,7 @@ class Writer:
                 )
             pipe.xack(stream, keys.WRITER_GROUP, *ids)
             pipe.xdel(stream, *ids)
+            pipe.decrby(keys.backlog_key(batch.tenant), batch.events)
             pipe.execute()
         self.client.sadd(keys.TABLES, keys.member(written.tenant, written.table))
 
@@ -268,6 +269,7 @@ class Writer:
                 pipe.hset(keys.receipt_key(batch.tenant, entry.receipt), mapping={"status": "failed", "error": reason})
             pipe.xack(stream, keys.WRITER_GROUP, *[entry.id for entry in batch.entries])
             pipe.xdel(stream, *[entry.id for entry in batch.entries])
+            pipe.decrby(keys.backlog_key(batch.tenant), batch.events)
             pipe.execute()
         log.error("writer: %d requests of %s/%s moved to %s: %s", len(batch.entries), batch.tenant, batch.pipeline, dead, reason)
 

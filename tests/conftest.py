@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,31 @@ from service.core.db import get_engine, migrate
 from service.tenants import bootstrap
 
 TEST_TOKEN = "calve_test-token-not-a-secret-0123456789abcdef"
+POSTGRES_ADMIN_URL = os.environ.get("CALVE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty metadata DB on each backend; PostgreSQL is skipped (saying why) when unreachable."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'metadata.db'}"
+        return
+    import psycopg
+
+    name = f"calve_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL} ({exc}); set CALVE_TEST_POSTGRES")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    yield f"{base}/{name}"
+    from service.core.db import get_engine
+
+    get_engine(f"{base}/{name}").dispose()
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
@@ -75,17 +101,20 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def client(self, token: str | None = TEST_TOKEN) -> httpx.Client:
+    def client(self, token: str | None = TEST_TOKEN, port: int | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+        base = f"http://127.0.0.1:{port}" if port else self.url
+        return httpx.Client(base_url=base, headers=headers, timeout=120)
 
-    def start(self, role: str, name: str | None = None) -> subprocess.Popen:
+    def start(self, role: str, name: str | None = None, port: int | None = None) -> subprocess.Popen:
+        """Start a role process; an api on another `port` is a second replica."""
         log = open(self.data_dir / f"{name or role}.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        env = self.env | ({"CALVE_PORT": str(port)} if port else {})
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs[name or role] = proc
         if role == "api":
-            processes.wait_for_port(self.port, 60, proc, "api", self.data_dir / "api.log")
+            processes.wait_for_port(port or self.port, 60, proc, "api", self.data_dir / f"{name or role}.log")
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

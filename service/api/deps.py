@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from typing import Annotated
 
 import redis
@@ -14,11 +14,11 @@ from sqlmodel import Session
 
 from service.catalog import get_catalog
 from service.core.config import Settings
+from service.limits import TenantLimits
 from service.receipts import ReceiptWaiter
-from service.tenants import Principal, authenticate
-
-NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
-_NAME = re.compile(NAME_PATTERN)
+from service.models import utcnow
+from service.names import NAME_PATTERN, RULE
+from service.tenants import OPERATOR_SCOPE, Principal, authenticate
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -28,6 +28,14 @@ def get_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_redis(request: Request) -> aioredis.Redis:
@@ -42,6 +50,10 @@ def get_waiter(request: Request) -> ReceiptWaiter:
     return request.app.state.waiter
 
 
+def get_limits(request: Request) -> TenantLimits:
+    return request.app.state.limits
+
+
 def get_iceberg(settings: SettingsDep) -> Catalog:
     return get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
 
@@ -50,6 +62,7 @@ RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
 SyncRedisDep = Annotated[redis.Redis, Depends(get_sync_redis)]
 WaiterDep = Annotated[ReceiptWaiter, Depends(get_waiter)]
 CatalogDep = Annotated[Catalog, Depends(get_iceberg)]
+LimitsDep = Annotated[TenantLimits, Depends(get_limits)]
 
 
 def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
@@ -60,6 +73,8 @@ def _principal(request: Request, credentials: HTTPAuthorizationCredentials | Non
             headers={"WWW-Authenticate": "Bearer"},
         )
     principal = request.app.state.principals.get(credentials.credentials)
+    if principal is not None and principal.expired(utcnow()):
+        principal = None  # the DB answers for an expired token, and refuses it
     if principal is None:
         # A session of its own, closed at once: a session dependency would stay open until the
         # response, and a wait=true request holds its response for up to minutes.
@@ -76,6 +91,10 @@ def _principal(request: Request, credentials: HTTPAuthorizationCredentials | Non
 
 def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
     def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+        if principal.is_operator and scope != OPERATOR_SCOPE:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, "operator tokens manage tenants only; use a token of the tenant"
+            )
         if scope not in principal.scopes:
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the '{scope}' scope")
         return principal
@@ -85,12 +104,8 @@ def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
 
 IngestPrincipal = Annotated[Principal, Depends(require_scope("ingest"))]
 ReadPrincipal = Annotated[Principal, Depends(require_scope("read"))]
+AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]
+OperatorPrincipal = Annotated[Principal, Depends(require_scope(OPERATOR_SCOPE))]
 
-TableName = Annotated[
-    str,
-    Path(pattern=NAME_PATTERN, description="lower-case letters, digits and '_', at most 63, not starting with a digit"),
-]
-
-
-def valid_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+TableName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]
+TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]

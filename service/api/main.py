@@ -10,12 +10,20 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request, status
 from fastapi.responses import FileResponse, JSONResponse
 
-from service.api.routes import health, ingest, receipts, tables
+import asyncio
+import contextlib
+import logging
+
+from service.api.routes import health, ingest, receipts, tables, tenants, tokens
+from service.core.keys import AUTH_CHANNEL
+from service.limits import TenantLimits
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
-from service.exceptions import BadRequestBody, BodyTooLarge
+from service.exceptions import AlreadyExists, BadRequestBody, BodyTooLarge, InvalidName, NotFound
 from service.receipts import ReceiptWaiter
 from service.tenants import PrincipalCache
+
+log = logging.getLogger(__name__)
 
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 
@@ -39,16 +47,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.redis = aioredis.Redis(connection_pool=pool)
         app.state.sync_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
         app.state.waiter = ReceiptWaiter(app.state.redis)
+        app.state.limits = TenantLimits(app.state.redis, settings.rate_burst_s)
         await app.state.waiter.start()
+        follower = asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals))
         try:
             yield
         finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
             await app.state.waiter.stop()
             await app.state.redis.aclose()
             app.state.sync_redis.close()
 
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
-    for router in (health.router, ingest.router, receipts.router, tables.router):
+    for router in (health.router, ingest.router, receipts.router, tables.router, tokens.router, tenants.router):
         app.include_router(router)
 
     @app.get("/", include_in_schema=False)
@@ -63,4 +76,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
 
+    @app.exception_handler(InvalidName)
+    async def _invalid_name(_request: Request, exc: InvalidName) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_422_UNPROCESSABLE_ENTITY)
+
+    @app.exception_handler(AlreadyExists)
+    async def _exists(_request: Request, exc: AlreadyExists) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+
     return app
+
+
+async def _follow_auth_changes(client: aioredis.Redis, principals: PrincipalCache) -> None:
+    """Drop every cached token when any api or CLI revokes a token or disables a tenant."""
+    while True:
+        try:
+            pubsub = client.pubsub()
+            await pubsub.subscribe(AUTH_CHANNEL)
+            principals.clear()  # whatever was missed while unsubscribed
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    principals.clear()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Redis went away; the cache TTL bounds staleness meanwhile
+            log.warning("auth change subscription lost (%s); resubscribing", exc)
+            await asyncio.sleep(1.0)

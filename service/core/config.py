@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = 10 * 1024 * 1024
     max_decompressed_bytes: int = 10 * 1024 * 1024
     max_events_per_request: int = 100_000
+    # Per-tenant defaults; a tenant's own values (metadata DB) override them.
+    max_events_per_s: int = 200_000
+    max_bytes_per_s: int = 64 * 1024 * 1024
+    rate_burst_s: float = 2.0
+    max_backlog_events: int = 5_000_000
     wait_timeout_s: float = 30.0
     max_wait_timeout_s: float = 300.0
     receipt_ttl_s: int = 7 * 24 * 3600

@@ -12,6 +12,7 @@ PREFIX = "calve"
 INPUT_STREAMS = f"{PREFIX}:input-streams"  # set of "tenant/pipeline"
 TABLES = f"{PREFIX}:tables"  # set of "tenant/table"
 COMMITTED_CHANNEL = f"{PREFIX}:committed"  # pub/sub: JSON list of receipt ids now committed
+AUTH_CHANNEL = f"{PREFIX}:auth-changed"  # pub/sub: a token was revoked or a tenant disabled
 
 WRITER_GROUP = "writers"
 
@@ -52,6 +53,15 @@ def commit_stream_key(tenant: str, table: str) -> str:
 
 def receipt_key(tenant: str, receipt: str) -> str:
     return f"{_tag(tenant)}:receipt:{receipt}"
+
+
+def backlog_key(tenant: str) -> str:
+    """Events accepted but not yet written: raised by the api, lowered by the writer."""
+    return f"{_tag(tenant)}:backlog-events"
+
+
+def rate_key(tenant: str, what: str) -> str:
+    return f"{_tag(tenant)}:rate:{what}"
 
 
 def lease_key(tenant: str, table: str) -> str:

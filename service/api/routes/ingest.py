@@ -10,7 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from service import metrics
-from service.api.deps import IngestPrincipal, RedisDep, SettingsDep, WaiterDep
+from service.api.deps import IngestPrincipal, LimitsDep, RedisDep, SettingsDep, WaiterDep
+from service.core.config import Settings
+from service.limits import TenantLimits
+from service.tenants import Principal
 from service.core import keys
 from service.exceptions import BodyTooLarge
 from service.ingest import decode_body, parse_events
@@ -38,11 +41,17 @@ async def ingest_logs(
     principal: IngestPrincipal,
     client: RedisDep,
     waiter: WaiterDep,
+    limits: LimitsDep,
     settings: SettingsDep,
     wait: bool = Query(False, description="answer only after the events are committed"),
     timeout: float | None = Query(None, gt=0, description="seconds to wait with wait=true (default 30)"),
 ) -> JSONResponse:
     tenant, pipeline = principal.tenant, keys.DEFAULT_PIPELINE
+    if not principal.may_ingest_into(pipeline):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"this token may ingest only into pipelines {sorted(principal.pipelines)}, not {pipeline!r}",
+        )
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
@@ -51,6 +60,7 @@ async def ingest_logs(
         metrics.REQUESTS_REJECTED.labels(tenant, type(exc).__name__).inc()
         raise
 
+    await _check_limits(limits, principal, settings, parsed.events, len(body))
     receipt_id = uuid.uuid4().hex
     try:
         await _buffer(client, tenant, pipeline, receipt_id, parsed.ndjson, parsed.events, settings.receipt_ttl_s)
@@ -78,6 +88,32 @@ async def ingest_logs(
     return JSONResponse(answer, status_code=status.HTTP_200_OK if receipt.status == COMMITTED else 500)
 
 
+async def _check_limits(limits: TenantLimits, principal: Principal, settings: Settings, events: int, size: int) -> None:
+    """Refuse early what the tenant may not add now: over its backlog cap, or over its rate."""
+    tenant = principal.tenant
+    cap = principal.max_backlog_events or settings.max_backlog_events
+    if await limits.backlog(tenant) >= cap:
+        metrics.REQUESTS_REJECTED.labels(tenant, "backlog_full").inc()
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"tenant {tenant!r} has {cap} or more events waiting to be written; retry later",
+            headers={"Retry-After": "5"},
+        )
+    decision = await limits.take(
+        tenant, events, size,
+        principal.max_events_per_s or settings.max_events_per_s,
+        principal.max_bytes_per_s or settings.max_bytes_per_s,
+    )
+    if not decision.allowed:
+        if decision.retry_after_s == 0:
+            metrics.REQUESTS_REJECTED.labels(tenant, "larger_than_burst").inc()
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, decision.message)
+        metrics.REQUESTS_REJECTED.labels(tenant, "rate_limited").inc()
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS, decision.message, headers={"Retry-After": str(decision.retry_after_s)}
+        )
+
+
 async def _buffer(
     client: aioredis.Redis, tenant: str, pipeline: str, receipt_id: str, ndjson: bytes, events: int, ttl_s: int
 ) -> None:
@@ -86,6 +122,7 @@ async def _buffer(
     async with client.pipeline(transaction=True) as pipe:
         pipe.hset(receipt, mapping=new_receipt_fields(events, pipeline))
         pipe.expire(receipt, ttl_s)
+        pipe.incrby(keys.backlog_key(tenant), events)
         pipe.xadd(
             keys.input_stream_key(tenant, pipeline),
             {keys.F_RECEIPT: receipt_id, keys.F_EVENTS: str(events), keys.F_BODY: ndjson},

@@ -1,0 +1,49 @@
+"""/v1/tenants: the platform operator manages tenants."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+from pydantic import BaseModel, Field
+
+from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, TenantName
+from service.core.keys import AUTH_CHANNEL
+from service.models import TenantPublic
+from service.tenants import create_tenant, issue_token, list_tenants, set_tenant_disabled
+
+router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
+
+
+class TenantCreate(BaseModel):
+    name: str = Field(description="lower-case letters, digits and '_'; becomes the Iceberg namespace")
+    max_events_per_s: int | None = Field(None, gt=0)
+    max_bytes_per_s: int | None = Field(None, gt=0)
+    max_backlog_events: int | None = Field(None, gt=0)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def add_tenant(body: TenantCreate, _operator: OperatorPrincipal, session: SessionDep) -> dict:
+    tenant = create_tenant(session, body.name)
+    for field in ("max_events_per_s", "max_bytes_per_s", "max_backlog_events"):
+        setattr(tenant, field, getattr(body, field))
+    session.add(tenant)
+    session.commit()
+    session.refresh(tenant)
+    _token, raw = issue_token(session, tenant, label="first admin")
+    return {"tenant": TenantPublic.model_validate(tenant, from_attributes=True), "admin_token": raw}
+
+
+@router.get("")
+def read_tenants(_operator: OperatorPrincipal, session: SessionDep) -> dict:
+    return {"tenants": [TenantPublic.model_validate(t, from_attributes=True) for t in list_tenants(session)]}
+
+
+@router.post("/{name}/disable")
+async def disable_tenant(name: TenantName, _operator: OperatorPrincipal, session: SessionDep, client: RedisDep) -> TenantPublic:
+    tenant = set_tenant_disabled(session, name, True)
+    await client.publish(AUTH_CHANNEL, b"tenant-disabled")
+    return TenantPublic.model_validate(tenant, from_attributes=True)
+
+
+@router.post("/{name}/enable")
+def enable_tenant(name: TenantName, _operator: OperatorPrincipal, session: SessionDep) -> TenantPublic:
+    return TenantPublic.model_validate(set_tenant_disabled(session, name, False), from_attributes=True)

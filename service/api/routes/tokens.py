@@ -1,0 +1,52 @@
+"""/v1/tokens: a tenant's admin manages its tokens."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import APIRouter, HTTPException, status
+from pydantic import BaseModel, Field
+
+from service.api.deps import AdminPrincipal, RedisDep, SessionDep
+from service.core.keys import AUTH_CHANNEL
+from service.models import TokenPublic
+from service.tenants import get_tenant, issue_token, list_tokens, parse_scopes, revoke_token
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+
+
+class TokenCreate(BaseModel):
+    scopes: list[str] = Field(default_factory=lambda: ["ingest"], examples=[["ingest"], ["read", "admin"]])
+    pipelines: list[str] | None = Field(None, description="restrict the ingest scope to these pipelines")
+    expires_in_s: int | None = Field(None, gt=0, description="seconds until the token stops working")
+    label: str = Field("", max_length=200)
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="the token itself; shown only in this answer")
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreate, principal: AdminPrincipal, session: SessionDep) -> TokenCreated:
+    try:
+        scopes = parse_scopes(body.scopes)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+    tenant = get_tenant(session, principal.tenant)
+    expires = timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
+    token, raw = issue_token(session, tenant, scopes, pipelines=body.pipelines, expires_in=expires, label=body.label)
+    return TokenCreated(**TokenPublic.model_validate(token, from_attributes=True).model_dump(), token=raw)
+
+
+@router.get("")
+def read_tokens(principal: AdminPrincipal, session: SessionDep) -> dict:
+    tokens = list_tokens(session, get_tenant(session, principal.tenant))
+    return {"tokens": [TokenPublic.model_validate(t, from_attributes=True) for t in tokens]}
+
+
+@router.delete("/{token_id}")
+async def delete_token(token_id: int, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> TokenPublic:
+    token = revoke_token(session, get_tenant(session, principal.tenant), token_id)
+    # Every api process drops its cached tokens, so the revocation holds at once everywhere.
+    await client.publish(AUTH_CHANNEL, b"revoked")
+    return TokenPublic.model_validate(token, from_attributes=True)
