@@ -43,8 +43,10 @@ def run_api(settings: Settings) -> None:
     import uvicorn
 
     from service.api.main import create_app
+    from service.core.db import migrate
 
     _require(settings, "redis_url")
+    migrate(settings.resolved_database_url())  # a no-op when up to date
     # Keep-alive longer than a typical load balancer's idle timeout (60 s), so the server is not
     # the side that closes a connection a client is about to reuse.
     uvicorn.run(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from sqlalchemy import text
 from sqlmodel import Session
 
 from service.catalog import create_table_once
@@ -237,10 +238,14 @@ def test_gzip_bomb_and_oversize_stream_keep_the_api_memory_bounded(api: Stack) -
     assert api.redis.xlen(keys.input_stream_key("demo", "logs")) == 1
 
 
-def test_raw_tokens_appear_in_no_log_and_no_sqlite_file(api: Stack) -> None:
+def test_raw_tokens_appear_in_no_log_and_nowhere_in_the_database(api: Stack, metadata_url: str) -> None:
     _id, token = mint(api, TEST_TOKEN, scopes=["ingest", "read"])
     assert call(api, token, "POST", "/logs", {"n": 1}).status_code == 202
     assert call(api, token + "x", "GET", "/v1/tables", None).status_code == 401
+    with get_engine(metadata_url).connect() as connection:
+        for table in ("token", "tenant"):
+            rows = connection.execute(text(f"SELECT * FROM {table}")).all()
+            assert rows and token not in repr(rows), f"raw token stored in {table}"
     for path in api.data_dir.rglob("*"):
         if path.is_file() and path.suffix in (".log", ".db", ".db-wal", "") and path.stat().st_size < 50 * 2**20:
             assert token.encode() not in path.read_bytes(), f"raw token found in {path}"
