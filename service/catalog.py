@@ -7,6 +7,7 @@ default; any pyiceberg catalog URI works the same way.
 from __future__ import annotations
 
 import sqlite3
+import time
 from functools import lru_cache
 
 from pyiceberg.catalog import Catalog
@@ -15,6 +16,7 @@ from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from sqlalchemy import event
+from sqlalchemy.exc import DatabaseError
 
 from service.core.keys import SUMMARY_WATERMARK
 
@@ -32,9 +34,21 @@ TABLE_PROPERTIES = {
 }
 
 
+CATALOG_INIT_ATTEMPTS = 5
+
+
 @lru_cache(maxsize=4)
 def get_catalog(uri: str, warehouse: str) -> Catalog:
-    catalog = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=warehouse)
+    for attempt in range(1, CATALOG_INIT_ATTEMPTS + 1):
+        try:
+            catalog = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=warehouse)
+            break
+        except DatabaseError:
+            # Roles starting together on a fresh catalog all create its tables; the losers fail
+            # with "already exists" and find the tables in place on the next try.
+            if attempt == CATALOG_INIT_ATTEMPTS:
+                raise
+            time.sleep(0.2 * attempt)
     if uri.startswith("sqlite"):
         _tune_sqlite(catalog)
     return catalog

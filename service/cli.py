@@ -17,7 +17,6 @@ from service.core.config import Settings, get_settings
 from service.exceptions import StartupError
 
 log = logging.getLogger("calve")
-GRACE_S = 30.0
 
 
 def _logging() -> None:
@@ -40,19 +39,13 @@ def _require(settings: Settings, *names: str) -> None:
 
 
 def run_api(settings: Settings) -> None:
-    import uvicorn
-
     from service.api.main import create_app
+    from service.api.server import DrainingServer
     from service.core.db import migrate
 
     _require(settings, "redis_url")
     migrate(settings.resolved_database_url())  # a no-op when up to date
-    # Keep-alive longer than a typical load balancer's idle timeout (60 s), so the server is not
-    # the side that closes a connection a client is about to reuse.
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port,
-        log_level="warning", access_log=False, timeout_keep_alive=75,
-    )
+    DrainingServer(create_app(settings), settings).run()
 
 
 def _catalog_and_redis(settings: Settings):  # noqa: ANN202
@@ -144,8 +137,12 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
     finally:
         print("stopping Calve...", flush=True)
         (data / admin_cli.RUNTIME_FILE).unlink(missing_ok=True)
-        for name, process in reversed(started):
-            processes.stop(process, 15 if name in ("redis", "spark") else GRACE_S)
+        # In the order work flows: the api stops taking requests, writers finish their batches,
+        # committers commit them, then the servers they all use go.
+        for prefix in ("api", "writer", "committer", "spark", "redis"):
+            for name, process in started:
+                if name.startswith(prefix):
+                    processes.stop(process, settings.shutdown_grace_s if prefix not in ("spark", "redis") else 15)
 
 
 def main(argv: list[str] | None = None) -> None:

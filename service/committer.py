@@ -20,12 +20,13 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from service import metrics
+from service import faults, metrics
 from service.catalog import calve_snapshots, ensure_commit_properties, load_table, watermark
 from service.commit_state import CommitPlan, CommitSchedule, PendingFiles
 from service.core import keys
 from service.core.config import Settings
 from service.exceptions import LeadershipLost
+from service.faults import fault_point
 from service.leadership import TableLease
 from service.receipts import ReceiptPublisher
 from service.streams import parse_id, text
@@ -61,8 +62,19 @@ class Committer:
                 stop.wait(1.0)
                 continue
             stop.wait(TICK_S)
+        self.drain()
         self.release_all()
         log.info("committer %s stopped", self.name)
+
+    def drain(self) -> None:
+        """On shutdown: commit what is pending for the tables this committer leads, interval or not."""
+        for member, lease in list(self.leases.items()):
+            tenant, table = keys.split_member(member)
+            try:
+                if lease.renew() and self.commit_table(tenant, table, lease):
+                    log.info("committer %s committed %s while shutting down", self.name, member)
+            except Exception:  # noqa: BLE001 - what is not committed stays on the stream for the next leader
+                log.exception("committer: final commit of %s failed; the next leader will commit it", member)
 
     def tick(self) -> None:
         for member in sorted(text(m) for m in self.client.smembers(keys.TABLES)):
@@ -137,6 +149,7 @@ class Committer:
             if not lease.held():
                 raise LeadershipLost(f"{tenant}.{table_name}")
             try:
+                fault_point(faults.COMMITTER_BEFORE_CATALOG_COMMIT)
                 table.add_files(
                     plan.files,
                     snapshot_properties={
@@ -163,6 +176,7 @@ class Committer:
         else:
             raise CommitFailedException(f"{tenant}.{table_name}: {self.settings.commit_retries} conflicts in a row")
 
+        fault_point(faults.COMMITTER_AFTER_CATALOG_COMMIT)
         snapshot = table.current_snapshot()
         metrics.COMMIT_SECONDS.labels(tenant, table_name).observe(time.perf_counter() - started)
         metrics.FILES_PER_COMMIT.labels(tenant, table_name).observe(len(plan.files))

@@ -76,10 +76,6 @@ class Receipt:
         return body
 
 
-def new_receipt_fields(events: int, pipeline: str) -> dict[str, str]:
-    return {"status": BUFFERED, "events": str(events), "pipeline": pipeline, "created_at": f"{time.time():.3f}"}
-
-
 def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Receipt | None:
     if not raw:
         return None

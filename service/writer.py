@@ -23,10 +23,11 @@ from pyiceberg.catalog import Catalog
 from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
-from service import metrics
+from service import faults, metrics
 from service.catalog import create_table_once, load_table
 from service.core import keys
 from service.core.config import Settings
+from service.faults import fault_point
 from service.streams import text
 from spark_jobs.session import reset_session, spark_session
 from spark_jobs.write_events import infer_schema, write_events
@@ -229,6 +230,7 @@ class Writer:
             files=list_data_files(directory),
             rows_by_receipt={entry.receipt: entry.events for entry in batch.entries},
         )
+        fault_point(faults.WRITER_AFTER_SPARK_JOB)
         self.hand_off(batch, written)
         metrics.EVENTS_WRITTEN.labels(batch.tenant, table_name).inc(written.rows)
         return written

@@ -106,10 +106,12 @@ class Stack:
         base = f"http://127.0.0.1:{port}" if port else self.url
         return httpx.Client(base_url=base, headers=headers, timeout=120)
 
-    def start(self, role: str, name: str | None = None, port: int | None = None) -> subprocess.Popen:
-        """Start a role process; an api on another `port` is a second replica."""
+    def start(
+        self, role: str, name: str | None = None, port: int | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Start a role process; an api on another `port` is a second replica; `env` adds variables."""
         log = open(self.data_dir / f"{name or role}.log", "ab")  # noqa: SIM115
-        env = self.env | ({"CALVE_PORT": str(port)} if port else {})
+        env = self.env | ({"CALVE_PORT": str(port)} if port else {}) | (env or {})
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs[name or role] = proc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import time
 import uuid
 
 import orjson
@@ -163,3 +164,53 @@ def test_console_page_is_served(stack_factory) -> None:  # noqa: ANN001
         page = http.get("/")
     assert page.status_code == 200
     assert "Calve console" in page.text and "/v1/tables" in page.text
+
+
+def test_retried_request_with_idempotency_key_is_committed_once(stack: Stack) -> None:
+    events = [{"id": f"idem-{i}"} for i in range(10)]
+    headers = {"Idempotency-Key": "batch-0001"}
+    with stack.client() as http:
+        first = http.post("/logs?wait=true", json=events, headers=headers)
+        # The producer lost that answer and retries, twice.
+        retries = [http.post("/logs?wait=true", json=events, headers=headers) for _ in range(2)]
+    assert first.status_code == 200
+    for retry in retries:
+        assert retry.status_code == 200
+        assert retry.json()["receipt"] == first.json()["receipt"]
+        assert retry.json()["tables"] == first.json()["tables"]
+    assert sorted(ids_in(stack)) == sorted(e["id"] for e in events)
+
+
+def test_sigterm_drains_the_api_and_the_committer_commits_what_it_has(stack_factory) -> None:  # noqa: ANN001
+    import signal
+    import threading
+
+    stack = stack_factory(CALVE_COMMIT_INTERVAL_S="60", CALVE_SHUTDOWN_GRACE_S="30")
+    with stack.client() as http:
+        assert http.post("/logs?wait=true", json={"id": "first"}).status_code == 200  # first commit: at once
+        pending = http.post("/logs", json={"id": "second"}).json()["receipt"]  # next one: 60 s away
+        wait_until(lambda: http.get(f"/v1/receipts/{pending}").json()["status"] == "written", what="written")
+
+    answers: dict = {}
+    waiting = threading.Thread(
+        target=lambda: answers.update(late=stack.client().post("/logs?wait=true&timeout=60", json={"id": "third"}))
+    )
+    waiting.start()
+    wait_until(lambda: stack.redis.xlen(keys.input_stream_key("demo", "logs")) == 0 and
+               stack.redis.xlen(keys.commit_stream_key("demo", "logs")) >= 2, what="third written")
+
+    api = stack.procs["api"]
+    api.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with stack.client() as http:
+        refused = http.post("/logs", json={"id": "too-late"})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert http.get("/readyz").status_code == 503
+    assert api.poll() is None, "the api waits for the request in flight"
+
+    stack.kill("committer", signal.SIGTERM)  # drains: commits what it leads before exiting
+    waiting.join(60)
+    assert answers["late"].status_code == 200, answers["late"].text
+    # uvicorn re-raises the signal once its shutdown is done, so a clean exit reads as -SIGTERM.
+    assert api.wait(30) in (0, -signal.SIGTERM)
+    assert sorted(ids_in(stack)) == ["first", "second", "third"]

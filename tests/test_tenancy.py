@@ -249,3 +249,35 @@ def test_raw_tokens_appear_in_no_log_and_nowhere_in_the_database(api: Stack, met
     for path in api.data_dir.rglob("*"):
         if path.is_file() and path.suffix in (".log", ".db", ".db-wal", "") and path.stat().st_size < 50 * 2**20:
             assert token.encode() not in path.read_bytes(), f"raw token found in {path}"
+
+
+def test_idempotency_key_ingests_once_per_tenant(api: Stack) -> None:
+    events = [{"n": i} for i in range(3)]
+    headers = {"Idempotency-Key": "order-42 retry-safe"}
+    with api.client() as http:
+        first = http.post("/logs", json=events, headers=headers)
+        again = http.post("/logs", json=events, headers=headers)
+        other_key = http.post("/logs", json=events, headers={"Idempotency-Key": "order-43"})
+        assert http.post("/logs", json=events, headers={"Idempotency-Key": "x" * 256}).status_code == 400
+    with api.client(api.beta) as http:
+        beta = http.post("/logs", json=events, headers=headers)
+    assert first.status_code == again.status_code == 202
+    assert again.json()["receipt"] == first.json()["receipt"] and again.headers["Idempotent-Replay"] == "true"
+    assert "Idempotent-Replay" not in first.headers
+    assert other_key.json()["receipt"] != first.json()["receipt"]
+    assert beta.json()["receipt"] != first.json()["receipt"], "keys are per tenant"
+    assert api.redis.xlen(keys.input_stream_key("demo", "logs")) == 2
+    assert int(api.redis.get(keys.backlog_key("demo"))) == 6
+
+
+def test_concurrent_retries_with_one_key_buffer_once(api: Stack) -> None:
+    import concurrent.futures
+
+    def send(_i: int) -> str:
+        with api.client() as http:
+            return http.post("/logs", json={"n": 1}, headers={"Idempotency-Key": "same"}).json()["receipt"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        receipts = set(pool.map(send, range(16)))
+    assert len(receipts) == 1
+    assert api.redis.xlen(keys.input_stream_key("demo", "logs")) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -25,6 +27,22 @@ from service.tenants import PrincipalCache
 
 log = logging.getLogger(__name__)
 
+# Calve's own errors and the status each one answers with; the message is the exception's text.
+ERROR_STATUS = {
+    BadRequestBody: status.HTTP_400_BAD_REQUEST,
+    NotFound: status.HTTP_404_NOT_FOUND,
+    AlreadyExists: status.HTTP_409_CONFLICT,
+    BodyTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    InvalidName: HTTPStatus.UNPROCESSABLE_ENTITY,
+}
+
+
+def _answer_with(code: int):  # noqa: ANN202 - an exception handler factory
+    async def handler(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    return handler
+
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 
 
@@ -36,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not settings.redis_url:
             raise RuntimeError("CALVE_REDIS_URL is not set; start everything with `calve up`, or point it at Redis")
         app.state.settings = settings
+        app.state.draining = False  # set on SIGTERM by service.api.server.DrainingServer
+        app.state.in_flight = 0  # ingest requests being answered
         app.state.engine = get_engine(settings.resolved_database_url())
         # Authenticated tokens, kept briefly so that a request does not cost a DB query; a
         # revoked or disabled token stops working here within auth_cache_s.
@@ -68,25 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def console() -> FileResponse:
         return FileResponse(CONSOLE_PAGE)
 
-    @app.exception_handler(BadRequestBody)
-    async def _bad_body(_request: Request, exc: BadRequestBody) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_400_BAD_REQUEST)
-
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
-
-    @app.exception_handler(InvalidName)
-    async def _invalid_name(_request: Request, exc: InvalidName) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_422_UNPROCESSABLE_ENTITY)
-
-    @app.exception_handler(AlreadyExists)
-    async def _exists(_request: Request, exc: AlreadyExists) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
-
-    @app.exception_handler(NotFound)
-    async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+    for error, code in ERROR_STATUS.items():
+        app.add_exception_handler(error, _answer_with(code))
 
     return app
 

@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     wait_timeout_s: float = 30.0
     max_wait_timeout_s: float = 300.0
     receipt_ttl_s: int = 7 * 24 * 3600
+    idempotency_window_s: int = 24 * 3600
 
     # Writer batching: a batch closes at whichever limit comes first.
     writer_batch_events: int = 200_000
@@ -55,6 +56,7 @@ class Settings(BaseSettings):
     commit_max_entries: int = 500
     commit_retries: int = 8
     lease_s: float = 10.0
+    shutdown_grace_s: float = 30.0
 
     @property
     def data_path(self) -> Path:

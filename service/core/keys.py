@@ -60,6 +60,10 @@ def backlog_key(tenant: str) -> str:
     return f"{_tag(tenant)}:backlog-events"
 
 
+def idempotency_key(tenant: str, key_digest: str) -> str:
+    return f"{_tag(tenant)}:idem:{key_digest}"
+
+
 def rate_key(tenant: str, what: str) -> str:
     return f"{_tag(tenant)}:rate:{what}"
 

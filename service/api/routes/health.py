@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
@@ -36,8 +36,10 @@ def _spark_answers(remote: str | None) -> str | None:
 
 
 @router.get("/readyz")
-def readyz(settings: SettingsDep, client: SyncRedisDep, catalog: CatalogDep) -> JSONResponse:
+def readyz(request: Request, settings: SettingsDep, client: SyncRedisDep, catalog: CatalogDep) -> JSONResponse:
     problems: dict[str, str] = {}
+    if request.app.state.draining:
+        problems["api"] = "shutting down"
     try:
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready"; the message says which

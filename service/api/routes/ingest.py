@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
+import hashlib
+import time
 import uuid
 
 import redis.asyncio as aioredis
@@ -16,10 +20,11 @@ from service.limits import TenantLimits
 from service.tenants import Principal
 from service.core import keys
 from service.exceptions import BodyTooLarge
-from service.ingest import decode_body, parse_events
-from service.receipts import COMMITTED, FAILED, new_receipt_fields
+from service.ingest import ParsedBody, decode_body, parse_events
+from service.receipts import COMMITTED, FAILED, ReceiptWaiter
 
 router = APIRouter(tags=["ingest"])
+MAX_IDEMPOTENCY_KEY = 255
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -46,7 +51,26 @@ async def ingest_logs(
     wait: bool = Query(False, description="answer only after the events are committed"),
     timeout: float | None = Query(None, gt=0, description="seconds to wait with wait=true (default 30)"),
 ) -> JSONResponse:
+    state = request.app.state
+    if state.draining:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "this api process is shutting down; nothing was accepted, retry (another replica will take it)",
+            headers={"Retry-After": "1"},
+        )
+    state.in_flight += 1
+    try:
+        return await _ingest(request, principal, client, waiter, limits, settings, wait, timeout)
+    finally:
+        state.in_flight -= 1
+
+
+async def _ingest(
+    request: Request, principal: Principal, client: aioredis.Redis, waiter: ReceiptWaiter, limits: TenantLimits,
+    settings: Settings, wait: bool, timeout: float | None,
+) -> JSONResponse:
     tenant, pipeline = principal.tenant, keys.DEFAULT_PIPELINE
+    idempotency = idempotency_digest(request.headers.get("idempotency-key"))
     if not principal.may_ingest_into(pipeline):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
@@ -60,10 +84,15 @@ async def ingest_logs(
         metrics.REQUESTS_REJECTED.labels(tenant, type(exc).__name__).inc()
         raise
 
-    await _check_limits(limits, principal, settings, parsed.events, len(body))
     receipt_id = uuid.uuid4().hex
     try:
-        await _buffer(client, tenant, pipeline, receipt_id, parsed.ndjson, parsed.events, settings.receipt_ttl_s)
+        # A retry of a request already accepted is answered first: no limits charged, nothing buffered.
+        first = await client.get(keys.idempotency_key(tenant, idempotency)) if idempotency else None
+        if first is None:
+            await _check_limits(limits, principal, settings, parsed.events, len(body))
+            first = await _buffer(client, tenant, pipeline, receipt_id, parsed, settings, idempotency)
+        else:
+            first = first.decode()
     except aioredis.RedisError as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, "redis_unavailable").inc()
         raise HTTPException(
@@ -71,21 +100,31 @@ async def ingest_logs(
             "the buffer (Redis) is unavailable; nothing was accepted, retry later",
             headers={"Retry-After": "5"},
         ) from exc
+    if first:
+        return await _answer(waiter, tenant, first, parsed.events, wait, timeout, settings, replay=True)
     metrics.EVENTS_RECEIVED.labels(tenant, pipeline).inc(parsed.events)
     metrics.BYTES_RECEIVED.labels(tenant, pipeline).inc(len(body))
+    return await _answer(waiter, tenant, receipt_id, parsed.events, wait, timeout, settings)
 
-    answer = {"receipt": receipt_id, "events": parsed.events, "status": "buffered"}
-    if not wait:
-        return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED)
-    wait_s = min(timeout or settings.wait_timeout_s, settings.max_wait_timeout_s)
-    receipt = await waiter.wait(tenant, receipt_id, wait_s)
+
+async def _answer(
+    waiter: ReceiptWaiter, tenant: str, receipt_id: str, events: int, wait: bool, timeout: float | None,
+    settings: Settings, replay: bool = False,
+) -> JSONResponse:
+    """202 with the receipt, or with wait=true the receipt once committed (200) or failed."""
+    answer: dict = {"receipt": receipt_id, "events": events, "status": "buffered"}
+    headers = {"Idempotent-Replay": "true"} if replay else None
+    wait_s = min(timeout or settings.wait_timeout_s, settings.max_wait_timeout_s) if wait else 0
+    receipt = await waiter.wait(tenant, receipt_id, wait_s) if (wait or replay) else None
+    if receipt is not None:
+        answer.update(events=receipt.events, status=receipt.status)
     if receipt is None or receipt.status not in (COMMITTED, FAILED):
-        answer["status"] = receipt.status if receipt else "buffered"
-        return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED)
-    answer.update(status=receipt.status, tables=receipt.tables)
+        return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED, headers=headers)
+    answer["tables"] = receipt.tables
     if receipt.error:
         answer["error"] = receipt.error
-    return JSONResponse(answer, status_code=status.HTTP_200_OK if receipt.status == COMMITTED else 500)
+    code = status.HTTP_200_OK if receipt.status == COMMITTED else status.HTTP_500_INTERNAL_SERVER_ERROR
+    return JSONResponse(answer, status_code=code, headers=headers)
 
 
 async def _check_limits(limits: TenantLimits, principal: Principal, settings: Settings, events: int, size: int) -> None:
@@ -107,26 +146,55 @@ async def _check_limits(limits: TenantLimits, principal: Principal, settings: Se
     if not decision.allowed:
         if decision.retry_after_s == 0:
             metrics.REQUESTS_REJECTED.labels(tenant, "larger_than_burst").inc()
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, decision.message)
+            raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, decision.message)
         metrics.REQUESTS_REJECTED.labels(tenant, "rate_limited").inc()
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS, decision.message, headers={"Retry-After": str(decision.retry_after_s)}
         )
 
 
-async def _buffer(
-    client: aioredis.Redis, tenant: str, pipeline: str, receipt_id: str, ndjson: bytes, events: int, ttl_s: int
-) -> None:
-    """Receipt and input entry in one transaction: a 202 always has both."""
-    receipt = keys.receipt_key(tenant, receipt_id)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.hset(receipt, mapping=new_receipt_fields(events, pipeline))
-        pipe.expire(receipt, ttl_s)
-        pipe.incrby(keys.backlog_key(tenant), events)
-        pipe.xadd(
-            keys.input_stream_key(tenant, pipeline),
-            {keys.F_RECEIPT: receipt_id, keys.F_EVENTS: str(events), keys.F_BODY: ndjson},
+# Receipt, input entry and backlog in one atomic step; with an idempotency key, only the first
+# request holding it gets in, and a retry learns the first one's receipt instead.
+_BUFFER = """
+if ARGV[7] == '1' then
+  local first = redis.call('GET', KEYS[1])
+  if first then return first end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8])
+end
+redis.call('HSET', KEYS[2], 'status', 'buffered', 'events', ARGV[2], 'pipeline', ARGV[3], 'created_at', ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6])
+redis.call('INCRBY', KEYS[4], ARGV[2])
+return false
+"""
+
+
+def idempotency_digest(header: str | None) -> str | None:
+    """The Redis-safe form of an Idempotency-Key header (any printable text up to 255 characters)."""
+    if header is None:
+        return None
+    if not 0 < len(header) <= MAX_IDEMPOTENCY_KEY or not header.isprintable():
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters"
         )
-        await pipe.execute()
-    # Outside the transaction: the registry lives in no tenant's slot, and adding twice is harmless.
+    return hashlib.sha256(header.encode()).hexdigest()
+
+
+async def _buffer(
+    client: aioredis.Redis, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, settings: Settings,
+    idempotency: str | None,
+) -> str | None:
+    """Buffer the request; returns the first request's receipt id when this one is a retry."""
+    first = await client.eval(
+        _BUFFER,
+        4,
+        keys.idempotency_key(tenant, idempotency or "-"),
+        keys.receipt_key(tenant, receipt_id),
+        keys.input_stream_key(tenant, pipeline),
+        keys.backlog_key(tenant),
+        receipt_id, str(parsed.events), pipeline, f"{time.time():.3f}", settings.receipt_ttl_s, parsed.ndjson,
+        "1" if idempotency else "0", settings.idempotency_window_s,
+    )
+    # Outside the script: the registry lives in no tenant's slot, and adding twice is harmless.
     await client.sadd(keys.INPUT_STREAMS, keys.member(tenant, pipeline))
+    return first.decode() if first else None

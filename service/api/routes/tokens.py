@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from datetime import timedelta
 
 from fastapi import APIRouter, HTTPException, status
@@ -31,7 +33,7 @@ def create_token(body: TokenCreate, principal: AdminPrincipal, session: SessionD
     try:
         scopes = parse_scopes(body.scopes)
     except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc)) from exc
     tenant = get_tenant(session, principal.tenant)
     expires = timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     token, raw = issue_token(session, tenant, scopes, pipelines=body.pipelines, expires_in=expires, label=body.label)
