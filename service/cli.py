@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 from service import admin_cli
 from service.core.config import Settings, get_settings

@@ -192,3 +192,35 @@ def wait_until(predicate, timeout_s: float = 60, interval_s: float = 0.25, what:
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def post_batches(stack: Stack, batches: int, per_batch: int, prefix: str) -> list[str]:
+    """POST `batches` NDJSON requests of events with unique ids; returns their receipts."""
+    import orjson
+
+    receipts = []
+    with stack.client() as http:
+        for b in range(batches):
+            body = b"\n".join(orjson.dumps({"id": f"{prefix}-{b}-{i}", "b": b}) for i in range(per_batch))
+            answer = http.post("/logs", content=body, headers={"Content-Type": "application/x-ndjson"})
+            assert answer.status_code == 202, answer.text
+            receipts.append(answer.json()["receipt"])
+    return receipts
+
+
+def all_committed(stack: Stack, receipts: list[str]) -> bool:
+    with stack.client() as http:
+        return all(http.get(f"/v1/receipts/{r}").json()["status"] == "committed" for r in receipts)
+
+
+def assert_exactly_once(stack: Stack, expected: int) -> None:
+    """Every id once, `expected` of them, and no data file committed twice."""
+    import collections
+
+    counts = collections.Counter(row["id"] for row in stack.rows())
+    duplicated = {k: v for k, v in counts.items() if v > 1}
+    assert not duplicated, f"duplicated rows: {list(duplicated.items())[:5]}"
+    assert len(counts) == expected
+    table = stack.catalog().load_table(("demo", "logs"))
+    paths = table.inspect.files().column("file_path").to_pylist()
+    assert len(paths) == len(set(paths)), "a data file was committed twice"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import collections
 import signal
 import time
 
-import orjson
 import pytest
 
 from service.committer import Committer
@@ -14,35 +12,9 @@ from service.core import keys
 from service.exceptions import LeadershipLost
 from service.leadership import TableLease
 from service.receipts import ReceiptPublisher
-from tests.conftest import Stack, wait_until
+from tests.conftest import Stack, all_committed, assert_exactly_once, post_batches, wait_until
 
 pytestmark = pytest.mark.spark
-
-
-def post_batches(stack: Stack, batches: int, per_batch: int, prefix: str) -> list[str]:
-    receipts = []
-    with stack.client() as http:
-        for b in range(batches):
-            body = b"\n".join(orjson.dumps({"id": f"{prefix}-{b}-{i}", "b": b}) for i in range(per_batch))
-            answer = http.post("/logs", content=body, headers={"Content-Type": "application/x-ndjson"})
-            assert answer.status_code == 202, answer.text
-            receipts.append(answer.json()["receipt"])
-    return receipts
-
-
-def all_committed(stack: Stack, receipts: list[str]) -> bool:
-    with stack.client() as http:
-        return all(http.get(f"/v1/receipts/{r}").json()["status"] == "committed" for r in receipts)
-
-
-def assert_exactly_once(stack: Stack, expected: int) -> None:
-    counts = collections.Counter(row["id"] for row in stack.rows())
-    duplicated = {k: v for k, v in counts.items() if v > 1}
-    assert not duplicated, f"duplicated rows: {list(duplicated.items())[:5]}"
-    assert len(counts) == expected
-    table = stack.catalog().load_table(("demo", "logs"))
-    paths = table.inspect.files().column("file_path").to_pylist()
-    assert len(paths) == len(set(paths)), "a data file was committed twice"
 
 
 def pending_files(stack: Stack) -> int:

@@ -14,6 +14,7 @@ from sqlmodel import Session
 
 from service.catalog import get_catalog
 from service.core.config import Settings
+from service.buffer import RequestBuffer
 from service.limits import TenantLimits
 from service.receipts import ReceiptWaiter
 from service.models import utcnow
@@ -50,6 +51,10 @@ def get_waiter(request: Request) -> ReceiptWaiter:
     return request.app.state.waiter
 
 
+def get_buffer(request: Request) -> RequestBuffer:
+    return request.app.state.buffer
+
+
 def get_limits(request: Request) -> TenantLimits:
     return request.app.state.limits
 
@@ -63,6 +68,7 @@ SyncRedisDep = Annotated[redis.Redis, Depends(get_sync_redis)]
 WaiterDep = Annotated[ReceiptWaiter, Depends(get_waiter)]
 CatalogDep = Annotated[Catalog, Depends(get_iceberg)]
 LimitsDep = Annotated[TenantLimits, Depends(get_limits)]
+BufferDep = Annotated[RequestBuffer, Depends(get_buffer)]
 
 
 def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:

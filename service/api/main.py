@@ -18,6 +18,7 @@ import logging
 
 from service.api.routes import health, ingest, receipts, tables, tenants, tokens
 from service.core.keys import AUTH_CHANNEL
+from service.buffer import RequestBuffer
 from service.limits import TenantLimits
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sync_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
         app.state.waiter = ReceiptWaiter(app.state.redis)
         app.state.limits = TenantLimits(app.state.redis, settings.rate_burst_s)
+        app.state.buffer = RequestBuffer(app.state.redis, settings)
         await app.state.waiter.start()
         follower = asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals))
         try:

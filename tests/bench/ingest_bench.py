@@ -25,7 +25,6 @@ from pathlib import Path
 import aiohttp
 import httpx
 import orjson
-import pyarrow as pa
 import pyarrow.json as pajson
 from pyiceberg.catalog.sql import SqlCatalog
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from http import HTTPStatus
 
 import hashlib
-import time
 import uuid
 
 import redis.asyncio as aioredis
@@ -14,13 +13,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from service import metrics
-from service.api.deps import IngestPrincipal, LimitsDep, RedisDep, SettingsDep, WaiterDep
+from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
+from service.buffer import RequestBuffer
 from service.core.config import Settings
 from service.limits import TenantLimits
 from service.tenants import Principal
 from service.core import keys
 from service.exceptions import BodyTooLarge
-from service.ingest import ParsedBody, decode_body, parse_events
+from service.ingest import decode_body, parse_events
 from service.receipts import COMMITTED, FAILED, ReceiptWaiter
 
 router = APIRouter(tags=["ingest"])
@@ -44,7 +44,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def ingest_logs(
     request: Request,
     principal: IngestPrincipal,
-    client: RedisDep,
+    buffer: BufferDep,
     waiter: WaiterDep,
     limits: LimitsDep,
     settings: SettingsDep,
@@ -60,13 +60,13 @@ async def ingest_logs(
         )
     state.in_flight += 1
     try:
-        return await _ingest(request, principal, client, waiter, limits, settings, wait, timeout)
+        return await _ingest(request, principal, buffer, waiter, limits, settings, wait, timeout)
     finally:
         state.in_flight -= 1
 
 
 async def _ingest(
-    request: Request, principal: Principal, client: aioredis.Redis, waiter: ReceiptWaiter, limits: TenantLimits,
+    request: Request, principal: Principal, buffer: RequestBuffer, waiter: ReceiptWaiter, limits: TenantLimits,
     settings: Settings, wait: bool, timeout: float | None,
 ) -> JSONResponse:
     tenant, pipeline = principal.tenant, keys.DEFAULT_PIPELINE
@@ -87,12 +87,10 @@ async def _ingest(
     receipt_id = uuid.uuid4().hex
     try:
         # A retry of a request already accepted is answered first: no limits charged, nothing buffered.
-        first = await client.get(keys.idempotency_key(tenant, idempotency)) if idempotency else None
+        first = await buffer.first_receipt(tenant, idempotency) if idempotency else None
         if first is None:
             await _check_limits(limits, principal, settings, parsed.events, len(body))
-            first = await _buffer(client, tenant, pipeline, receipt_id, parsed, settings, idempotency)
-        else:
-            first = first.decode()
+            first = await buffer.add(tenant, pipeline, receipt_id, parsed, idempotency)
     except aioredis.RedisError as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, "redis_unavailable").inc()
         raise HTTPException(
@@ -153,22 +151,6 @@ async def _check_limits(limits: TenantLimits, principal: Principal, settings: Se
         )
 
 
-# Receipt, input entry and backlog in one atomic step; with an idempotency key, only the first
-# request holding it gets in, and a retry learns the first one's receipt instead.
-_BUFFER = """
-if ARGV[7] == '1' then
-  local first = redis.call('GET', KEYS[1])
-  if first then return first end
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8])
-end
-redis.call('HSET', KEYS[2], 'status', 'buffered', 'events', ARGV[2], 'pipeline', ARGV[3], 'created_at', ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6])
-redis.call('INCRBY', KEYS[4], ARGV[2])
-return false
-"""
-
-
 def idempotency_digest(header: str | None) -> str | None:
     """The Redis-safe form of an Idempotency-Key header (any printable text up to 255 characters)."""
     if header is None:
@@ -178,23 +160,3 @@ def idempotency_digest(header: str | None) -> str | None:
             status.HTTP_400_BAD_REQUEST, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters"
         )
     return hashlib.sha256(header.encode()).hexdigest()
-
-
-async def _buffer(
-    client: aioredis.Redis, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, settings: Settings,
-    idempotency: str | None,
-) -> str | None:
-    """Buffer the request; returns the first request's receipt id when this one is a retry."""
-    first = await client.eval(
-        _BUFFER,
-        4,
-        keys.idempotency_key(tenant, idempotency or "-"),
-        keys.receipt_key(tenant, receipt_id),
-        keys.input_stream_key(tenant, pipeline),
-        keys.backlog_key(tenant),
-        receipt_id, str(parsed.events), pipeline, f"{time.time():.3f}", settings.receipt_ttl_s, parsed.ndjson,
-        "1" if idempotency else "0", settings.idempotency_window_s,
-    )
-    # Outside the script: the registry lives in no tenant's slot, and adding twice is harmless.
-    await client.sadd(keys.INPUT_STREAMS, keys.member(tenant, pipeline))
-    return first.decode() if first else None

@@ -1,0 +1,61 @@
+"""Accepting a request into Redis: receipt, input entry and backlog in one atomic step.
+
+With an idempotency key, only the first request holding it gets in; a retry learns the first
+request's receipt instead. Every key is in the tenant's hash slot, so the script stays atomic on a
+Redis Cluster too.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from service.core import keys
+from service.core.config import Settings
+from service.ingest import ParsedBody
+
+_BUFFER = """
+if ARGV[7] == '1' then
+  local first = redis.call('GET', KEYS[1])
+  if first then return first end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8])
+end
+redis.call('HSET', KEYS[2], 'status', 'buffered', 'events', ARGV[2], 'pipeline', ARGV[3], 'created_at', ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6])
+redis.call('INCRBY', KEYS[4], ARGV[2])
+return false
+"""
+
+
+class RequestBuffer:
+    def __init__(self, client: aioredis.Redis, settings: Settings) -> None:
+        self._client = client
+        self._settings = settings
+        self._buffer = client.register_script(_BUFFER)
+
+    async def first_receipt(self, tenant: str, idempotency: str) -> str | None:
+        """The receipt of the request that already used this idempotency key, if one did."""
+        first = await self._client.get(keys.idempotency_key(tenant, idempotency))
+        return first.decode() if first else None
+
+    async def add(
+        self, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, idempotency: str | None
+    ) -> str | None:
+        """Buffer the request; returns the first request's receipt id when this one is a retry."""
+        first = await self._buffer(
+            keys=[
+                keys.idempotency_key(tenant, idempotency or "-"),
+                keys.receipt_key(tenant, receipt_id),
+                keys.input_stream_key(tenant, pipeline),
+                keys.backlog_key(tenant),
+            ],
+            args=[
+                receipt_id, parsed.events, pipeline, f"{time.time():.3f}", self._settings.receipt_ttl_s, parsed.ndjson,
+                "1" if idempotency else "0", self._settings.idempotency_window_s,
+            ],
+        )
+        # Outside the script: the registry lives in no tenant's slot, and adding twice is harmless.
+        await self._client.sadd(keys.INPUT_STREAMS, keys.member(tenant, pipeline))
+        return first.decode() if first else None
