@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -64,14 +65,36 @@ class PrincipalCache:
     def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
 
     def get(self, token: str) -> Principal | None:
+        """The cached principal, if it is there and its token has not expired since."""
         with self._lock:
-            return self._cache.get(hash_token(token))
+            principal = self._cache.get(hash_token(token))
+        return None if principal is None or principal.expired(utcnow()) else principal
 
-    def put(self, token: str, principal: Principal) -> None:
+    def load(self, token: str, lookup: Callable[[str], Principal | None]) -> Principal | None:
+        """Look the token up, one lookup per token at a time.
+
+        When an entry expires under load, every request in flight misses at once; without the
+        gate each would query (and write last use to) the DB. The others wait and take its answer.
+        """
+        key = hash_token(token)
         with self._lock:
-            self._cache[hash_token(token)] = principal
+            gate = self._loading.setdefault(key, threading.Lock())
+        try:
+            with gate:
+                cached = self.get(token)
+                if cached is not None:
+                    return cached
+                principal = lookup(token)
+                if principal is not None:
+                    with self._lock:
+                        self._cache[key] = principal
+                return principal
+        finally:
+            with self._lock:
+                self._loading.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:

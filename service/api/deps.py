@@ -8,6 +8,7 @@ from typing import Annotated
 import redis
 import redis.asyncio as aioredis
 from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pyiceberg.catalog import Catalog
 from sqlmodel import Session
@@ -17,7 +18,6 @@ from service.core.config import Settings
 from service.buffer import RequestBuffer
 from service.limits import TenantLimits
 from service.receipts import ReceiptWaiter
-from service.models import utcnow
 from service.names import NAME_PATTERN, RULE
 from service.tenants import OPERATOR_SCOPE, Principal, authenticate
 
@@ -71,23 +71,25 @@ LimitsDep = Annotated[TenantLimits, Depends(get_limits)]
 BufferDep = Annotated[RequestBuffer, Depends(get_buffer)]
 
 
-def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+async def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing token: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = request.app.state.principals.get(credentials.credentials)
-    if principal is not None and principal.expired(utcnow()):
-        principal = None  # the DB answers for an expired token, and refuses it
+    principals = request.app.state.principals
+    principal = principals.get(credentials.credentials)
     if principal is None:
-        # A session of its own, closed at once: a session dependency would stay open until the
-        # response, and a wait=true request holds its response for up to minutes.
-        with Session(request.app.state.engine) as session:
-            principal = authenticate(session, credentials.credentials)
-        if principal is not None:
-            request.app.state.principals.put(credentials.credentials, principal)
+        engine = request.app.state.engine
+
+        def lookup(token: str) -> Principal | None:
+            # A session of its own, closed at once: a session dependency would stay open until
+            # the response, and a wait=true request holds its response for up to minutes.
+            with Session(engine) as session:
+                return authenticate(session, token)
+
+        principal = await run_in_threadpool(principals.load, credentials.credentials, lookup)
     if principal is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
@@ -96,7 +98,7 @@ def _principal(request: Request, credentials: HTTPAuthorizationCredentials | Non
 
 
 def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
-    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
         if principal.is_operator and scope != OPERATOR_SCOPE:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, "operator tokens manage tenants only; use a token of the tenant"
