@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -129,6 +130,27 @@ class ReceiptPublisher:
         return completed
 
 
+async def follow_channel(
+    client: aioredis.Redis, channel: str, on_message: Callable[[bytes], None], on_subscribed: Callable[[], None] | None = None
+) -> None:
+    """Call `on_message` for each message on a pub/sub channel, forever, resubscribing when Redis
+    goes away; `on_subscribed` runs after each (re)subscription, for what was missed meanwhile."""
+    while True:
+        try:
+            pubsub = client.pubsub()
+            await pubsub.subscribe(channel)
+            if on_subscribed is not None:
+                on_subscribed()
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    on_message(message["data"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Redis went away: wait, then subscribe again
+            log.warning("subscription to %s lost (%s); resubscribing", channel, exc)
+            await asyncio.sleep(1.0)
+
+
 class ReceiptWaiter:
     """The api's side: one pub/sub subscription per process, fanned out to waiting requests.
 
@@ -153,21 +175,13 @@ class ReceiptWaiter:
                 await self._task
 
     async def _listen(self) -> None:
-        while True:
-            try:
-                pubsub = self._client.pubsub()
-                await pubsub.subscribe(COMMITTED_CHANNEL)
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    for receipt_id in orjson.loads(message["data"]):
-                        for waiter in self._waiting.get(receipt_id, ()):
-                            waiter.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Redis went away; waiters keep polling meanwhile
-                log.warning("receipt subscription lost (%s); resubscribing", exc)
-                await asyncio.sleep(1.0)
+        # While unsubscribed, waiters keep polling their receipts, so nothing is missed for long.
+        await follow_channel(self._client, COMMITTED_CHANNEL, self._wake)
+
+    def _wake(self, data: bytes) -> None:
+        for receipt_id in orjson.loads(data):
+            for waiter in self._waiting.get(receipt_id, ()):
+                waiter.set()
 
     async def wait(self, tenant: str, receipt_id: str, timeout_s: float) -> Receipt | None:
         """The receipt once committed or failed, or its latest state when `timeout_s` passes."""

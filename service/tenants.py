@@ -113,9 +113,10 @@ def get_tenant(session: Session, name: str) -> Tenant | None:
     return session.exec(select(Tenant).where(Tenant.name == name)).first()
 
 
-def create_tenant(session: Session, name: str) -> Tenant:
+def create_tenant(session: Session, name: str, **limits: int | None) -> Tenant:
+    """A new tenant; `limits` are optional max_events_per_s, max_bytes_per_s, max_backlog_events."""
     validate_name("tenant", name)
-    tenant = Tenant(name=name)
+    tenant = Tenant(name=name, **limits)
     session.add(tenant)
     try:
         session.commit()

@@ -28,6 +28,7 @@ from service.catalog import create_table_once, load_table
 from service.core import keys
 from service.core.config import Settings
 from service.faults import fault_point
+from service.receipts import FAILED, WRITTEN
 from service.streams import text
 from spark_jobs.session import reset_session, spark_session
 from spark_jobs.write_events import infer_schema, write_events
@@ -253,7 +254,7 @@ class Writer:
             for receipt, rows in written.rows_by_receipt.items():
                 pipe.hset(
                     keys.receipt_key(batch.tenant, receipt),
-                    mapping={"status": "written", "tables": "1", f"written:{written.table}": str(rows), "written_at": now},
+                    mapping={"status": WRITTEN, "tables": "1", f"written:{written.table}": str(rows), "written_at": now},
                 )
             pipe.xack(stream, keys.WRITER_GROUP, *ids)
             pipe.xdel(stream, *ids)
@@ -268,7 +269,7 @@ class Writer:
         with self.client.pipeline(transaction=True) as pipe:
             for entry in batch.entries:
                 pipe.xadd(dead, {keys.F_RECEIPT: entry.receipt, keys.F_EVENTS: str(entry.events), keys.F_BODY: entry.body, "reason": reason})
-                pipe.hset(keys.receipt_key(batch.tenant, entry.receipt), mapping={"status": "failed", "error": reason})
+                pipe.hset(keys.receipt_key(batch.tenant, entry.receipt), mapping={"status": FAILED, "error": reason})
             pipe.xack(stream, keys.WRITER_GROUP, *[entry.id for entry in batch.entries])
             pipe.xdel(stream, *[entry.id for entry in batch.entries])
             pipe.decrby(keys.backlog_key(batch.tenant), batch.events)

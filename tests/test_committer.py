@@ -46,10 +46,8 @@ def test_two_committers_never_commit_the_same_files(stack_factory) -> None:  # n
     wait_until(lambda: all_committed(stack, receipts), timeout_s=120, what="every receipt committed")
     assert_exactly_once(stack, expected=6 * 4 * 25)
     table = stack.catalog().load_table(("demo", "logs"))
-    committers = {s.summary.additional_properties[keys.SUMMARY_COMMITTER] for s in table.snapshots()}
     fences = [int(s.summary.additional_properties[keys.SUMMARY_FENCE]) for s in table.snapshots()]
     assert fences == sorted(fences), "a snapshot carries an older fence than the one before it"
-    assert len(committers) >= 1
 
 
 def written_but_uncommitted(stack_factory, batches: int = 3):  # noqa: ANN001, ANN201

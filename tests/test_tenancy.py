@@ -94,7 +94,6 @@ def test_another_tenants_things_are_404_on_every_route(api: Stack) -> None:
         beta_receipt = http.post("/logs", json={"id": "beta"}).json()["receipt"]
     assert call(api, TEST_TOKEN, "GET", f"/v1/receipts/{beta_receipt}", None).status_code == 404
     assert api.redis.xlen(keys.input_stream_key("beta", "logs")) == 1
-    assert call(api, TEST_TOKEN, "GET", f"/v1/tokens/{token_id}", None).status_code in (404, 405)
 
 
 def test_expired_revoked_and_unknown_tokens_are_401_everywhere(api: Stack) -> None:

@@ -14,7 +14,6 @@ from fastapi.responses import FileResponse, JSONResponse
 
 import asyncio
 import contextlib
-import logging
 
 from service.api.routes import health, ingest, receipts, tables, tenants, tokens
 from service.core.keys import AUTH_CHANNEL
@@ -23,10 +22,9 @@ from service.limits import TenantLimits
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
 from service.exceptions import AlreadyExists, BadRequestBody, BodyTooLarge, InvalidName, NotFound
-from service.receipts import ReceiptWaiter
+from service.receipts import ReceiptWaiter, follow_channel
 from service.tenants import PrincipalCache
 
-log = logging.getLogger(__name__)
 
 # Calve's own errors and the status each one answers with; the message is the exception's text.
 ERROR_STATUS = {
@@ -97,17 +95,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 async def _follow_auth_changes(client: aioredis.Redis, principals: PrincipalCache) -> None:
-    """Drop every cached token when any api or CLI revokes a token or disables a tenant."""
-    while True:
-        try:
-            pubsub = client.pubsub()
-            await pubsub.subscribe(AUTH_CHANNEL)
-            principals.clear()  # whatever was missed while unsubscribed
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    principals.clear()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Redis went away; the cache TTL bounds staleness meanwhile
-            log.warning("auth change subscription lost (%s); resubscribing", exc)
-            await asyncio.sleep(1.0)
+    """Drop every cached token when any api or CLI revokes a token or disables a tenant (and after
+    each resubscription, for whatever was announced meanwhile)."""
+    await follow_channel(client, AUTH_CHANNEL, lambda _data: principals.clear(), on_subscribed=principals.clear)

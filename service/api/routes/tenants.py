@@ -22,12 +22,7 @@ class TenantCreate(BaseModel):
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def add_tenant(body: TenantCreate, _operator: OperatorPrincipal, session: SessionDep) -> dict:
-    tenant = create_tenant(session, body.name)
-    for field in ("max_events_per_s", "max_bytes_per_s", "max_backlog_events"):
-        setattr(tenant, field, getattr(body, field))
-    session.add(tenant)
-    session.commit()
-    session.refresh(tenant)
+    tenant = create_tenant(session, **body.model_dump())
     _token, raw = issue_token(session, tenant, label="first admin")
     return {"tenant": TenantPublic.model_validate(tenant, from_attributes=True), "admin_token": raw}
 
