@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench system-deps clean
+.PHONY: run test bench chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -26,6 +26,10 @@ test: $(STAMP) system-deps
 
 bench: $(STAMP) system-deps
 	$(PY) -m tests.bench.ingest_bench
+
+# The fault suite on its own Redis and Spark Connect; `make test` runs it too (pytest -m chaos).
+chaos: $(STAMP) system-deps
+	$(PY) -m tests.chaos
 
 clean:
 	rm -rf data .pytest_cache

@@ -12,12 +12,13 @@ from functools import lru_cache
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, ServiceUnavailableError, TableAlreadyExistsError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from sqlalchemy import event
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DatabaseError, IntegrityError, InterfaceError, OperationalError
 
+from service.core.config import Settings
 from service.core.keys import SUMMARY_WATERMARK
 
 CATALOG_NAME = "calve"
@@ -37,8 +38,17 @@ TABLE_PROPERTIES = {
 CATALOG_INIT_ATTEMPTS = 5
 
 
+# The catalog cannot be reached right now (as opposed to refusing a request): callers wait and
+# retry, keeping their work, instead of failing it.
+CATALOG_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError, ServiceUnavailableError)
+
+
+def open_catalog(settings: Settings) -> Catalog:
+    return get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse(), settings.catalog_busy_timeout_ms)
+
+
 @lru_cache(maxsize=4)
-def get_catalog(uri: str, warehouse: str) -> Catalog:
+def get_catalog(uri: str, warehouse: str, busy_timeout_ms: int = 30_000) -> Catalog:
     for attempt in range(1, CATALOG_INIT_ATTEMPTS + 1):
         try:
             catalog = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=warehouse)
@@ -50,11 +60,11 @@ def get_catalog(uri: str, warehouse: str) -> Catalog:
                 raise
             time.sleep(0.2 * attempt)
     if uri.startswith("sqlite"):
-        _tune_sqlite(catalog)
+        _tune_sqlite(catalog, busy_timeout_ms)
     return catalog
 
 
-def _tune_sqlite(catalog: SqlCatalog) -> None:
+def _tune_sqlite(catalog: SqlCatalog, busy_timeout_ms: int) -> None:
     # Several processes commit to one SQLite file: WAL and a busy timeout turn lock contention
     # into short waits instead of "database is locked" failures.
     engine = catalog.engine
@@ -63,7 +73,7 @@ def _tune_sqlite(catalog: SqlCatalog) -> None:
     def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.close()
 
     engine.dispose()
@@ -78,6 +88,11 @@ def ensure_namespace(catalog: Catalog, tenant: str) -> None:
         catalog.create_namespace(tenant)
     except NamespaceAlreadyExistsError:
         pass
+    except IntegrityError:
+        # Two processes created it at once: the SQL catalog's check-then-insert lets both past
+        # the check, and the loser hits the unique key instead of NamespaceAlreadyExistsError.
+        if not catalog.namespace_exists(tenant):
+            raise
 
 
 def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
@@ -92,7 +107,7 @@ def create_table_once(catalog: Catalog, tenant: str, table: str, schema) -> Tabl
     ensure_namespace(catalog, tenant)
     try:
         return catalog.create_table(table_identifier(tenant, table), schema=schema, properties=TABLE_PROPERTIES)
-    except TableAlreadyExistsError:
+    except (TableAlreadyExistsError, IntegrityError):  # IntegrityError: the same race as above
         return catalog.load_table(table_identifier(tenant, table))
 
 

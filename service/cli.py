@@ -51,13 +51,13 @@ def _catalog_and_redis(settings: Settings):  # noqa: ANN202
     import redis
     from prometheus_client import start_http_server
 
-    from service.catalog import get_catalog
+    from service.catalog import open_catalog
 
     _require(settings, "redis_url")
     # Under `calve up` the api serves every role's metrics; a role run alone serves its own.
     if settings.metrics_port and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         start_http_server(settings.metrics_port, addr=settings.host)
-    return redis.Redis.from_url(settings.redis_url), get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
+    return redis.Redis.from_url(settings.redis_url), open_catalog(settings)
 
 
 def run_writer(settings: Settings) -> None:

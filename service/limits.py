@@ -2,8 +2,10 @@
 
 Rate: two token buckets (events/s and bytes/s) refilled continuously, holding up to `burst_s`
 seconds of traffic, checked and charged in one Lua script so concurrent replicas cannot overdraw.
-Backlog: a counter of events accepted but not yet written (raised in the api's transaction,
-lowered in the writer's), compared with the tenant's cap before accepting.
+Backlog: a counter of events accepted but not yet committed (raised in the api's script, lowered
+when the committer completes a receipt or the writer gives a batch up), compared with the tenant's
+cap before accepting. Counting to the commit, not to the write, makes a catalog outage push back
+on producers as a Spark outage does.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ EVENTS_RECEIVED = Counter("calve_events_received", "Events accepted into Redis",
 BYTES_RECEIVED = Counter("calve_bytes_received", "Request body bytes accepted (decompressed)", ["tenant", "pipeline"])
 REQUESTS_REJECTED = Counter("calve_requests_rejected", "Ingest requests refused", ["tenant", "reason"])
 EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files by Spark", ["tenant", "table"])
+BATCHES_SUPERSEDED = Counter(
+    "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
+)
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "table"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),

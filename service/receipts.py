@@ -18,7 +18,7 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from service.core.keys import COMMITTED_CHANNEL, receipt_key
+from service.core.keys import COMMITTED_CHANNEL, backlog_key, receipt_key
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,9 @@ FAILED = "failed"
 WRITTEN_PREFIX = "written:"
 COMMITTED_PREFIX = "committed:"
 
-# Marks one table of a receipt committed; when all its tables are, marks the receipt committed.
-# Returns 1 only for the call that completed the receipt, so it is announced once.
+# Marks one table of a receipt committed; when all its tables are, marks the receipt committed and
+# takes its events off the tenant's backlog (KEYS[2]). Returns 1 only for the call that completed
+# the receipt, so it is announced, and the backlog lowered, once.
 _MARK_COMMITTED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'committed:' .. ARGV[1], ARGV[2])
@@ -43,6 +44,7 @@ for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 if done >= expected then
   redis.call('HSET', KEYS[1], 'status', 'committed', 'committed_at', ARGV[3])
+  redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], 'events') or '0'))
   return 1
 end
 return 0
@@ -120,7 +122,7 @@ class ReceiptPublisher:
         ids = list(rows_by_receipt)
         for receipt_id in ids:
             self._mark(
-                keys=[receipt_key(tenant, receipt_id)],
+                keys=[receipt_key(tenant, receipt_id), backlog_key(tenant)],
                 args=[table, f"{snapshot_id}:{rows_by_receipt[receipt_id]}", now],
                 client=pipe,
             )
@@ -188,11 +190,19 @@ class ReceiptWaiter:
         event = asyncio.Event()
         self._waiting.setdefault(receipt_id, set()).add(event)
         deadline = time.monotonic() + timeout_s
+        receipt = None
         try:
             while True:
-                receipt = parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))
-                if receipt is None or receipt.status in (COMMITTED, FAILED):
-                    return receipt
+                try:
+                    receipt = parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))
+                except aioredis.RedisError as exc:
+                    # The request is already durable: a Redis outage now must not turn its answer
+                    # into an error, or the producer would send it again. Keep waiting; at the
+                    # deadline the caller answers with what was last known (accepted).
+                    log.warning("receipt %s: Redis unavailable while waiting (%s)", receipt_id, exc)
+                else:
+                    if receipt is None or receipt.status in (COMMITTED, FAILED):
+                        return receipt
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return receipt

@@ -24,11 +24,12 @@ from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
 from service import faults, metrics
-from service.catalog import create_table_once, load_table
+from service.catalog import CATALOG_UNAVAILABLE, create_table_once, load_table
 from service.core import keys
 from service.core.config import Settings
 from service.faults import fault_point
 from service.receipts import FAILED, WRITTEN
+from service.hand_off import HandOffPlan, HandOffScript
 from service.streams import text
 from spark_jobs.session import reset_session, spark_session
 from spark_jobs.write_events import infer_schema, write_events
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # entries per XREADGROUP call
 MAX_JOB_ATTEMPTS = 3  # for errors that are not a lost connection
-BACKOFF_MAX_S = 30.0
+BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Writer:
         self.name = name or consumer_name()
         self._groups: set[str] = set()
         self._last_claim = 0.0
+        self._hand_off_script = HandOffScript(client)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -122,6 +124,9 @@ class Writer:
                 if "NOGROUP" in str(exc):
                     self._groups.clear()  # Redis lost the group (restarted empty): recreate it
                 log.warning("writer: Redis unavailable (%s); retrying", exc)
+                stop.wait(1.0)
+            except Exception:  # noqa: BLE001 - the entries stay pending and are reclaimed; keep the process
+                log.exception("writer: unexpected error; the batch stays pending and will be retried")
                 stop.wait(1.0)
         log.info("writer %s stopped", self.name)
 
@@ -201,6 +206,9 @@ class Writer:
                 attempt += 1
                 log.warning("writer: Spark Connect unavailable (%s); retry %d", exc.__class__.__name__, attempt)
                 reset_session(self.settings.spark_remote)
+            except CATALOG_UNAVAILABLE as exc:
+                attempt += 1
+                log.warning("writer: catalog unavailable (%s); retry %d", exc, attempt)
             except (PySparkException, OSError) as exc:
                 failures += 1
                 log.exception("writer: Spark job failed (attempt %d of %d)", failures, MAX_JOB_ATTEMPTS)
@@ -232,49 +240,60 @@ class Writer:
             rows_by_receipt={entry.receipt: entry.events for entry in batch.entries},
         )
         fault_point(faults.WRITER_AFTER_SPARK_JOB)
-        self.hand_off(batch, written)
-        metrics.EVENTS_WRITTEN.labels(batch.tenant, table_name).inc(written.rows)
+        if self.hand_off(batch, written):
+            metrics.EVENTS_WRITTEN.labels(batch.tenant, table_name).inc(written.rows)
         return written
 
-    def hand_off(self, batch: Batch, written: FilesWritten) -> None:
-        """Record the files for the committer and acknowledge the input, atomically."""
-        stream = keys.input_stream_key(batch.tenant, batch.pipeline)
-        ids = [entry.id for entry in batch.entries]
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                keys.commit_stream_key(written.tenant, written.table),
-                {
-                    keys.F_FILES: orjson.dumps(written.files),
-                    keys.F_RECEIPTS: orjson.dumps(written.rows_by_receipt),
-                    keys.F_ROWS: str(written.rows),
-                    keys.F_WRITER: self.name,
-                },
-            )
-            now = f"{time.time():.3f}"
-            for receipt, rows in written.rows_by_receipt.items():
-                pipe.hset(
-                    keys.receipt_key(batch.tenant, receipt),
-                    mapping={"status": WRITTEN, "tables": "1", f"written:{written.table}": str(rows), "written_at": now},
-                )
-            pipe.xack(stream, keys.WRITER_GROUP, *ids)
-            pipe.xdel(stream, *ids)
-            pipe.decrby(keys.backlog_key(batch.tenant), batch.events)
-            pipe.execute()
+    def hand_off(self, batch: Batch, written: FilesWritten) -> bool:
+        """Record the files for the committer and acknowledge the input, atomically, if this
+        writer still owns every entry of the batch; False (files orphaned) when it does not."""
+        now = f"{time.time():.3f}"
+        handed = self._settle(batch, HandOffPlan(
+            xadd=[(keys.commit_stream_key(written.tenant, written.table), [
+                keys.F_FILES, orjson.dumps(written.files).decode(),
+                keys.F_RECEIPTS, orjson.dumps(written.rows_by_receipt).decode(),
+                keys.F_ROWS, str(written.rows),
+                keys.F_WRITER, self.name,
+            ])],
+            hset=[
+                (keys.receipt_key(batch.tenant, receipt), ["status", WRITTEN, "tables", "1", f"written:{written.table}", str(rows), "written_at", now])
+                for receipt, rows in written.rows_by_receipt.items()
+            ],
+        ))
+        if not handed:
+            self._discard(batch, written.files)
+            return False
         self.client.sadd(keys.TABLES, keys.member(written.tenant, written.table))
+        return True
 
     def fail(self, batch: Batch, reason: str) -> None:
         """Give up on a batch Spark cannot write: keep its bodies on a dead-letter stream, mark receipts failed."""
+        handed = self._settle(batch, HandOffPlan(
+            hset=[(keys.receipt_key(batch.tenant, entry.receipt), ["status", FAILED, "error", reason]) for entry in batch.entries],
+            dead=(keys.dead_stream_key(batch.tenant, batch.pipeline), reason),
+            lower_backlog=(keys.backlog_key(batch.tenant), batch.events),
+        ))
+        if handed:
+            log.error("writer: %d requests of %s/%s moved to the dead stream: %s", len(batch.entries), batch.tenant, batch.pipeline, reason)
+
+    def _settle(self, batch: Batch, plan: HandOffPlan) -> bool:
         stream = keys.input_stream_key(batch.tenant, batch.pipeline)
-        dead = keys.dead_stream_key(batch.tenant, batch.pipeline)
-        with self.client.pipeline(transaction=True) as pipe:
-            for entry in batch.entries:
-                pipe.xadd(dead, {keys.F_RECEIPT: entry.receipt, keys.F_EVENTS: str(entry.events), keys.F_BODY: entry.body, "reason": reason})
-                pipe.hset(keys.receipt_key(batch.tenant, entry.receipt), mapping={"status": FAILED, "error": reason})
-            pipe.xack(stream, keys.WRITER_GROUP, *[entry.id for entry in batch.entries])
-            pipe.xdel(stream, *[entry.id for entry in batch.entries])
-            pipe.decrby(keys.backlog_key(batch.tenant), batch.events)
-            pipe.execute()
-        log.error("writer: %d requests of %s/%s moved to %s: %s", len(batch.entries), batch.tenant, batch.pipeline, dead, reason)
+        return bool(self._hand_off_script.run(self.client, stream, keys.WRITER_GROUP, self.name, [entry.id for entry in batch.entries], plan))
+
+    def _discard(self, batch: Batch, files: list[str]) -> None:
+        # Another writer reclaimed the entries (this one looked dead: a job longer than the claim
+        # idle time) and wrote or is writing them itself. These files are never committed.
+        log.warning(
+            "writer %s: %d entries of %s/%s were taken over by another writer; discarding %d files it will not commit",
+            self.name, len(batch.entries), batch.tenant, batch.pipeline, len(files),
+        )
+        metrics.BATCHES_SUPERSEDED.labels(batch.tenant, batch.pipeline).inc()
+        for path in files:
+            try:
+                filesystem, location = pafs.FileSystem.from_uri(path)
+                filesystem.delete_file(location)
+            except OSError:
+                log.warning("could not delete orphaned file %s", path)
 
     # -- streams ----------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ def test_202_is_buffered_then_committed(stack: Stack) -> None:
         )
     snapshot_id = committed["tables"]["logs"]["snapshot_id"]
     assert ids_in(stack) == ["later"]
-    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0, "the writer lowers the backlog it wrote"
+    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0, "completing the receipt lowers the backlog"
     table = stack.catalog().load_table(("demo", "logs"))
     assert table.snapshot_by_id(snapshot_id) is not None
 

@@ -201,7 +201,7 @@ def test_backlog_cap_is_503_for_that_tenant_only(api: Stack) -> None:
     assert call(api, small, "POST", "/logs", events).status_code == 202  # 120 waiting now
     answer = call(api, small, "POST", "/logs", events)
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
-    assert "waiting to be written" in answer.json()["detail"]
+    assert "accepted but not yet committed" in answer.json()["detail"]
     assert call(api, TEST_TOKEN, "POST", "/logs", events).status_code == 202, "other tenants keep flowing"
     assert int(api.redis.get(keys.backlog_key("small"))) == 120
 

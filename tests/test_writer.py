@@ -31,3 +31,39 @@ def test_entries_of_a_dead_writer_are_reclaimed_and_written_once(stack_factory) 
     assert sorted(row["id"] for row in stack.rows()) == [f"orphan-{i}" for i in range(5)]
     assert stack.redis.xpending(stream, keys.WRITER_GROUP)["pending"] == 0
     assert stack.redis.xlen(stream) == 0, "written entries are deleted from the input stream"
+
+
+def test_a_writer_that_lost_its_entries_cannot_hand_them_off(redis_client) -> None:  # noqa: ANN001
+    """Writer A's job outlives the claim idle time; B reclaims and settles first. A must not."""
+    from service.hand_off import HandOffPlan, HandOffScript
+
+    stream, files = keys.input_stream_key("demo", "logs"), keys.commit_stream_key("demo", "logs")
+    redis_client.xgroup_create(stream, keys.WRITER_GROUP, id="0", mkstream=True)
+    ids = [redis_client.xadd(stream, {"receipt": f"r{i}", "events": "1", "body": b"{}"}).decode() for i in range(3)]
+    redis_client.xreadgroup(keys.WRITER_GROUP, "writer-a", {stream: ">"})
+    redis_client.xclaim(stream, keys.WRITER_GROUP, "writer-b", min_idle_time=0, message_ids=ids)
+    script = HandOffScript(redis_client)
+
+    def plan(writer: str) -> HandOffPlan:
+        return HandOffPlan(xadd=[(files, ["writer", writer])], hset=[(keys.receipt_key("demo", "r0"), ["status", "written"])])
+
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-a", ids, plan("a")) == 0
+    assert redis_client.xlen(files) == 0 and not redis_client.exists(keys.receipt_key("demo", "r0"))
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-b", ids, plan("b")) == 1
+    assert [entry[1][b"writer"] for entry in redis_client.xrange(files)] == [b"b"]
+    assert redis_client.xlen(stream) == 0 and redis_client.xpending(stream, keys.WRITER_GROUP)["pending"] == 0
+    # A's late second try (say after a retry) finds nothing of its own left either.
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-a", ids, plan("a")) == 0
+    assert redis_client.xlen(files) == 1
+
+
+def test_backlog_counts_events_until_they_are_committed(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api", "writer"))
+    with stack.client() as http:
+        receipt = http.post("/logs", json=[{"id": 1}, {"id": 2}, {"id": 3}]).json()["receipt"]
+        wait_until(lambda: http.get(f"/v1/receipts/{receipt}").json()["status"] == "written", what="written")
+        # Written but not committed (no committer runs): a catalog outage looks just like this.
+        assert int(stack.redis.get(keys.backlog_key("demo"))) == 3
+        stack.start("committer")
+        wait_until(lambda: http.get(f"/v1/receipts/{receipt}").json()["status"] == "committed", what="committed")
+    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0

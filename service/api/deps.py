@@ -13,7 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pyiceberg.catalog import Catalog
 from sqlmodel import Session
 
-from service.catalog import get_catalog
+from service.catalog import open_catalog
 from service.core.config import Settings
 from service.buffer import RequestBuffer
 from service.limits import TenantLimits
@@ -60,7 +60,7 @@ def get_limits(request: Request) -> TenantLimits:
 
 
 def get_iceberg(settings: SettingsDep) -> Catalog:
-    return get_catalog(settings.resolved_catalog_uri(), settings.resolved_warehouse())
+    return open_catalog(settings)
 
 
 RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]

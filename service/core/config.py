@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     catalog_uri: str | None = None
     warehouse: str | None = None
     database_url: str | None = None
+    catalog_busy_timeout_ms: int = 30_000  # SQLite catalog: how long a commit waits for a lock
 
     bootstrap_token: str | None = None
     redis_max_connections: int = 64  # per api process

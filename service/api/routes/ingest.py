@@ -133,7 +133,7 @@ async def _check_limits(limits: TenantLimits, principal: Principal, settings: Se
         metrics.REQUESTS_REJECTED.labels(tenant, "backlog_full").inc()
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE,
-            f"tenant {tenant!r} has {cap} or more events waiting to be written; retry later",
+            f"tenant {tenant!r} has {cap} or more events accepted but not yet committed (writers, Spark or the catalog are behind or down); retry later",
             headers={"Retry-After": "5"},
         )
     decision = await limits.take(

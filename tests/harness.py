@@ -1,0 +1,204 @@
+"""The real parts, for the tests and the fault suite (`make chaos`).
+
+Servers that can be killed and started again on the same port and data (Redis from its AOF, Spark
+Connect), and a Stack: Calve's roles as real `python -m service.cli <role>` processes.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import redis
+from sqlmodel import Session
+
+from service import processes
+from service.catalog import load_table, open_catalog
+from service.core.config import Settings
+from service.core.db import get_engine, migrate
+from service.tenants import bootstrap
+
+TEST_TOKEN = "calve_test-token-not-a-secret-0123456789abcdef"
+
+
+class RedisServer:
+    """A redis-server with AOF (everysec) under `base`; `kill` then `start` restarts it from its AOF."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.port = processes.free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.process = processes.start_redis(self.base, self.port, self.base / "redis.log")
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.process.send_signal(sig)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        processes.stop(self.process, 10)
+
+
+class SparkServer:
+    """The Spark Connect server of `calve up`, on a port it keeps across restarts."""
+
+    def __init__(self, base: Path, driver_memory: str = "3g") -> None:
+        self.base = base
+        self.driver_memory = driver_memory
+        self.port = processes.free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def remote(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def start(self) -> SparkServer:
+        self.process = processes.start_spark_connect(self.port, self.driver_memory, self.base, self.base / "spark-connect.log")
+        return self
+
+    def stop(self) -> None:
+        processes.stop(self.process, 15)
+
+
+@dataclass
+class Stack:
+    """A running Calve: api, writer and committer processes on one Redis and Spark Connect server."""
+
+    data_dir: Path
+    env: dict[str, str]
+    settings: Settings
+    redis: redis.Redis
+    port: int
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, token: str | None = TEST_TOKEN, port: int | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        base = f"http://127.0.0.1:{port}" if port else self.url
+        return httpx.Client(base_url=base, headers=headers, timeout=120)
+
+    def start(
+        self, role: str, name: str | None = None, port: int | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Start a role process; an api on another `port` is a second replica; `env` adds variables."""
+        log = open(self.data_dir / f"{name or role}.log", "ab")  # noqa: SIM115
+        env = self.env | ({"CALVE_PORT": str(port)} if port else {}) | (env or {})
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs[name or role] = proc
+        if role == "api":
+            processes.wait_for_port(port or self.port, 60, proc, "api", self.data_dir / f"{name or role}.log")
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(30)
+
+    def catalog(self):  # noqa: ANN201
+        return open_catalog(self.settings)
+
+    def rows(self, table: str = "logs", tenant: str = "demo") -> list[dict]:
+        loaded = load_table(self.catalog(), tenant, table)
+        return [] if loaded is None else loaded.scan().to_arrow().to_pylist()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+
+def make_settings(data_dir: Path, redis_url: str, spark_remote: str, **overrides: str) -> tuple[Settings, dict[str, str]]:
+    env = {
+        "CALVE_DATA_DIR": str(data_dir),
+        "CALVE_REDIS_URL": redis_url,
+        "CALVE_SPARK_REMOTE": spark_remote,
+        "CALVE_PORT": str(processes.free_port()),
+        "CALVE_COMMIT_INTERVAL_S": "0.5",
+        "CALVE_WRITER_BATCH_WAIT_S": "0.2",
+        "CALVE_WRITER_CLAIM_IDLE_S": "5",
+        "CALVE_LEASE_S": "3",
+        **overrides,
+    }
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CALVE_")} | env
+    settings = Settings(**{k.removeprefix("CALVE_").lower(): v for k, v in env.items()})
+    return settings, full_env
+
+
+def build_stack(
+    data_dir: Path, redis_url: str, spark_remote: str, client: redis.Redis,
+    roles: tuple[str, ...] = ("api", "writer", "committer"), **overrides: str,
+) -> Stack:
+    """Migrate and bootstrap a fresh data directory, then start `roles` on it."""
+    settings, env = make_settings(data_dir, redis_url, spark_remote, **overrides)
+    migrate(settings.resolved_database_url())
+    with Session(get_engine(settings.resolved_database_url())) as session:
+        bootstrap(session, settings.data_path, TEST_TOKEN)
+    stack = Stack(data_dir, env, settings, client, settings.port)
+    try:
+        for role in roles:
+            stack.start(role)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def wait_until(predicate, timeout_s: float = 60, interval_s: float = 0.25, what: str = "condition"):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def post_batches(stack: Stack, batches: int, per_batch: int, prefix: str) -> list[str]:
+    """POST `batches` NDJSON requests of events with unique ids; returns their receipts."""
+    receipts = []
+    with stack.client() as http:
+        for b in range(batches):
+            body = b"\n".join(orjson.dumps({"id": f"{prefix}-{b}-{i}", "b": b}) for i in range(per_batch))
+            answer = http.post("/logs", content=body, headers={"Content-Type": "application/x-ndjson"})
+            assert answer.status_code == 202, answer.text
+            receipts.append(answer.json()["receipt"])
+    return receipts
+
+
+def all_committed(stack: Stack, receipts: list[str]) -> bool:
+    with stack.client() as http:
+        return all(http.get(f"/v1/receipts/{r}").json()["status"] == "committed" for r in receipts)
+
+
+def assert_exactly_once(stack: Stack, expected: int) -> None:
+    """Every id once, `expected` of them, and no data file committed twice."""
+    counts = collections.Counter(row["id"] for row in stack.rows())
+    duplicated = {k: v for k, v in counts.items() if v > 1}
+    assert not duplicated, f"duplicated rows: {list(duplicated.items())[:5]}"
+    assert len(counts) == expected
+    table = stack.catalog().load_table(("demo", "logs"))
+    paths = table.inspect.files().column("file_path").to_pylist()
+    assert len(paths) == len(set(paths)), "a data file was committed twice"
