@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import orjson
 import redis.asyncio as aioredis
 
 from service.core import keys
@@ -23,7 +24,11 @@ if ARGV[7] == '1' then
 end
 redis.call('HSET', KEYS[2], 'status', 'buffered', 'events', ARGV[2], 'pipeline', ARGV[3], 'created_at', ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6])
+if ARGV[9] ~= '' then
+  redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6], 'replays', ARGV[9])
+else
+  redis.call('XADD', KEYS[3], '*', 'receipt', ARGV[1], 'events', ARGV[2], 'body', ARGV[6])
+end
 redis.call('INCRBY', KEYS[4], ARGV[2])
 return false
 """
@@ -41,9 +46,11 @@ class RequestBuffer:
         return first.decode() if first else None
 
     async def add(
-        self, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, idempotency: str | None
+        self, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, idempotency: str | None,
+        replays: list[str] | None = None,
     ) -> str | None:
-        """Buffer the request; returns the first request's receipt id when this one is a retry."""
+        """Buffer the request; returns the first request's receipt id when this one is a retry.
+        `replays`: the dlq_ids a DLQ replay re-runs (they leave the DLQ when its batch commits)."""
         first = await self._buffer(
             keys=[
                 keys.idempotency_key(tenant, idempotency or "-"),
@@ -54,6 +61,7 @@ class RequestBuffer:
             args=[
                 receipt_id, parsed.events, pipeline, f"{time.time():.3f}", self._settings.receipt_ttl_s, parsed.ndjson,
                 "1" if idempotency else "0", self._settings.idempotency_window_s,
+                orjson.dumps(replays).decode() if replays else "",
             ],
         )
         # Outside the script: the registry lives in no tenant's slot, and adding twice is harmless.

@@ -10,9 +10,11 @@ import sqlite3
 import time
 from functools import lru_cache
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, ServiceUnavailableError, TableAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError, ServiceUnavailableError, TableAlreadyExistsError
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from sqlalchemy import event
@@ -102,11 +104,14 @@ def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
         return None
 
 
-def create_table_once(catalog: Catalog, tenant: str, table: str, schema) -> Table:  # noqa: ANN001 - pyarrow or Iceberg schema
+def create_table_once(catalog: Catalog, tenant: str, table: str, schema, partition_spec: PartitionSpec | None = None) -> Table:  # noqa: ANN001 - pyarrow or Iceberg schema
     """Create the table, or load it when another writer created it first."""
     ensure_namespace(catalog, tenant)
     try:
-        return catalog.create_table(table_identifier(tenant, table), schema=schema, properties=TABLE_PROPERTIES)
+        return catalog.create_table(
+            table_identifier(tenant, table), schema=schema, partition_spec=partition_spec or UNPARTITIONED_PARTITION_SPEC,
+            properties=TABLE_PROPERTIES,
+        )
     except (TableAlreadyExistsError, IntegrityError):  # IntegrityError: the same race as above
         return catalog.load_table(table_identifier(tenant, table))
 
@@ -142,3 +147,48 @@ def watermark(table: Table) -> str:
     for snapshot in calve_snapshots(table):
         return snapshot.summary.additional_properties[SUMMARY_WATERMARK]
     return "0-0"
+
+
+# Type changes schema evolution may make (Iceberg's allowed promotions that JSON can ask for).
+WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
+EVOLVE_ATTEMPTS = 5
+
+
+def schema_additions(current: pa.Schema | pa.StructType, incoming: pa.Schema | pa.StructType) -> list[pa.Field]:
+    """What `incoming` has that `current` lacks: new fields (nested ones inside existing structs
+    too) and allowed widenings. A field whose type differs otherwise keeps its committed type."""
+    have = {field.name: field for field in current}
+    additions = []
+    for field in incoming:
+        existing = have.get(field.name)
+        if existing is None:
+            additions.append(field.with_nullable(True))
+        elif pa.types.is_struct(existing.type) and pa.types.is_struct(field.type):
+            nested = schema_additions(existing.type, field.type)
+            if nested:
+                additions.append(pa.field(field.name, pa.struct(nested), nullable=True))
+        elif (existing.type, field.type) in WIDENINGS:
+            additions.append(pa.field(field.name, field.type, nullable=existing.nullable))
+    return additions
+
+
+def evolve_schema(catalog: Catalog, table: Table, incoming: pa.Schema) -> Table:
+    """Add the new fields of `incoming` to the table as optional columns, and apply widenings.
+
+    Several writers may see the same new field at once: each retries on a conflict against the
+    reloaded table, where the field then exists and nothing is left to add, so the first
+    committed type wins.
+    """
+    for attempt in range(1, EVOLVE_ATTEMPTS + 1):
+        additions = schema_additions(table.schema().as_arrow(), incoming)
+        if not additions:
+            return table
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(pa.schema(additions))
+            return catalog.load_table(table.name())
+        except CommitFailedException:
+            if attempt == EVOLVE_ATTEMPTS:
+                raise
+            table = catalog.load_table(table.name())
+    return table

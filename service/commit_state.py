@@ -17,11 +17,18 @@ class PendingFiles:
     entry_id: str
     files: list[str]
     rows_by_receipt: dict[str, int]
+    deletes: list[str] = field(default_factory=list)  # DLQ entries (dlq_id) replayed by this batch
+    commit_interval_s: float | None = None  # the sink's, when its pipeline sets one
 
     @classmethod
     def from_stream(cls, entry_id: bytes | str, fields: dict) -> "PendingFiles":
         get = lambda name: fields[name.encode()]  # noqa: E731
-        return cls(text(entry_id), orjson.loads(get(keys.F_FILES)), orjson.loads(get(keys.F_RECEIPTS)))
+        deletes = orjson.loads(fields[keys.F_DLQ_DELETES.encode()]) if keys.F_DLQ_DELETES.encode() in fields else []
+        interval = fields.get(keys.F_COMMIT_INTERVAL.encode())
+        return cls(
+            text(entry_id), orjson.loads(get(keys.F_FILES)), orjson.loads(get(keys.F_RECEIPTS)),
+            deletes, float(interval) if interval else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,15 @@ class CommitPlan:
     def rows(self) -> int:
         return sum(sum(entry.rows_by_receipt.values()) for entry in self.entries)
 
+    @property
+    def deletes(self) -> list[str]:
+        return [dlq_id for entry in self.entries for dlq_id in entry.deletes]
+
+    @property
+    def commit_interval_s(self) -> float | None:
+        intervals = [entry.commit_interval_s for entry in self.entries if entry.commit_interval_s]
+        return min(intervals) if intervals else None
+
     def rows_by_receipt(self) -> dict[str, int]:
         merged: dict[str, int] = {}
         for entry in self.entries:
@@ -66,9 +82,16 @@ class CommitSchedule:
 
     interval_s: float
     last_commit: dict[str, float] = field(default_factory=dict)
+    intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
 
     def is_commit_due(self, table: str, now: float) -> bool:
-        return now - self.last_commit.get(table, float("-inf")) >= self.interval_s
+        return now - self.last_commit.get(table, float("-inf")) >= self.intervals.get(table, self.interval_s)
+
+    def set_interval(self, table: str, interval_s: float | None) -> None:
+        if interval_s:
+            self.intervals[table] = interval_s
+        else:
+            self.intervals.pop(table, None)
 
     def record_commit(self, table: str, now: float) -> None:
         self.last_commit[table] = now

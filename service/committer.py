@@ -18,6 +18,7 @@ import uuid
 import redis
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
 from service import faults, metrics
@@ -86,7 +87,7 @@ class Committer:
                 continue
             tenant, table = keys.split_member(member)
             try:
-                if self.commit_table(tenant, table, lease):
+                if self.commit_table(tenant, table, lease, member):
                     self.schedule.record_commit(member, now)
             except LeadershipLost:
                 log.warning("committer %s lost the lease of %s before committing", self.name, member)
@@ -122,12 +123,14 @@ class Committer:
 
     # -- one table --------------------------------------------------------------------------
 
-    def commit_table(self, tenant: str, table_name: str, lease: TableLease) -> bool:
+    def commit_table(self, tenant: str, table_name: str, lease: TableLease, member: str | None = None) -> bool:
         """Commit what is pending for one table; True when a snapshot was made."""
         planned = self.plan(tenant, table_name)
         if planned is None:
             return False
         table, plan = planned
+        if member is not None:
+            self.schedule.set_interval(member, plan.commit_interval_s)
         return self.apply(tenant, table_name, table, plan, lease)
 
     def plan(self, tenant: str, table_name: str) -> tuple[Table, CommitPlan] | None:
@@ -150,18 +153,23 @@ class Committer:
                 raise LeadershipLost(f"{tenant}.{table_name}")
             try:
                 fault_point(faults.COMMITTER_BEFORE_CATALOG_COMMIT)
-                table.add_files(
-                    plan.files,
-                    snapshot_properties={
-                        keys.SUMMARY_COMMIT_ID: uuid.uuid4().hex,
-                        keys.SUMMARY_WATERMARK: plan.watermark,
-                        keys.SUMMARY_FENCE: str(lease.fence),
-                        keys.SUMMARY_COMMITTER: self.name,
-                    },
-                    # The watermark already excludes files the table has; scanning every
-                    # manifest for duplicates would make each commit slower than the last.
-                    check_duplicate_files=False,
-                )
+                summary = {
+                    keys.SUMMARY_COMMIT_ID: uuid.uuid4().hex,
+                    keys.SUMMARY_WATERMARK: plan.watermark,
+                    keys.SUMMARY_FENCE: str(lease.fence),
+                    keys.SUMMARY_COMMITTER: self.name,
+                }
+                # The watermark already excludes files the table has; scanning every manifest
+                # for duplicates would make each commit slower than the last.
+                if plan.deletes:
+                    # A DLQ replay: its entries leave the DLQ in the same catalog commit that adds
+                    # this batch's DLQ files (the append, last, carries the watermark).
+                    with table.transaction() as transaction:
+                        transaction.delete(In(keys.DLQ_ID, plan.deletes))
+                        transaction.add_files(plan.files, snapshot_properties=summary, check_duplicate_files=False)
+                    table = self.catalog.load_table((tenant, table_name))
+                else:
+                    table.add_files(plan.files, snapshot_properties=summary, check_duplicate_files=False)
                 break
             except CommitFailedException:
                 metrics.COMMIT_FAILURES.labels(tenant, table_name, "conflict").inc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from sqlalchemy import UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -53,3 +54,29 @@ class TokenPublic(TokenBase):
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+
+
+class Pipeline(SQLModel, table=True):
+    """A tenant's pipeline; its definitions are the versions. A deleted one keeps its versions
+    (the writer may still hold buffered requests for it) and gives up its path."""
+
+    __table_args__ = (UniqueConstraint("tenant_id", "name"), UniqueConstraint("tenant_id", "path"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    tenant_id: int = Field(foreign_key="tenant.id", index=True)
+    name: str = Field(max_length=63)
+    path: str | None = Field(default=None, max_length=200)  # None once deleted
+    version: int = 1  # the current version
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    deleted_at: datetime | None = None
+
+
+class PipelineVersion(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("pipeline_id", "version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    pipeline_id: int = Field(foreign_key="pipeline.id", index=True)
+    version: int
+    definition: str  # JSON, as validated
+    created_at: datetime = Field(default_factory=utcnow)

@@ -18,7 +18,7 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from service.core.keys import COMMITTED_CHANNEL, backlog_key, receipt_key
+from service.core.keys import COMMITTED_CHANNEL, DLQ_TABLE, backlog_key, receipt_key
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ class Receipt:
             "written_at": self.written_at,
             "committed_at": self.committed_at,
             "tables": self.tables,
+            # Events of the request that went to the tenant's DLQ table instead (with their reasons).
+            "dlq_events": self.tables.get(DLQ_TABLE, {}).get("rows", 0),
         }
         if self.error:
             body["error"] = self.error

@@ -17,26 +17,43 @@ import uuid
 from dataclasses import dataclass, field
 
 import orjson
+import pyarrow as pa
 import redis
 from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
+from pyspark.sql import DataFrame
+from sqlmodel import Session
 from pyspark.errors import PySparkException
+from pyspark.errors.exceptions import connect as connect_errors
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
 from service import faults, metrics
-from service.catalog import CATALOG_UNAVAILABLE, create_table_once, load_table
+from service.catalog import CATALOG_UNAVAILABLE, create_table_once, evolve_schema, load_table
 from service.core import keys
 from service.core.config import Settings
+from service.core.db import get_engine
 from service.faults import fault_point
-from service.receipts import FAILED, WRITTEN
+from service.exceptions import NotFound
+from service.names import RULE, is_valid_name
+from service.pipeline_spec import PipelineDefinition, Sink
+from service.pipelines import PipelineCache, PipelineRecord, get_pipeline
+from service.receipts import COMMITTED, FAILED, WRITTEN, WRITTEN_PREFIX
 from service.hand_off import HandOffPlan, HandOffScript
 from service.streams import text
 from spark_jobs.session import reset_session, spark_session
-from spark_jobs.write_events import infer_schema, write_events
+from spark_jobs.pipeline_job import DLQ_SCHEMA, PipelineJob, Target, inferred_table_schema, needed_widenings, new_directory
 
 log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # entries per XREADGROUP call
+# Errors Spark answers with about the job itself; any other Spark Connect error counts as the
+# server being unreachable (retried without limit, the batch kept).
+JOB_ERRORS = (
+    connect_errors.AnalysisException, connect_errors.ParseException, connect_errors.IllegalArgumentException,
+    connect_errors.NumberFormatException, connect_errors.ArithmeticException, connect_errors.DateTimeException,
+    connect_errors.ArrayIndexOutOfBoundsException, connect_errors.PythonException, connect_errors.InvalidPlanInput,
+    connect_errors.UnsupportedOperationException,
+)
 MAX_JOB_ATTEMPTS = 3  # for errors that are not a lost connection
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 
@@ -49,6 +66,7 @@ class Entry:
     receipt: str
     events: int
     body: bytes
+    replays: list[str] = field(default_factory=list)  # dlq_ids this request replays
 
 
 @dataclass
@@ -75,10 +93,26 @@ class FilesWritten:
     table: str
     files: list[str]
     rows_by_receipt: dict[str, int]
+    deletes: list[str] = field(default_factory=list)  # DLQ table only: replayed dlq_ids to remove
+    commit_interval_s: float | None = None
 
     @property
     def rows(self) -> int:
         return sum(self.rows_by_receipt.values())
+
+    def stream_fields(self, writer: str) -> list[str]:
+        """The commit-stream entry (field, value, ...) the committer reads back as PendingFiles."""
+        fields = [
+            keys.F_FILES, orjson.dumps(self.files).decode(),
+            keys.F_RECEIPTS, orjson.dumps(self.rows_by_receipt).decode(),
+            keys.F_ROWS, str(self.rows),
+            keys.F_WRITER, writer,
+        ]
+        if self.deletes:
+            fields += [keys.F_DLQ_DELETES, orjson.dumps(self.deletes).decode()]
+        if self.commit_interval_s:
+            fields += [keys.F_COMMIT_INTERVAL, str(self.commit_interval_s)]
+        return fields
 
 
 def consumer_name() -> str:
@@ -91,15 +125,19 @@ def parse_entry(entry_id: bytes | str, fields: dict) -> Entry:
         receipt=text(fields[keys.F_RECEIPT.encode()]),
         events=int(fields[keys.F_EVENTS.encode()]),
         body=fields[keys.F_BODY.encode()],
+        replays=orjson.loads(fields[keys.F_REPLAYS.encode()]) if keys.F_REPLAYS.encode() in fields else [],
     )
 
 
 def list_data_files(directory: str) -> list[str]:
-    """The Parquet files Spark left in `directory` (not its checksums or markers)."""
+    """The Parquet files Spark left under `directory`, partition subdirectories included (not
+    its checksums or markers); none when the job wrote nothing there."""
     filesystem, path = pafs.FileSystem.from_uri(directory)
-    infos = filesystem.get_file_info(pafs.FileSelector(path))
-    names = sorted(info.base_name for info in infos if info.is_file)
-    return [f"{directory}/{name}" for name in names if name.endswith(".parquet") and not name.startswith((".", "_"))]
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    relative = sorted(info.path[len(path):].lstrip("/") for info in infos if info.is_file)
+    return [f"{directory}/{name}" for name in relative if name.endswith(".parquet") and not name.rsplit("/", 1)[-1].startswith((".", "_"))]
 
 
 class Writer:
@@ -111,6 +149,10 @@ class Writer:
         self._groups: set[str] = set()
         self._last_claim = 0.0
         self._hand_off_script = HandOffScript(client)
+        self.engine = get_engine(settings.resolved_database_url())
+        # A new pipeline version reaches this writer within pipeline_cache_s.
+        self.pipelines = PipelineCache(settings.pipeline_cache_s)
+        self._dlq_locations: dict[str, str] = {}
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -201,6 +243,15 @@ class Writer:
             try:
                 self.handle(batch)
                 return
+            except JOB_ERRORS as exc:
+                # Spark reached and refused the job (a plan it cannot analyse, a bad value): a retry
+                # may help once or twice (a table changed under it), not forever.
+                failures += 1
+                log.warning("writer: Spark job failed (attempt %d of %d): %s", failures, MAX_JOB_ATTEMPTS, str(exc).splitlines()[0])
+                if failures >= MAX_JOB_ATTEMPTS:
+                    self.fail(batch, f"Spark job failed {failures} times: {str(exc).splitlines()[0]}")
+                    return
+                attempt += 1
             except SparkConnectGrpcException as exc:
                 # The server is down or restarting: keep the entries and wait; nothing is lost.
                 attempt += 1
@@ -209,6 +260,9 @@ class Writer:
             except CATALOG_UNAVAILABLE as exc:
                 attempt += 1
                 log.warning("writer: catalog unavailable (%s); retry %d", exc, attempt)
+            except NotFound as exc:  # the pipeline is unknown: no retry can help
+                self.fail(batch, str(exc))
+                return
             except (PySparkException, OSError) as exc:
                 failures += 1
                 log.exception("writer: Spark job failed (attempt %d of %d)", failures, MAX_JOB_ATTEMPTS)
@@ -221,49 +275,152 @@ class Writer:
                 # Shutting down: the entries stay pending for the next writer to reclaim.
                 return
 
-    def handle(self, batch: Batch) -> FilesWritten:
-        table_name = keys.DEFAULT_TABLE
+    def handle(self, batch: Batch) -> list[FilesWritten]:
+        """Run the batch through its pipeline's current version and hand the files off."""
+        record = self._pipeline(batch.tenant, batch.pipeline)
         spark = spark_session(self.settings.spark_remote)
-        bodies = [entry.body for entry in batch.entries]
-        table = load_table(self.catalog, batch.tenant, table_name)
-        if table is None:
-            table = create_table_once(self.catalog, batch.tenant, table_name, infer_schema(spark, bodies))
-            log.info("created table %s.%s", batch.tenant, table_name)
-        directory = f"{table.location().rstrip('/')}/data/batch-{uuid.uuid4().hex}"
-        started = time.perf_counter()
-        write_events(spark, bodies, table.schema().as_arrow(), directory)
-        metrics.SPARK_JOB_SECONDS.labels(batch.tenant, table_name).observe(time.perf_counter() - started)
-        written = FilesWritten(
-            tenant=batch.tenant,
-            table=table_name,
-            files=list_data_files(directory),
-            rows_by_receipt={entry.receipt: entry.events for entry in batch.entries},
+        job = PipelineJob(
+            spark, batch.pipeline, record.version, record.definition,
+            resolve=lambda name, sink, rows: self._resolve(batch.tenant, name, sink, rows),
+            dlq_directory=new_directory(self._dlq_location(batch.tenant)),
+            known_schema=self._known_schema(batch.tenant, record.definition),
         )
+        started = time.perf_counter()
+        result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries])
+        metrics.SPARK_JOB_SECONDS.labels(batch.tenant, batch.pipeline).observe(time.perf_counter() - started)
+        intervals = self._commit_intervals(record.definition)
+        written = [
+            FilesWritten(batch.tenant, table, list_data_files(output.directory), output.rows_by_receipt,
+                         commit_interval_s=intervals.get(table))
+            for table, output in result.tables.items()
+        ]
+        replayed = [(entry.receipt, dlq_id) for entry in batch.entries for dlq_id in entry.replays]
+        if result.dlq is not None or replayed:
+            # Replayed entries leave the DLQ in the DLQ table's commit of this very batch (which
+            # also holds the batch's new DLQ rows, a replayed event that fails again among them).
+            dlq_rows = dict(result.dlq.rows_by_receipt) if result.dlq is not None else {}
+            for receipt, _dlq_id in replayed:
+                dlq_rows.setdefault(receipt, 0)
+            written.append(FilesWritten(
+                batch.tenant, keys.DLQ_TABLE, list_data_files(result.dlq.directory) if result.dlq is not None else [],
+                dlq_rows, deletes=[dlq_id for _receipt, dlq_id in replayed],
+            ))
         fault_point(faults.WRITER_AFTER_SPARK_JOB)
         if self.hand_off(batch, written):
-            metrics.EVENTS_WRITTEN.labels(batch.tenant, table_name).inc(written.rows)
+            for files in written:
+                metrics.EVENTS_WRITTEN.labels(batch.tenant, files.table).inc(files.rows)
         return written
 
-    def hand_off(self, batch: Batch, written: FilesWritten) -> bool:
+    @staticmethod
+    def _commit_intervals(definition: PipelineDefinition) -> dict[str, float]:
+        """Static tables whose sink sets a commit interval (the shortest wins)."""
+        intervals: dict[str, float] = {}
+        for sink in definition.sinks:
+            if sink.commit_interval and not sink.dynamic:
+                intervals[sink.table] = min(sink.commit_interval, intervals.get(sink.table, sink.commit_interval))
+        return intervals
+
+    def _pipeline(self, tenant: str, name: str) -> PipelineRecord:
+        def load() -> PipelineRecord:
+            with Session(self.engine) as session:
+                return get_pipeline(session, tenant, name)
+
+        return self.pipelines.get((tenant, name), load)
+
+    def _dlq_location(self, tenant: str) -> str:
+        """Where the tenant's DLQ table keeps its data (created on first need; it never moves)."""
+        if tenant not in self._dlq_locations:
+            table = load_table(self.catalog, tenant, keys.DLQ_TABLE) or create_table_once(self.catalog, tenant, keys.DLQ_TABLE, DLQ_SCHEMA)
+            self._dlq_locations[tenant] = table.location()
+        return self._dlq_locations[tenant]
+
+    def _known_schema(self, tenant: str, definition: PipelineDefinition) -> pa.Schema | None:
+        """The one table's schema when the batch needs nothing else (no processors, routes,
+        dynamic names or evolution): events are then parsed with it, skipping type inference."""
+        if definition.processors or definition.routes or len(definition.sinks) != 1:
+            return None
+        sink = definition.sinks[0]
+        if sink.dynamic or sink.schema_evolution:
+            return None
+        table = load_table(self.catalog, tenant, sink.table)
+        return table.schema().as_arrow() if table is not None else None
+
+    def _resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
+        """The table `name` as the job needs it, created when the sink may; or why its rows go to the DLQ."""
+        if not is_valid_name(name) or name.startswith(keys.RESERVED_TABLE_PREFIX):
+            return f"table name {name!r} made from {sink.table!r} is not valid ({RULE})"
+        table = load_table(self.catalog, tenant, name)
+        if table is None:
+            if not sink.auto_create:
+                return f"table {name!r} does not exist and the sink may not create it (auto_create is false)"
+            if sink.schema_ is not None:
+                schema = sink.schema_.iceberg_schema()
+                table = create_table_once(self.catalog, tenant, name, schema, sink.schema_.iceberg_partition_spec(schema))
+            else:
+                inferred = inferred_table_schema(rows)
+                if inferred is None:
+                    return None
+                if not inferred.names:
+                    return f"no field of the events has a value to create table {name!r} from"
+                table = create_table_once(self.catalog, tenant, name, inferred)
+            log.info("created table %s.%s", tenant, name)
+        if sink.schema_evolution:
+            incoming = inferred_table_schema(rows)
+            if incoming is None:
+                return None
+            before = table.schema().schema_id
+            table = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows))
+            if table.schema().schema_id != before:
+                log.info("evolved %s.%s: %s", tenant, name, table.schema())
+        schema = table.schema()
+        return Target(
+            name=name,
+            schema=schema.as_arrow(),
+            required=frozenset(f.name for f in schema.fields if f.required),
+            partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields],
+            directory=new_directory(table.location()),
+            target_file_size=sink.target_file_size,
+        )
+
+    def hand_off(self, batch: Batch, written: list[FilesWritten]) -> bool:
         """Record the files for the committer and acknowledge the input, atomically, if this
-        writer still owns every entry of the batch; False (files orphaned) when it does not."""
+        writer still owns every entry of the batch; False (files orphaned) when it does not.
+
+        A receipt whose events went to no table (all filtered out or routed nowhere) is complete
+        now: it is marked committed here and leaves the backlog."""
         now = f"{time.time():.3f}"
+        tables_by_receipt: dict[str, dict[str, int]] = {}
+        for files in written:
+            for receipt, rows in files.rows_by_receipt.items():
+                tables_by_receipt.setdefault(receipt, {})[files.table] = rows
+        hset, done_events, done = [], 0, []
+        for entry in batch.entries:
+            tables = tables_by_receipt.get(entry.receipt)
+            key = keys.receipt_key(batch.tenant, entry.receipt)
+            if tables:
+                fields = ["status", WRITTEN, "tables", str(len(tables)), "written_at", now]
+                for table, rows in tables.items():
+                    fields += [f"{WRITTEN_PREFIX}{table}", str(rows)]
+            else:
+                fields = ["status", COMMITTED, "tables", "0", "written_at", now, "committed_at", now]
+                done_events += entry.events
+                done.append(entry.receipt)
+            hset.append((key, fields))
         handed = self._settle(batch, HandOffPlan(
-            xadd=[(keys.commit_stream_key(written.tenant, written.table), [
-                keys.F_FILES, orjson.dumps(written.files).decode(),
-                keys.F_RECEIPTS, orjson.dumps(written.rows_by_receipt).decode(),
-                keys.F_ROWS, str(written.rows),
-                keys.F_WRITER, self.name,
-            ])],
-            hset=[
-                (keys.receipt_key(batch.tenant, receipt), ["status", WRITTEN, "tables", "1", f"written:{written.table}", str(rows), "written_at", now])
-                for receipt, rows in written.rows_by_receipt.items()
+            xadd=[
+                (keys.commit_stream_key(files.tenant, files.table), files.stream_fields(self.name))
+                for files in written
             ],
+            hset=hset,
+            lower_backlog=(keys.backlog_key(batch.tenant), done_events) if done_events else None,
         ))
         if not handed:
-            self._discard(batch, written.files)
+            self._discard(batch, [path for files in written for path in files.files])
             return False
-        self.client.sadd(keys.TABLES, keys.member(written.tenant, written.table))
+        if written:
+            self.client.sadd(keys.TABLES, *[keys.member(files.tenant, files.table) for files in written])
+        if done:
+            self.client.publish(keys.COMMITTED_CHANNEL, orjson.dumps(done))
         return True
 
     def fail(self, batch: Batch, reason: str) -> None:

@@ -16,6 +16,11 @@ def spark_session(remote: str) -> SparkSession:
         session = _sessions.get(remote)
         if session is None:
             session = SparkSession.builder.remote(remote).getOrCreate()
+            # Partition values and epoch conversions are UTC, as Iceberg defines them; and a pipeline
+            # expression that fails on one event (a bad cast, a division by zero) gives NULL for
+            # that event instead of failing the whole batch.
+            session.conf.set("spark.sql.session.timeZone", "UTC")
+            session.conf.set("spark.sql.ansi.enabled", "false")
             _sessions[remote] = session
         return session
 

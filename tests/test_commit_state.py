@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
+
 from service.commit_state import CommitPlan, CommitSchedule, PendingFiles
+from service.core import keys
 from service.committer import next_id
 
 
@@ -39,3 +42,21 @@ def test_schedule_commits_at_most_once_per_interval() -> None:
 
 def test_next_id_is_the_smallest_id_after() -> None:
     assert next_id("17-3") == "17-4"
+
+
+def test_a_tables_own_commit_interval_comes_from_its_pending_entries() -> None:
+    def streamed(entry_id: str, interval: str | None) -> PendingFiles:
+        fields = {keys.F_FILES.encode(): b"[]", keys.F_RECEIPTS.encode(): orjson.dumps({"r": 1})}
+        if interval:
+            fields[keys.F_COMMIT_INTERVAL.encode()] = interval.encode()
+        return PendingFiles.from_stream(entry_id, fields)
+
+    plan = CommitPlan([streamed("1-0", "5"), streamed("2-0", None), streamed("3-0", "3")])
+    assert plan.commit_interval_s == 3.0, "the shortest interval among the entries"
+    schedule = CommitSchedule(interval_s=1.0)
+    schedule.record_commit("t", now=100.0)
+    schedule.set_interval("t", plan.commit_interval_s)
+    assert not schedule.is_commit_due("t", now=102.0) and schedule.is_commit_due("t", now=103.0)
+    schedule.set_interval("t", CommitPlan([streamed("4-0", None)]).commit_interval_s)
+    assert schedule.is_commit_due("t", now=101.0), "back to the default once the pipeline sets none"
+    assert CommitPlan([streamed("5-0", None)]).deletes == []

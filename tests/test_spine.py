@@ -129,7 +129,7 @@ def test_oversize_body_is_413(stack_factory) -> None:  # noqa: ANN001
 def test_tables_api_describes_and_previews(stack: Stack) -> None:
     with stack.client() as http:
         assert http.post("/logs?wait=true", json={"id": "t1", "level": "info"}).status_code == 200
-        assert http.get("/v1/tables").json() == {"tables": ["logs"]}
+        assert http.get("/v1/tables").json() == {"tables": ["_calve_dlq", "logs"]}  # the DLQ is a table of its own
         described = http.get("/v1/tables/logs").json()
         assert {f["name"] for f in described["schema"]["fields"]} == {"id", "level"}
         summary = described["snapshots"][0]["summary"]

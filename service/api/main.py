@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from http import HTTPStatus
-
+import asyncio
+import contextlib
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from pathlib import Path
 
 import redis
@@ -12,16 +13,15 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request, status
 from fastapi.responses import FileResponse, JSONResponse
 
-import asyncio
-import contextlib
-
-from service.api.routes import health, ingest, receipts, tables, tenants, tokens
-from service.core.keys import AUTH_CHANNEL
+from service.api.routes import dlq, health, ingest, pipelines, receipts, tables, tenants, tokens
 from service.buffer import RequestBuffer
-from service.limits import TenantLimits
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
+from service.core.keys import AUTH_CHANNEL, PIPELINES_CHANNEL
 from service.exceptions import AlreadyExists, BadRequestBody, BodyTooLarge, InvalidName, NotFound
+from service.limits import TenantLimits
+from service.pipeline_spec import DefinitionInvalid
+from service.pipelines import PipelineCache
 from service.receipts import ReceiptWaiter, follow_channel
 from service.tenants import PrincipalCache
 
@@ -42,6 +42,13 @@ def _answer_with(code: int):  # noqa: ANN202 - an exception handler factory
 
     return handler
 
+
+
+async def _definition_invalid(_request: Request, exc: DefinitionInvalid) -> JSONResponse:
+    # Each bad field by name, with why: [{"field": "sinks[0].table", "error": "..."}].
+    return JSONResponse({"detail": exc.detail()}, status_code=HTTPStatus.UNPROCESSABLE_ENTITY)
+
+
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 
 
@@ -59,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Authenticated tokens, kept briefly so that a request does not cost a DB query; a
         # revoked or disabled token stops working here within auth_cache_s.
         app.state.principals = PrincipalCache(settings.auth_cache_s)
+        app.state.pipelines = PipelineCache(settings.pipeline_cache_s)
         # A blocking pool: under a burst, requests queue for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
@@ -69,27 +77,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.limits = TenantLimits(app.state.redis, settings.rate_burst_s)
         app.state.buffer = RequestBuffer(app.state.redis, settings)
         await app.state.waiter.start()
-        follower = asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals))
+        followers = [
+            asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals)),
+            asyncio.create_task(_follow_pipeline_changes(app.state.redis, app.state.pipelines)),
+        ]
         try:
             yield
         finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            for follower in followers:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
             await app.state.waiter.stop()
             await app.state.redis.aclose()
             app.state.sync_redis.close()
 
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
-    for router in (health.router, ingest.router, receipts.router, tables.router, tokens.router, tenants.router):
-        app.include_router(router)
 
     @app.get("/", include_in_schema=False)
     def console() -> FileResponse:
         return FileResponse(CONSOLE_PAGE)
 
+    # The ingest router last: it answers POST on any path that is not one of Calve's own.
+    for router in (health.router, receipts.router, tables.router, tokens.router, tenants.router, pipelines.router, dlq.router, ingest.router):
+        app.include_router(router)
+
     for error, code in ERROR_STATUS.items():
         app.add_exception_handler(error, _answer_with(code))
+    app.add_exception_handler(DefinitionInvalid, _definition_invalid)
 
     return app
 
@@ -98,3 +113,7 @@ async def _follow_auth_changes(client: aioredis.Redis, principals: PrincipalCach
     """Drop every cached token when any api or CLI revokes a token or disables a tenant (and after
     each resubscription, for whatever was announced meanwhile)."""
     await follow_channel(client, AUTH_CHANNEL, lambda _data: principals.clear(), on_subscribed=principals.clear)
+
+
+async def _follow_pipeline_changes(client: aioredis.Redis, cache: PipelineCache) -> None:
+    await follow_channel(client, PIPELINES_CHANNEL, lambda _data: cache.clear(), on_subscribed=cache.clear)

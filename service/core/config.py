@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     redis_max_connections: int = 64  # per api process
     metrics_port: int = 0  # writer/committer run alone: serve /metrics here (0: off)
     auth_cache_s: float = 5.0
+    pipeline_cache_s: float = 2.0  # how long an api or writer keeps a looked-up pipeline
 
     # Embedded Spark Connect server.
     spark_driver_memory: str = "4g"

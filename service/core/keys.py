@@ -13,6 +13,7 @@ INPUT_STREAMS = f"{PREFIX}:input-streams"  # set of "tenant/pipeline"
 TABLES = f"{PREFIX}:tables"  # set of "tenant/table"
 COMMITTED_CHANNEL = f"{PREFIX}:committed"  # pub/sub: JSON list of receipt ids now committed
 AUTH_CHANNEL = f"{PREFIX}:auth-changed"  # pub/sub: a token was revoked or a tenant disabled
+PIPELINES_CHANNEL = f"{PREFIX}:pipelines-changed"  # pub/sub: a pipeline was created, replaced or deleted
 
 WRITER_GROUP = "writers"
 
@@ -20,12 +21,15 @@ WRITER_GROUP = "writers"
 F_RECEIPT = "receipt"
 F_EVENTS = "events"
 F_BODY = "body"
+F_REPLAYS = "replays"  # JSON list of dlq_ids a replay request re-runs (absent otherwise)
 
 # Fields of a commit stream entry (one per table per writer batch).
 F_FILES = "files"
 F_RECEIPTS = "receipts"
 F_ROWS = "rows"
 F_WRITER = "writer"
+F_DLQ_DELETES = "dlq_deletes"  # on the DLQ table's stream: dlq_ids to remove in the same commit
+F_COMMIT_INTERVAL = "commit_interval_s"  # the sink's commit interval, when its pipeline sets one
 
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"
@@ -36,6 +40,9 @@ SUMMARY_COMMITTER = "calve.committer"
 DEFAULT_PIPELINE = "logs"
 DEFAULT_PIPELINE_PATH = "/logs"
 DEFAULT_TABLE = "logs"
+DLQ_TABLE = "_calve_dlq"  # each tenant's dead-letter table; names starting with _calve are Calve's
+RESERVED_TABLE_PREFIX = "_calve"
+DLQ_ID = "dlq_id"  # the DLQ table's key column
 DEFAULT_TENANT = "demo"
 
 
@@ -89,3 +96,8 @@ def split_member(value: str) -> tuple[str, str]:
 def dead_stream_key(tenant: str, pipeline: str) -> str:
     """Requests a Spark job could not write, kept whole with the reason."""
     return f"{_tag(tenant)}:dead:{pipeline}"
+
+
+def dlq_replay_lock_key(tenant: str, dlq_id: str) -> str:
+    """Held while a DLQ entry is being replayed, so a second replay skips it."""
+    return f"{_tag(tenant)}:dlq-replaying:{dlq_id}"

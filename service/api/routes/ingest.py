@@ -1,4 +1,5 @@
-"""POST /logs: accept events into Redis, optionally wait for their commit."""
+"""POST /<pipeline path> (/logs and the paths of the tenant's pipelines): accept events into Redis,
+optionally wait for their commit."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlmodel import Session
 
 from service import metrics
 from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
@@ -18,7 +20,8 @@ from service.buffer import RequestBuffer
 from service.core.config import Settings
 from service.limits import TenantLimits
 from service.tenants import Principal
-from service.core import keys
+from service.pipeline_spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
+from service.pipelines import PipelineRecord, find_by_path
 from service.exceptions import BodyTooLarge
 from service.ingest import decode_body, parse_events
 from service.receipts import COMMITTED, FAILED, ReceiptWaiter
@@ -40,8 +43,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(data)
 
 
-@router.post(keys.DEFAULT_PIPELINE_PATH, status_code=status.HTTP_202_ACCEPTED)
-async def ingest_logs(
+@router.post("/{path:path}", status_code=status.HTTP_202_ACCEPTED)
+async def ingest(
+    path: str,
     request: Request,
     principal: IngestPrincipal,
     buffer: BufferDep,
@@ -58,18 +62,43 @@ async def ingest_logs(
             "this api process is shutting down; nothing was accepted, retry (another replica will take it)",
             headers={"Retry-After": "1"},
         )
+    pipeline = await _pipeline_at(request, principal.tenant, "/" + path)
     state.in_flight += 1
     try:
-        return await _ingest(request, principal, buffer, waiter, limits, settings, wait, timeout)
+        return await _ingest(request, principal, pipeline, buffer, waiter, limits, settings, wait, timeout)
     finally:
         state.in_flight -= 1
 
 
+@router.api_route("/{path:path}", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+async def no_such_endpoint(path: str) -> None:
+    # Without this, the POST catch-all above would make every unknown path a 405.
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: /{path[:200]}")
+
+
+async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
+    """The name of the tenant's pipeline at `path`, or 404 saying how to find the right one."""
+    record = None
+    if PATH_PATTERN.match(path) and not path.startswith(RESERVED_PATH_PREFIXES):
+        engine = request.app.state.engine
+
+        def load() -> PipelineRecord | None:
+            with Session(engine) as session:
+                return find_by_path(session, tenant, path)
+
+        record = await run_in_threadpool(request.app.state.pipelines.get, (tenant, path), load)
+    if record is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no pipeline of tenant {tenant!r} at {path[:200]}; GET /v1/pipelines lists them and their paths"
+        )
+    return record.name
+
+
 async def _ingest(
-    request: Request, principal: Principal, buffer: RequestBuffer, waiter: ReceiptWaiter, limits: TenantLimits,
-    settings: Settings, wait: bool, timeout: float | None,
+    request: Request, principal: Principal, pipeline: str, buffer: RequestBuffer, waiter: ReceiptWaiter,
+    limits: TenantLimits, settings: Settings, wait: bool, timeout: float | None,
 ) -> JSONResponse:
-    tenant, pipeline = principal.tenant, keys.DEFAULT_PIPELINE
+    tenant = principal.tenant
     idempotency = idempotency_digest(request.headers.get("idempotency-key"))
     if not principal.may_ingest_into(pipeline):
         raise HTTPException(
@@ -119,6 +148,7 @@ async def _answer(
     if receipt is None or receipt.status not in (COMMITTED, FAILED):
         return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED, headers=headers)
     answer["tables"] = receipt.tables
+    answer["dlq_events"] = receipt.public()["dlq_events"]
     if receipt.error:
         answer["error"] = receipt.error
     code = status.HTTP_200_OK if receipt.status == COMMITTED else status.HTTP_500_INTERNAL_SERVER_ERROR

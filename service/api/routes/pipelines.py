@@ -1,0 +1,98 @@
+"""/v1/pipelines: a tenant's admin defines where its events go (YAML or JSON, versioned)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import yaml
+from fastapi import APIRouter, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+
+from service.api.deps import AdminPrincipal, CatalogDep, ReadPrincipal, RedisDep, SessionDep, TableName
+from service.catalog import load_table
+from service.core.keys import PIPELINES_CHANNEL
+from service.exceptions import BadRequestBody
+from service.pipeline_spec import DefinitionInvalid, PipelineDefinition, SpecError, parse_definition
+from service.pipelines import create_pipeline, delete_pipeline, get_pipeline, list_pipelines, list_versions, replace_pipeline
+
+router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
+MAX_DEFINITION_BYTES = 256 * 1024
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases: a few aliases can expand into billions of nodes."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("anchors and aliases (&, *) are not allowed in pipeline definitions")
+        return super().compose_node(parent, index)
+
+
+async def _definition(request: Request) -> PipelineDefinition:
+    raw = await request.body()
+    if len(raw) > MAX_DEFINITION_BYTES:
+        raise BadRequestBody(f"a pipeline definition may have at most {MAX_DEFINITION_BYTES} bytes")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        data: Any = yaml.load(raw, Loader=_NoAliasLoader) if content_type in YAML_TYPES else orjson.loads(raw)  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, orjson.JSONDecodeError) as exc:
+        kind = "YAML" if content_type in YAML_TYPES else "JSON (send Content-Type: application/yaml for YAML)"
+        raise BadRequestBody(f"the definition is not valid {kind}: {str(exc).splitlines()[0]}") from None
+    return parse_definition(data)
+
+
+def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefinition) -> None:
+    """A static sink that may not create its table needs the table to exist now."""
+    errors = [
+        SpecError(f"sinks[{index}].table", f"table {sink.table!r} does not exist and auto_create is false; create it or set auto_create: true")
+        for index, sink in enumerate(definition.sinks)
+        if not sink.dynamic and not sink.auto_create and load_table(catalog, tenant, sink.table) is None
+    ]
+    if errors:
+        raise DefinitionInvalid(errors)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create(request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep) -> dict:
+    definition = await _definition(request)
+    await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
+    record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition)
+    await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())
+    return record.public()
+
+
+@router.put("/{name}")
+async def replace(
+    name: TableName, request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep
+) -> dict:
+    definition = await _definition(request)
+    await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
+    record = await run_in_threadpool(replace_pipeline, session, principal.tenant, name, definition)
+    await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())
+    return record.public()
+
+
+@router.get("")
+def read_all(principal: ReadPrincipal, session: SessionDep) -> dict:
+    return {"pipelines": [record.public() for record in list_pipelines(session, principal.tenant)]}
+
+
+@router.get("/{name}")
+def read(name: TableName, principal: ReadPrincipal, session: SessionDep, version: int | None = Query(None, ge=0)) -> dict:
+    return get_pipeline(session, principal.tenant, name, version).public()
+
+
+@router.get("/{name}/versions")
+def read_versions(name: TableName, principal: ReadPrincipal, session: SessionDep) -> dict:
+    return {"name": name, "versions": list_versions(session, principal.tenant, name)}
+
+
+@router.delete("/{name}")
+async def delete(name: TableName, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> dict:
+    record = await run_in_threadpool(delete_pipeline, session, principal.tenant, name)
+    await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())
+    return record.public() | {"deleted": True}
+
+

@@ -1,0 +1,439 @@
+"""The writer's Spark job for one batch of one pipeline: events in, Parquet per table and DLQ out.
+
+    bodies -> one row per event (receipt, original text)
+           -> parsed (types inferred from the batch, or the table's own when nothing needs more)
+           -> processors (where, set, drop, rename) -> route flags
+           -> per sink: rows of its routes -> table name (static or from fields)
+           -> per table: converted to the table's schema; rows that cannot be -> DLQ with a reason
+           -> Parquet: one directory per table (one file per partition value), one for the DLQ
+
+The catalog is never touched here: `resolve` (given by the writer) answers what each table looks
+like, creating it when the sink may. Expressions were checked when the pipeline was stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import reduce
+
+import pyarrow as pa
+import sqlglot
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from sqlglot import exp
+
+from spark_jobs.coerce import coerce, declared_not_null, shadow_type
+
+RECEIPT = "_calve_receipt"
+EVENT = "_calve_event"
+TABLE = "_calve_table"
+REASON = "_calve_reason"
+BODY = "_calve_body"
+SIZE = "_calve_size"
+INTERNAL = "_calve_"
+MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
+
+DLQ_ID = "dlq_id"  # = service.core.keys.DLQ_ID (spark_jobs imports nothing of service)
+DLQ_SCHEMA = pa.schema([
+    pa.field(DLQ_ID, pa.string(), nullable=False),
+    pa.field("event", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("pipeline", pa.string(), nullable=False),
+    pa.field("pipeline_version", pa.int64(), nullable=False),
+    pa.field("table", pa.string()),
+    pa.field("receipt", pa.string(), nullable=False),
+    pa.field("failed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
+
+@dataclass(frozen=True)
+class Target:
+    """A table as the job needs it: where to write, its schema, which columns are required."""
+
+    name: str
+    schema: pa.Schema  # the Iceberg schema as Arrow
+    required: frozenset[str]
+    partition: list[tuple[str, str]]  # (source column, transform)
+    directory: str
+    target_file_size: int | None = None  # bytes; approximate (see rows_per_file)
+
+
+@dataclass
+class Output:
+    """What the job wrote for one table (or the DLQ)."""
+
+    directory: str
+    rows_by_receipt: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class JobResult:
+    tables: dict[str, Output] = field(default_factory=dict)
+    dlq: Output | None = None
+
+
+# resolve(table name, the sink's definition, the rows bound for it) -> Target, a reason to send
+# those rows to the DLQ, or None when there are none
+Resolver = Callable[[str, object, DataFrame], "Target | str | None"]
+
+
+def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) -> DataFrame:
+    """One row per event: its request's receipt and its original JSON text."""
+    arrow = pa.table({
+        RECEIPT: pa.array(receipts, type=pa.string()),
+        BODY: pa.array(bodies, type=pa.large_binary()).cast(pa.large_string()),
+    })
+    frame = spark.createDataFrame(arrow)
+    return frame.select(RECEIPT, F.explode(F.split(F.col(BODY), "\n")).alias(EVENT)).where(F.length(EVENT) > 0)
+
+
+def infer_event_schema(spark: SparkSession, events: DataFrame) -> T.StructType:
+    """The fields of this batch's events as Spark's JSON reader infers them (integers are long,
+    other numbers double, ISO timestamps stay strings until a table's schema says otherwise)."""
+    inferred = spark.read.json(events.select(EVENT)).schema
+    return T.StructType([f for f in inferred.fields if not f.name.startswith(INTERNAL) and f.name != "_corrupt_record"])
+
+
+def parse(events: DataFrame, schema: T.StructType) -> DataFrame:
+    parsed = events.select(RECEIPT, EVENT, F.from_json(EVENT, schema).alias("_calve_e"))
+    return parsed.select(RECEIPT, EVENT, *[F.col("_calve_e").getField(f.name).alias(f.name) for f in schema.fields])
+
+
+def referenced_paths(expression: str) -> set[tuple[str, ...]]:
+    """The fields an expression reads, as paths (`http.status` -> ("http", "status"))."""
+    tree = sqlglot.parse_one(expression, read="spark")
+    return {tuple(part.name for part in column.parts) for column in tree.find_all(exp.Column) if column.parts}
+
+
+def with_path(frame: DataFrame, path: tuple[str, ...]) -> DataFrame:
+    """The frame with field `path` present (NULL where it was missing), so that an expression over
+    a field no event of this batch has reads NULL instead of failing the whole job."""
+    root, rest = path[0], path[1:]
+
+    def nulls(names: tuple[str, ...]) -> Column:
+        value = F.lit(None).cast("string")
+        for name in reversed(names):
+            value = F.struct(value.alias(name))
+        return value
+
+    if root not in frame.columns:
+        return frame.withColumn(root, nulls(rest))
+    data_type = frame.schema[root].dataType
+    for depth, name in enumerate(rest):
+        if not isinstance(data_type, T.StructType):
+            return frame  # a map, array or scalar: Spark's own rules apply
+        if name not in data_type.fieldNames():
+            return frame.withColumn(root, F.col(root).withField(".".join(rest[: depth + 1]), nulls(rest[depth + 1:])))
+        data_type = data_type[name].dataType
+    return frame
+
+
+def _with_fields(frame: DataFrame, expressions: list[str]) -> DataFrame:
+    for path in sorted(set().union(*(referenced_paths(e) for e in expressions))) if expressions else []:
+        frame = with_path(frame, path)
+    return frame
+
+
+def apply_processors(frame: DataFrame, processors: list) -> DataFrame:
+    for processor in processors:
+        if processor.where is not None:
+            frame = _with_fields(frame, [processor.where]).where(F.coalesce(F.expr(processor.where).cast("boolean"), F.lit(False)))
+        elif processor.set is not None:
+            frame = _with_fields(frame, list(processor.set.values()))
+            frame = frame.withColumns({name: F.expr(expression) for name, expression in processor.set.items()})
+        elif processor.drop is not None:
+            frame = frame.drop(*processor.drop)
+        elif processor.rename is not None:
+            frame = frame.withColumnsRenamed({old: new for old, new in processor.rename.items() if old in frame.columns})
+    return frame
+
+
+def route_column(name: str) -> str:
+    return f"{INTERNAL}route_{name}"
+
+
+def apply_routes(frame: DataFrame, routes: dict[str, str]) -> DataFrame:
+    if not routes:
+        return frame
+    frame = _with_fields(frame, list(routes.values()))
+    return frame.withColumns({route_column(n): F.coalesce(F.expr(e).cast("boolean"), F.lit(False)) for n, e in routes.items()})
+
+
+def table_name_column(template: str, dynamic_fields: list[str]) -> Column:
+    """`${service}_events` -> concat(lower(service), '_events'); NULL when the event lacks a field."""
+    if not dynamic_fields:
+        return F.lit(template)
+    parts: list[Column] = []
+    rest = template
+    for name in dynamic_fields:
+        before, _, rest = rest.partition("${" + name + "}")
+        if before:
+            parts.append(F.lit(before))
+        parts.append(F.lower(F.col(name).cast("string")))  # concat is NULL when a field is missing
+    if rest:
+        parts.append(F.lit(rest))
+    return F.concat(*parts)
+
+
+PARQUET_PER_JSON_BYTE = 0.25  # zstd Parquet of JSON-shaped events: roughly a quarter of the JSON
+
+
+def rows_per_file(target_bytes: int | None, rows: int, json_bytes: int) -> int | None:
+    """Rows per data file so that a file comes out near `target_bytes`, estimated from the JSON
+    size of the batch's rows (the Parquet size is only known once written). None: no target."""
+    if not target_bytes or not rows or not json_bytes:
+        return None
+    row_bytes = max(1.0, json_bytes / rows * PARQUET_PER_JSON_BYTE)
+    return max(1, int(target_bytes / row_bytes))
+
+
+def partition_value(column: Column, transform: str) -> Column:
+    """The Iceberg partition value of `transform` (UTC), to group a file's rows by."""
+    if transform == "identity":
+        return column
+    if transform == "year":
+        return F.year(column) - 1970
+    if transform == "month":
+        return (F.year(column) - 1970) * 12 + F.month(column) - 1
+    if transform == "day":
+        return F.datediff(F.to_date(column), F.lit("1970-01-01").cast("date"))
+    if transform == "hour":
+        return F.floor(F.unix_micros(column.cast("timestamp")) / 3_600_000_000)
+    raise ValueError(f"unsupported transform {transform}")
+
+
+def _truncate(column: Column, width: int, data_type: T.DataType) -> Column:
+    if isinstance(data_type, T.StringType):
+        return F.substring(column, 1, width)
+    if isinstance(data_type, T.BinaryType):
+        return F.substring(column, 1, width)
+    # Integers: v - (((v % W) + W) % W), as Iceberg defines it for negatives too.
+    return column - (((column % width) + width) % width)
+
+
+@dataclass
+class PipelineJob:
+    spark: SparkSession
+    pipeline: str
+    version: int
+    definition: object  # service.pipeline_spec.PipelineDefinition (kept free of service imports)
+    resolve: Resolver
+    dlq_directory: str
+    known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
+    dlq_frames: list[DataFrame] = field(default_factory=list)
+    json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
+
+    def run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
+        events = event_rows(self.spark, receipts, bodies)
+        if self.known_schema is not None:
+            schema = shadow_type(from_arrow_schema(self.known_schema))
+        else:
+            schema = infer_event_schema(self.spark, events)
+        frame = apply_routes(apply_processors(parse(events, schema), self.definition.processors), self.definition.routes)
+        frame = frame.cache()
+        try:
+            return self._write(frame)
+        finally:
+            frame.unpersist()
+
+    def _write(self, frame: DataFrame) -> JobResult:
+        result = JobResult()
+        counted: list[DataFrame] = []
+        written: list[tuple[str, DataFrame, Target]] = []
+        for sink in self.definition.sinks:
+            rows = frame
+            if sink.routes:
+                rows = rows.where(reduce(lambda a, b: a | b, [F.col(route_column(r)) for r in sink.routes]))
+            for name in sink.table_fields:
+                rows = with_path(rows, tuple(name.split(".")))
+            rows = rows.withColumn(TABLE, table_name_column(sink.table, sink.table_fields))
+            if sink.dynamic:
+                self._to_dlq(rows.where(F.col(TABLE).isNull()), F.lit(f"the event lacks a field that the table name {sink.table!r} needs"))
+                rows = rows.where(F.col(TABLE).isNotNull())
+            for name in self._table_names(rows, sink):
+                bound = rows.where(F.col(TABLE) == name)
+                target = self.resolve(name, sink, bound.drop(*[c for c in bound.columns if c.startswith(INTERNAL)]))
+                if target is None:  # no rows for it in this batch
+                    continue
+                if isinstance(target, str):
+                    self._to_dlq(bound, F.lit(target))
+                    continue
+                converted = self._convert(bound, target)
+                written.append((name, converted, target))
+                counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE)))
+        counts = self._counts(counted)
+        for name, converted, target in written:
+            by_receipt = counts.get(name, {})
+            good = {receipt: n for receipt, (n, _bad) in by_receipt.items() if n}
+            if good:
+                self._write_table(converted.where(F.col(REASON).isNull()), target)
+                result.tables[name] = Output(target.directory, good)
+            if any(bad for _n, bad in by_receipt.values()):
+                self._to_dlq(converted.where(F.col(REASON).isNotNull()), F.col(REASON))
+        result.dlq = self._write_dlq()
+        return result
+
+    def _table_names(self, rows: DataFrame, sink) -> list[str]:  # noqa: ANN001
+        if not sink.dynamic:
+            return [sink.table]
+        names = [r[0] for r in rows.select(TABLE).distinct().limit(MAX_DYNAMIC_TABLES + 1).collect()]
+        kept = names[:MAX_DYNAMIC_TABLES]
+        if len(names) > MAX_DYNAMIC_TABLES:
+            self._to_dlq(rows.where(~F.col(TABLE).isin(*kept)), F.lit(f"more than {MAX_DYNAMIC_TABLES} tables from {sink.table!r} in one batch"))
+        return kept
+
+    def _convert(self, rows: DataFrame, target: Target) -> DataFrame:
+        """Rows in the table's types, with a REASON for those that must go to the DLQ instead."""
+        source_types = {f.name: f.dataType for f in rows.schema.fields}
+        target_fields = from_arrow_schema(target.schema).fields
+        columns, reasons, present = [], [], []
+        for column in target_fields:
+            if column.name in source_types:
+                converted = coerce(F.col(column.name), source_types[column.name], column.dataType)
+                present.append(F.col(column.name).isNotNull())
+            else:
+                converted = coerce(F.lit(None), T.NullType(), column.dataType)
+            columns.append(converted.value.alias(column.name))
+            if column.name in target.required:
+                reasons.append(F.when(F.col(column.name).isNull() if column.name in source_types else F.lit(True),
+                                      F.lit(f"missing required field {column.name!r}")))
+                reasons.append(F.when(~converted.ok, F.lit(f"field {column.name!r} cannot be converted to {column.dataType.simpleString()}")))
+        matches_nothing = ~reduce(lambda a, b: a | b, present) if present else F.lit(True)
+        reasons.insert(0, F.when(matches_nothing, F.lit(f"no field of the event matches a column of table {target.name!r}")))
+        return rows.select(RECEIPT, EVENT, TABLE, *columns, F.coalesce(*reasons).alias(REASON))
+
+    def _counts(self, counted: list[DataFrame]) -> dict[str, dict[str, tuple[int, int]]]:
+        """Rows per table and receipt to write and to send to the DLQ: one Spark action for all tables."""
+        if not counted:
+            return {}
+        union = reduce(DataFrame.unionByName, counted)
+        bad = F.col(REASON).isNotNull().cast("int")
+        good_bytes = F.when(F.col(REASON).isNull(), F.col(SIZE)).otherwise(0)
+        rows = union.groupBy(TABLE, RECEIPT).agg(
+            F.count(F.lit(1)).alias("n"), F.sum(bad).alias("bad"), F.sum(good_bytes).alias("bytes")
+        ).collect()
+        counts: dict[str, dict[str, tuple[int, int]]] = {}
+        for table, receipt, total, failed, size in rows:
+            counts.setdefault(table, {})[receipt] = (total - failed, failed)
+            seen_rows, seen_bytes = self.json_bytes.get(table, (0, 0))
+            self.json_bytes[table] = (seen_rows + total - failed, seen_bytes + (size or 0))
+        return counts
+
+    def _write_table(self, good: DataFrame, target: Target) -> None:
+        data = good.select(*[
+            declared_not_null(F.col(f.name), from_arrow_schema(pa.schema([f]))[0].dataType).alias(f.name)
+            if f.name in target.required else F.col(f.name)
+            for f in target.schema
+        ])
+        writer_options = {"compression": "zstd"}
+        rows, json_bytes = self.json_bytes.get(target.name, (0, 0))
+        per_file = rows_per_file(target.target_file_size, rows, json_bytes)
+        if per_file:
+            writer_options["maxRecordsPerFile"] = str(per_file)
+            if not target.partition:
+                data = data.repartition(max(1, -(-rows // per_file)))
+        if not target.partition:
+            data.write.mode("error").options(**writer_options).parquet(target.directory)
+            return
+        types = {f.name: f.dataType for f in from_arrow_schema(target.schema).fields}
+        keys = []
+        for index, (source, transform) in enumerate(target.partition):
+            name = f"{INTERNAL}p{index}"
+            if transform.startswith("truncate["):
+                value = _truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
+            else:
+                value = partition_value(F.col(source), transform)
+            data = data.withColumn(name, value)
+            keys.append(name)
+        # One task per partition value, so each value is one file; the source column stays in it.
+        data.repartition(*keys).write.mode("error").options(**writer_options).partitionBy(*keys).parquet(target.directory)
+
+    def _to_dlq(self, rows: DataFrame, reason: Column) -> None:
+        table = F.col(TABLE) if TABLE in rows.columns else F.lit(None).cast("string")
+        self.dlq_frames.append(rows.select(
+            F.expr("uuid()").alias("dlq_id"),
+            F.col(EVENT).alias("event"),
+            reason.alias("reason"),
+            F.lit(self.pipeline).alias("pipeline"),
+            F.lit(self.version).cast("bigint").alias("pipeline_version"),
+            table.alias("table"),
+            F.col(RECEIPT).alias("receipt"),
+            F.current_timestamp().alias("failed_at"),
+        ))
+
+    def _write_dlq(self) -> Output | None:
+        if not self.dlq_frames:
+            return None
+        dead = reduce(DataFrame.unionByName, self.dlq_frames).cache()
+        try:
+            counts = {receipt: count for receipt, count in dead.groupBy("receipt").count().collect()}
+            if not counts:
+                return None
+            spark_types = {f.name: f.dataType for f in from_arrow_schema(DLQ_SCHEMA).fields}
+            required = [
+                declared_not_null(F.col(f.name), spark_types[f.name]).alias(f.name) if not f.nullable else F.col(f.name)
+                for f in DLQ_SCHEMA
+            ]
+            dead.select(*required).write.mode("error").option("compression", "zstd").parquet(self.dlq_directory)
+            return Output(self.dlq_directory, counts)
+        finally:
+            dead.unpersist()
+
+
+def without_null_types(schema: T.StructType) -> T.StructType:
+    """Drop fields whose type is unknown (JSON null everywhere in the batch), at any depth."""
+    def keep(data_type: T.DataType) -> T.DataType | None:
+        if isinstance(data_type, T.NullType):
+            return None
+        if isinstance(data_type, T.StructType):
+            fields = [T.StructField(f.name, t, True) for f in data_type.fields if (t := keep(f.dataType)) is not None]
+            return T.StructType(fields) if fields else None
+        if isinstance(data_type, T.ArrayType):
+            element = keep(data_type.elementType)
+            return T.ArrayType(element, True) if element is not None else None
+        return data_type
+
+    return T.StructType([T.StructField(f.name, t, True) for f in schema.fields if (t := keep(f.dataType)) is not None])
+
+
+def inferred_table_schema(rows: DataFrame) -> pa.Schema | None:
+    """A new table's schema from the rows bound for it: the fields that have a value in at least
+    one of them (None when there are no rows). One Spark action."""
+    columns = [c for c in rows.columns if not c.startswith(INTERNAL)]
+    counts = rows.select(F.count(F.lit(1)).alias("_calve_rows"), *[F.count(F.col(c)).alias(c) for c in columns]).first()
+    if not counts or not counts["_calve_rows"]:
+        return None
+    present = [f for f in rows.schema.fields if f.name in columns and counts[f.name]]
+    schema = without_null_types(T.StructType(present))
+    return to_arrow_schema(schema) if schema.fields else pa.schema([])
+
+
+def new_directory(location: str) -> str:
+    return f"{location.rstrip('/')}/data/batch-{uuid.uuid4().hex}"
+
+
+NARROW_LIMITS = {pa.int32(): 2**31 - 1, pa.float32(): 3.4e38}
+
+
+def needed_widenings(current: pa.Schema, incoming: pa.Schema, rows: DataFrame) -> pa.Schema:
+    """`incoming` with int/float kept narrow where the table has them and the values still fit.
+
+    JSON says only "number", so inference reports long and double for every number; a table's int
+    column is widened to long only when a value needs it (one Spark action, and only when such a
+    column is there).
+    """
+    narrow = {f.name: f.type for f in current if f.type in NARROW_LIMITS}
+    candidates = [f.name for f in incoming if f.name in narrow and f.type != narrow[f.name]]
+    if not candidates:
+        return incoming
+    peaks = rows.select(*[F.max(F.abs(F.col(name))).alias(name) for name in candidates]).first()
+    kept = []
+    for column in incoming:
+        if column.name in candidates and (peaks[column.name] is None or peaks[column.name] <= NARROW_LIMITS[narrow[column.name]]):
+            column = column.with_type(narrow[column.name])
+        kept.append(column)
+    return pa.schema(kept)

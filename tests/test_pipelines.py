@@ -1,0 +1,352 @@
+"""Pipelines end to end: processors, routes, partitioned and dynamic tables, conversion and the
+DLQ, against the real Redis, Spark Connect and Iceberg tables read back."""
+
+from __future__ import annotations
+
+import base64
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from service.core import keys
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.spark
+
+CHECKOUT = """
+name: checkout
+source: {http: {path: /checkout}}
+processors:
+  - where: "kind != 'heartbeat'"
+  - set: {amount_eur: "amount / 100.0", status: "cast(code as int)"}
+  - drop: [debug, code]
+  - rename: {svc: service}
+routes:
+  errors: "status >= 500"
+  slow: "latency_ms > 1000"
+sinks:
+  - table: checkout_errors
+    routes: [errors]
+    auto_create: true
+    schema:
+      columns:
+        - {name: ts, type: timestamptz, required: true}
+        - {name: status, type: int, required: true}
+        - {name: service, type: string}
+        - {name: amount_eur, type: double}
+      partition_spec: [{column: ts, transform: day}]
+  - table: checkout_slow
+    routes: [slow]
+    auto_create: true
+  - table: checkout_all
+    auto_create: true
+"""
+
+
+def create(stack: Stack, body: str | dict) -> dict:
+    with stack.client() as http:
+        if isinstance(body, str):
+            answer = http.post("/v1/pipelines", content=body, headers={"Content-Type": "application/yaml"})
+        else:
+            answer = http.post("/v1/pipelines", json=body)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def send(stack: Stack, path: str, events: list[dict]) -> dict:
+    with stack.client() as http:
+        body = b"\n".join(orjson.dumps(e) for e in events)
+        answer = http.post(f"{path}?wait=true&timeout=90", content=body, headers={"Content-Type": "application/x-ndjson"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def dlq(stack: Stack) -> list[dict]:
+    return stack.rows(keys.DLQ_TABLE)
+
+
+def test_processors_routes_and_a_partitioned_table(stack: Stack) -> None:
+    create(stack, CHECKOUT)
+    answer = send(stack, "/checkout", [
+        {"kind": "order", "ts": "2024-05-01T10:00:00Z", "code": "503", "amount": 1250, "svc": "pay", "latency_ms": 1500, "debug": "x"},
+        {"kind": "order", "ts": "2024-05-02T11:00:00Z", "code": "500", "amount": 100, "svc": "cart", "latency_ms": 20, "debug": "y"},
+        {"kind": "order", "ts": "2024-05-02T12:00:00Z", "code": "200", "amount": 5, "svc": "cart", "latency_ms": 2000},
+        {"kind": "heartbeat", "ts": "2024-05-03T00:00:00Z", "code": "500", "latency_ms": 5000},
+    ])
+    assert set(answer["tables"]) == {"checkout_errors", "checkout_slow", "checkout_all"}
+    assert answer["dlq_events"] == 0
+
+    errors = sorted(stack.rows("checkout_errors"), key=lambda r: r["ts"])
+    assert [(r["status"], r["service"], r["amount_eur"]) for r in errors] == [(503, "pay", 12.5), (500, "cart", 1.0)]
+    assert errors[0]["ts"] == datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
+
+    # One partition value per file, and the partition's source column kept inside the file.
+    table = stack.catalog().load_table(("demo", "checkout_errors"))
+    files = table.inspect.files().to_pylist()
+    assert len(files) == 2
+    assert sorted(f["partition"]["ts_day"] for f in files) == [date(2024, 5, 1), date(2024, 5, 2)]
+    for f in files:
+        in_file = pq.read_table(f["file_path"].removeprefix("file://"))
+        assert "ts" in in_file.column_names
+        assert len({ts.date() for ts in in_file.column("ts").to_pylist()}) == 1
+
+    slow = stack.rows("checkout_slow")
+    assert sorted(r["latency_ms"] for r in slow) == [1500, 2000]
+    slow_columns = set(stack.catalog().load_table(("demo", "checkout_slow")).schema().column_names)
+    assert {"service", "amount_eur", "status", "ts"} <= slow_columns
+    assert not {"debug", "code", "svc"} & slow_columns, "dropped and renamed fields are gone"
+
+    everything = stack.rows("checkout_all")
+    assert sorted(r["status"] for r in everything) == [200, 500, 503], "the heartbeat was filtered out"
+
+
+def test_dynamic_table_names_create_one_table_each(stack: Stack) -> None:
+    create(stack, {"name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "${service}_events", "auto_create": True}]})
+    answer = send(stack, "/events", [
+        {"service": "pay", "amount": 3},
+        {"service": "Pay", "amount": 4},
+        {"service": "cart", "items": 2},
+        {"service": "bad name!", "x": 1},
+        {"no_service": True},
+    ])
+    assert answer["dlq_events"] == 2
+    with stack.client() as http:
+        tables = http.get("/v1/tables").json()["tables"]
+    assert {"pay_events", "cart_events"} <= set(tables) and len(tables) == 3  # and the DLQ
+    assert sorted(r["amount"] for r in stack.rows("pay_events")) == [3, 4]
+    assert "amount" not in stack.catalog().load_table(("demo", "cart_events")).schema().column_names, "each table infers its own"
+    reasons = [r["reason"] for r in dlq(stack)]
+    assert any("'bad name!_events'" in r and "is not valid" in r for r in reasons), reasons
+    assert any("lacks a field" in r for r in reasons), reasons
+
+
+COERCION_SCHEMA = {
+    "columns": [
+        {"name": "id", "type": "string", "required": True},
+        {"name": "seq", "type": "long", "required": True},
+        {"name": "n_int", "type": "int"},
+        {"name": "n_long", "type": "long"},
+        {"name": "f_double", "type": "double"},
+        {"name": "dec", "type": "decimal(10,2)"},
+        {"name": "flag", "type": "boolean"},
+        {"name": "day", "type": "date"},
+        {"name": "ts", "type": "timestamptz"},
+        {"name": "local_ts", "type": "timestamp"},
+        {"name": "blob", "type": "binary"},
+        {"name": "tags", "type": "list<long>"},
+        {"name": "attrs", "type": "map<string, long>"},
+        {"name": "nested", "type": "struct<a: int, b: string>"},
+    ]
+}
+
+
+def test_every_conversion_and_mismatch_rule(stack: Stack) -> None:
+    create(stack, {"name": "typed", "source": {"http": {"path": "/typed"}}, "sinks": [{"table": "typed", "auto_create": True, "schema": COERCION_SCHEMA}]})
+    epoch_day = (date(2024, 5, 1) - date(1970, 1, 1)).days
+    events = [
+        # exact types
+        {"id": "exact", "seq": 1, "n_int": 1, "n_long": 2, "f_double": 1.5, "dec": 12.34, "flag": True, "day": "2024-05-01",
+         "ts": "2024-05-01T10:00:00Z", "local_ts": "2024-05-01 10:00:00", "blob": base64.b64encode(b"hello").decode(),
+         "tags": [1, 2], "attrs": {"x": 1}, "nested": {"a": 1, "b": "s"}},
+        # coercible wrong types; an extra field; missing optional fields
+        {"id": "coerced", "seq": "2", "n_int": "7", "n_long": "12.0", "f_double": "2.5", "dec": "3.5", "flag": "yes",
+         "day": epoch_day, "ts": 1714557600000, "tags": ["3", 4.0], "attrs": {"y": "5"}, "nested": {"a": "2"}, "extra": "ignored"},
+        # not coercible, optional columns: NULL, the row is kept
+        {"id": "nulled", "seq": 3, "n_int": "abc", "flag": "maybe", "ts": "not a time", "blob": "!!not base64!!", "n_long": 3000000000,
+         "dec": "12345678901.5"},
+        {"id": 42, "seq": 4, "n_int": 3000000000, "ts": "2024-05-01T12:00:00.5+02:00"},
+        # to the DLQ
+        {"seq": 5, "n_int": 1},
+        {"id": "bad-seq", "seq": "five"},
+        {"unrelated": 1},
+    ]
+    answer = send(stack, "/typed", events)
+    assert answer["dlq_events"] == 3 and answer["tables"]["typed"]["rows"] == 4
+
+    rows = {r["id"]: r for r in stack.rows("typed")}
+    assert set(rows) == {"exact", "coerced", "nulled", "42"}
+    exact = rows["exact"]
+    assert (exact["n_int"], exact["n_long"], exact["f_double"], exact["dec"], exact["flag"]) == (1, 2, 1.5, Decimal("12.34"), True)
+    assert exact["day"] == date(2024, 5, 1) and exact["ts"] == datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
+    assert exact["local_ts"] == datetime(2024, 5, 1, 10) and exact["blob"] == b"hello"
+    assert exact["tags"] == [1, 2] and dict(exact["attrs"]) == {"x": 1} and exact["nested"] == {"a": 1, "b": "s"}
+
+    coerced = rows["coerced"]
+    assert (coerced["seq"], coerced["n_int"], coerced["n_long"], coerced["f_double"]) == (2, 7, 12, 2.5)
+    assert (coerced["dec"], coerced["flag"], coerced["day"]) == (Decimal("3.50"), True, date(2024, 5, 1))
+    assert coerced["ts"] == datetime(2024, 5, 1, 10, tzinfo=timezone.utc), "epoch milliseconds"
+    assert coerced["tags"] == [3, 4] and dict(coerced["attrs"]) == {"y": 5} and coerced["nested"] == {"a": 2, "b": None}
+    assert coerced["local_ts"] is None and coerced["blob"] is None, "missing optional fields are NULL"
+
+    nulled = rows["nulled"]
+    assert [nulled[c] for c in ("n_int", "flag", "ts", "blob", "dec")] == [None] * 5
+    assert nulled["n_long"] == 3000000000, "a long holds what an int cannot"
+    assert rows["42"]["n_int"] is None, "out of int range"
+    assert rows["42"]["ts"] == datetime(2024, 5, 1, 10, 0, 0, 500000, tzinfo=timezone.utc), "an offset is honoured"
+
+    dead = {r["reason"]: r for r in dlq(stack)}
+    assert set(dead) == {
+        "missing required field 'id'",
+        "field 'seq' cannot be converted to bigint",
+        "no field of the event matches a column of table 'typed'",
+    }
+    entry = dead["field 'seq' cannot be converted to bigint"]
+    assert orjson.loads(entry["event"]) == {"id": "bad-seq", "seq": "five"}, "the original event is kept"
+    assert (entry["pipeline"], entry["table"], entry["receipt"]) == ("typed", "typed", answer["receipt"])
+    assert entry["failed_at"] is not None and entry["dlq_id"]
+
+
+def test_a_static_table_that_may_not_be_created_is_checked_at_creation_and_events_filtered_away_commit(stack: Stack) -> None:
+    create(stack, {
+        "name": "quiet", "source": {"http": {"path": "/quiet"}},
+        "processors": [{"where": "level = 'error'"}],
+        "sinks": [{"table": "quiet", "auto_create": True}],
+    })
+    answer = send(stack, "/quiet", [{"level": "debug"}, {"level": "info"}])
+    assert answer["status"] == "committed" and answer["tables"] == {} and answer["dlq_events"] == 0
+    with stack.client() as http:
+        assert "quiet" not in http.get("/v1/tables").json()["tables"], "no rows, no table"
+    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0
+
+
+ORDERS = {
+    "name": "orders", "source": {"http": {"path": "/orders"}},
+    "sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [
+        {"name": "id", "type": "string", "required": True},
+        {"name": "amount", "type": "long", "required": True},
+    ]}}],
+}
+
+
+def wait_committed(stack: Stack, receipt: str) -> dict:
+    from tests.conftest import wait_until
+
+    with stack.client() as http:
+        return wait_until(
+            lambda: (r := http.get(f"/v1/receipts/{receipt}").json())["status"] == "committed" and r,
+            timeout_s=90, what=f"receipt {receipt} committed",
+        )
+
+
+def test_dlq_is_listed_filtered_paged_replayed_after_a_fix_and_purged(stack: Stack) -> None:
+    create(stack, ORDERS)
+    answer = send(stack, "/orders", [
+        {"id": "ok", "amount": 5},
+        {"id": "text-1", "amount": "five"},
+        {"id": "text-2", "amount": "six"},
+        {"amount": 7},
+    ])
+    assert answer["dlq_events"] == 3
+    with stack.client() as http:
+        everything = http.get("/v1/dlq").json()
+        assert len(everything["entries"]) == 3 and everything["next_cursor"] is None
+        first = http.get("/v1/dlq", params={"limit": 2}).json()
+        second = http.get("/v1/dlq", params={"limit": 2, "cursor": first["next_cursor"]}).json()
+        assert len(first["entries"]) == 2 and len(second["entries"]) == 1 and second["next_cursor"] is None
+        assert {e["dlq_id"] for e in first["entries"] + second["entries"]} == {e["dlq_id"] for e in everything["entries"]}
+        converted = http.get("/v1/dlq", params={"reason": "cannot be converted"}).json()["entries"]
+        assert sorted(orjson.loads(e["event"])["id"] for e in converted) == ["text-1", "text-2"]
+        assert http.get("/v1/dlq", params={"table": "elsewhere"}).json()["entries"] == []
+
+        # Fix the pipeline: words become numbers; replay the conversion failures only.
+        fixed = ORDERS | {"processors": [{"set": {"amount": "CASE amount WHEN 'five' THEN 5 WHEN 'six' THEN 6 ELSE amount END"}}]}
+        assert http.put("/v1/pipelines/orders", json=fixed).status_code == 200
+        replay = http.post("/v1/dlq/replay", json={"reason": "cannot be converted"}).json()
+        assert replay["replayed"] == 2, replay
+        again = http.post("/v1/dlq/replay", json={"reason": "cannot be converted"}).json()
+        assert again["replayed"] == 0, "entries being replayed are not replayed twice"
+        committed = wait_committed(stack, replay["receipts"]["orders"])
+        assert committed["tables"]["orders"]["rows"] == 2 and committed["dlq_events"] == 0
+
+        assert sorted((r["id"], r["amount"]) for r in stack.rows("orders")) == [("ok", 5), ("text-1", 5), ("text-2", 6)]
+        left = http.get("/v1/dlq").json()["entries"]
+        assert [e["reason"] for e in left] == ["missing required field 'id'"], "replayed entries left the DLQ"
+        assert http.post("/v1/dlq/replay", json={"reason": "cannot be converted"}).json()["replayed"] == 0
+
+        assert http.delete("/v1/dlq").status_code == 422, "purging everything needs all=true"
+        assert http.delete("/v1/dlq", params={"reason": "missing required"}).json() == {"deleted": 1}
+        assert http.get("/v1/dlq").json()["entries"] == []
+
+
+def test_schema_evolution_adds_fields_while_two_writers_run(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api", "writer", "committer"))
+    stack.start("writer", name="writer-2")
+    create(stack, {
+        "name": "evolving", "source": {"http": {"path": "/evolving"}},
+        "sinks": [{"table": "evolving", "auto_create": True, "schema_evolution": True, "schema": {"columns": [
+            {"name": "id", "type": "string", "required": True}, {"name": "n", "type": "int"},
+            {"name": "http", "type": "struct<status: long>"},
+        ]}}],
+    })
+    import concurrent.futures
+
+    def post(i: int) -> dict:
+        return send(stack, "/evolving", [
+            {"id": f"{i}-a", "n": 1, "http": {"status": 200}, "extra": f"x{i}"},
+            {"id": f"{i}-b", "n": 3_000_000_000 if i == 3 else 2, "http": {"status": 404, "path": "/p"}, "flag": i % 2 == 0},
+        ])
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    assert all(a["dlq_events"] == 0 for a in answers)
+    table = stack.catalog().load_table(("demo", "evolving"))
+    schema = table.schema()
+    assert schema.column_names.count("extra") == 1 and "flag" in schema.column_names
+    assert str(schema.find_field("n").field_type) == "long", "int widened to long"
+    assert str(schema.find_field("http.path").field_type) == "string", "a nested field was added"
+    rows = {r["id"]: r for r in stack.rows("evolving")}
+    assert len(rows) == 16
+    assert rows["3-b"]["n"] == 3_000_000_000 and rows["5-a"]["extra"] == "x5" and rows["6-b"]["flag"] is True
+    assert rows["2-b"]["http"] == {"status": 404, "path": "/p"}
+
+
+def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
+    create(stack, {
+        "name": "sized", "source": {"http": {"path": "/sized"}},
+        "sinks": [
+            {"table": "sized", "auto_create": True, "target_file_size": 1024 * 1024},
+            {"table": "by_prefix", "auto_create": True, "schema": {
+                "columns": [{"name": "user", "type": "string"}, {"name": "n", "type": "long"}],
+                "partition_spec": [{"column": "user", "transform": "truncate[2]"}],
+            }},
+        ],
+    })
+    # ~20,000 events of ~300 bytes: ~6 MB of JSON, estimated at ~1.5 MB of Parquet.
+    events = [{"user": f"{'abcd'[i % 4]}{'xyz'[i % 3]}-{i}", "n": i, "pad": "p" * 250} for i in range(20_000)]
+    with stack.client() as http:
+        body = b"\n".join(orjson.dumps(e) for e in events)
+        assert http.post("/sized?wait=true&timeout=120", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
+    sized = stack.catalog().load_table(("demo", "sized")).inspect.files().to_pylist()
+    assert len(sized) == 2, [f["record_count"] for f in sized]
+    assert sum(f["record_count"] for f in sized) == 20_000
+    files = stack.catalog().load_table(("demo", "by_prefix")).inspect.files().to_pylist()
+    assert sorted(f["partition"]["user_truncate"] for f in files) == sorted(a + b for a in "abcd" for b in "xyz")
+    for f in files:
+        users = pq.read_table(f["file_path"].removeprefix("file://")).column("user").to_pylist()
+        assert {u[:2] for u in users} == {f["partition"]["user_truncate"]}
+
+
+def test_a_pipeline_spark_cannot_run_fails_the_batch_with_a_reason_instead_of_retrying_forever(stack: Stack) -> None:
+    # Valid SQL, but size() of a string does not analyse: Spark refuses the job itself.
+    create(stack, {"name": "broken", "source": {"http": {"path": "/broken"}},
+                   "processors": [{"where": "size(level) > 0"}], "sinks": [{"table": "broken", "auto_create": True}]})
+    with stack.client() as http:
+        answer = http.post("/broken?wait=true&timeout=90", json={"level": "info"})
+    assert answer.status_code == 500, answer.text
+    assert answer.json()["status"] == "failed" and "Spark job failed 3 times" in answer.json()["error"]
+    dead = stack.redis.xrange(keys.dead_stream_key("demo", "broken"))
+    assert len(dead) == 1 and b"level" in dead[0][1][b"body"], "the request is kept on the dead stream"
+    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0
+
+
+def test_expressions_over_fields_a_batch_lacks_read_null(stack: Stack) -> None:
+    create(stack, {"name": "sparse", "source": {"http": {"path": "/sparse"}},
+                   "processors": [{"where": "http.status >= 500 OR level = 'error'"}],
+                   "sinks": [{"table": "${team}_sparse", "auto_create": True}]})
+    first = send(stack, "/sparse", [{"level": "error", "team": "a"}, {"level": "info", "team": "a"}])  # no `http` at all
+    second = send(stack, "/sparse", [{"level": "error", "http": {"path": "/x"}}])  # `http` without `status`, no `team`
+    assert first["tables"] == {"a_sparse": {"rows": 1, "snapshot_id": first["tables"]["a_sparse"]["snapshot_id"]}}
+    assert second["dlq_events"] == 1 and "lacks a field" in dlq(stack)[0]["reason"]
