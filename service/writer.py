@@ -40,7 +40,7 @@ from service.pipelines import PipelineCache, PipelineRecord, get_pipeline
 from service.receipts import COMMITTED, FAILED, WRITTEN, WRITTEN_PREFIX
 from service.hand_off import HandOffPlan, HandOffScript
 from service.streams import text
-from spark_jobs.session import reset_session, spark_session
+from spark_jobs.session import close_sessions, reset_session, spark_session
 from spark_jobs.pipeline_job import DLQ_SCHEMA, PipelineJob, Target, inferred_table_schema, needed_widenings, new_directory
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,16 @@ class Batch:
         self.entries.append(entry)
         self.events += entry.events
         self.size += len(entry.body)
+
+    def halves(self) -> list[Batch]:
+        middle = len(self.entries) // 2
+        parts = []
+        for entries in (self.entries[:middle], self.entries[middle:]):
+            part = Batch(self.tenant, self.pipeline)
+            for entry in entries:
+                part.add(entry)
+            parts.append(part)
+        return parts
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,7 @@ class Writer:
             except Exception:  # noqa: BLE001 - the entries stay pending and are reclaimed; keep the process
                 log.exception("writer: unexpected error; the batch stays pending and will be retried")
                 stop.wait(1.0)
+        close_sessions()
         log.info("writer %s stopped", self.name)
 
     def poll(self, stop: threading.Event) -> list[Batch]:
@@ -235,7 +246,7 @@ class Writer:
 
     # -- one batch --------------------------------------------------------------------------
 
-    def handle_until_done(self, batch: Batch, stop: threading.Event) -> None:
+    def handle_until_done(self, batch: Batch, stop: threading.Event, attempts: int = MAX_JOB_ATTEMPTS) -> None:
         """Write the batch, retrying while Spark is unreachable; the entries stay pending meanwhile."""
         attempt = 0
         failures = 0
@@ -244,12 +255,19 @@ class Writer:
                 self.handle(batch)
                 return
             except JOB_ERRORS as exc:
-                # Spark reached and refused the job (a plan it cannot analyse, a bad value): a retry
-                # may help once or twice (a table changed under it), not forever.
+                # Spark reached and refused the job (a plan it cannot analyse, a bad value).
                 failures += 1
-                log.warning("writer: Spark job failed (attempt %d of %d): %s", failures, MAX_JOB_ATTEMPTS, str(exc).splitlines()[0])
-                if failures >= MAX_JOB_ATTEMPTS:
-                    self.fail(batch, f"Spark job failed {failures} times: {str(exc).splitlines()[0]}")
+                reason = str(exc).splitlines()[0]
+                log.warning("writer: Spark job failed (attempt %d of %d, %d requests): %s", failures, attempts, len(batch.entries), reason)
+                if len(batch.entries) > 1:
+                    # Types are inferred per batch, so one request (an array sent as a string, say)
+                    # can make the whole batch's plan fail. Halve the batch until the requests that
+                    # fail are alone: the others are written, those go to the dead stream.
+                    for half in batch.halves():
+                        self.handle_until_done(half, stop, attempts=1)
+                    return
+                if failures >= attempts:
+                    self.fail(batch, f"Spark job failed {failures} times: {reason}")
                     return
                 attempt += 1
             except SparkConnectGrpcException as exc:

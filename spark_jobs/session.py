@@ -30,7 +30,25 @@ def reset_session(remote: str) -> None:
     with _lock:
         session = _sessions.pop(remote, None)
     if session is not None:
-        try:
-            session.stop()
-        except Exception:  # noqa: BLE001 - the server is already gone; nothing to release
-            pass
+        _close(session)
+
+
+def close_sessions() -> None:
+    """Close every session's channel, without asking the server to release it.
+
+    `SparkSession.stop()`, and the client's own exit hook, send a release RPC and retry it while
+    the server is unreachable: a writer stopping together with its Spark server (as `calve up`
+    does on Ctrl-C) hung for a minute at exit. The server drops idle sessions by itself.
+    """
+    with _lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for session in sessions:
+        _close(session)
+
+
+def _close(session: SparkSession) -> None:
+    try:
+        session.client.close()  # marks the client closed: its exit hook then sends nothing
+    except Exception:  # noqa: BLE001 - the server is already gone; nothing to release
+        pass

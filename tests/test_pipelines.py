@@ -350,3 +350,28 @@ def test_expressions_over_fields_a_batch_lacks_read_null(stack: Stack) -> None:
     second = send(stack, "/sparse", [{"level": "error", "http": {"path": "/x"}}])  # `http` without `status`, no `team`
     assert first["tables"] == {"a_sparse": {"rows": 1, "snapshot_id": first["tables"]["a_sparse"]["snapshot_id"]}}
     assert second["dlq_events"] == 1 and "lacks a field" in dlq(stack)[0]["reason"]
+
+
+def test_a_request_that_breaks_its_batchs_plan_fails_alone(stack_factory) -> None:  # noqa: ANN001
+    """`tags` is an array in most requests; one request sends a string, so the batch's inferred type
+    is string and `size(tags)` cannot be analysed. The batch is halved until that request is alone:
+    every other request is committed, it alone fails."""
+    stack = stack_factory(roles=("api", "committer"))
+    create(stack, {"name": "tagged", "source": {"http": {"path": "/tagged"}},
+                   "processors": [{"where": "size(tags) > 0"}], "sinks": [{"table": "tagged", "auto_create": True}]})
+    receipts = {}
+    with stack.client() as http:
+        for i in range(6):
+            event = {"id": i, "tags": "oops" if i == 4 else ["a", "b"]}
+            receipts[i] = http.post("/tagged", json=event).json()["receipt"]
+    stack.start("writer")  # one batch holds all six requests
+    from tests.conftest import wait_until
+
+    with stack.client() as http:
+        states = wait_until(
+            lambda: (s := {i: http.get(f"/v1/receipts/{r}").json()["status"] for i, r in receipts.items()})
+            and all(v in ("committed", "failed") for v in s.values()) and s,
+            timeout_s=180, what="every receipt settled",
+        )
+    assert states == {0: "committed", 1: "committed", 2: "committed", 3: "committed", 4: "failed", 5: "committed"}
+    assert sorted(r["id"] for r in stack.rows("tagged")) == [0, 1, 2, 3, 5]

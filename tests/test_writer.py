@@ -67,3 +67,25 @@ def test_backlog_counts_events_until_they_are_committed(stack_factory) -> None: 
         stack.start("committer")
         wait_until(lambda: http.get(f"/v1/receipts/{receipt}").json()["status"] == "committed", what="committed")
     assert int(stack.redis.get(keys.backlog_key("demo"))) == 0
+
+
+def test_a_writer_exits_promptly_when_spark_is_already_gone(stack_factory, spark_server) -> None:  # noqa: ANN001
+    """Ctrl-C on `calve up` stops Spark and the writers together. pyspark's exit hook used to
+    retry releasing its session against the dead server, holding the writer for about a minute."""
+    import signal
+    import time
+
+    if spark_server is None:
+        pytest.skip("Spark Connect is external (CALVE_TEST_SPARK_REMOTE): this run cannot stop it")
+    stack = stack_factory(roles=("api", "writer", "committer"))
+    with stack.client() as http:
+        assert http.post("/logs?wait=true", json={"id": "before"}).status_code == 200  # the writer has a session
+    spark_server.stop()
+    try:
+        writer = stack.procs.pop("writer")
+        started = time.monotonic()
+        writer.send_signal(signal.SIGTERM)
+        writer.wait(60)
+        assert time.monotonic() - started < 10, f"the writer took {time.monotonic() - started:.0f} s to exit"
+    finally:
+        spark_server.start()
