@@ -22,7 +22,7 @@ from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
 from service import faults, metrics
-from service.catalog import calve_snapshots, ensure_commit_properties, load_table, watermark
+from service.catalog import append_files, calve_snapshots, ensure_commit_properties, load_table, watermark
 from service.commit_state import CommitPlan, CommitSchedule, PendingFiles
 from service.core import keys
 from service.core.config import Settings
@@ -159,17 +159,12 @@ class Committer:
                     keys.SUMMARY_FENCE: str(lease.fence),
                     keys.SUMMARY_COMMITTER: self.name,
                 }
-                # The watermark already excludes files the table has; scanning every manifest
-                # for duplicates would make each commit slower than the last.
-                if plan.deletes:
-                    # A DLQ replay: its entries leave the DLQ in the same catalog commit that adds
-                    # this batch's DLQ files (the append, last, carries the watermark).
-                    with table.transaction() as transaction:
+                with table.transaction() as transaction:
+                    if plan.deletes:
+                        # A DLQ replay: its entries leave the DLQ in the same catalog commit that
+                        # adds this batch's DLQ files (the append, last, carries the watermark).
                         transaction.delete(In(keys.DLQ_ID, plan.deletes))
-                        transaction.add_files(plan.files, snapshot_properties=summary, check_duplicate_files=False)
-                    table = self.catalog.load_table((tenant, table_name))
-                else:
-                    table.add_files(plan.files, snapshot_properties=summary, check_duplicate_files=False)
+                    append_files(transaction, plan.files, summary)
                 break
             except CommitFailedException:
                 metrics.COMMIT_FAILURES.labels(tenant, table_name, "conflict").inc()

@@ -322,11 +322,6 @@ class PartitionFieldSpec(_Strict):
         if value in ("identity", *TIME_TRANSFORMS):
             return value
         match = re.fullmatch(r"(bucket|truncate)\[(\d+)\]", value)
-        if match and match.group(1) == "bucket":
-            raise ValueError(
-                "bucket[N] partitions are not supported yet (the files' bucket cannot be derived from their "
-                "statistics, which is how Calve's commits place files); use identity, truncate[N] or a time transform"
-            )
         if match and 0 < int(match.group(2)) <= MAX_BUCKETS:
             return value
         raise ValueError(f"unknown transform {value!r}; use identity, year, month, day, hour, bucket[N] or truncate[N]")
@@ -353,6 +348,9 @@ class TableSchema(_Strict):
                 raise ValueError(f"partition_spec[{index}]: {field.transform} needs a date or timestamp column, {field.column!r} is {column_type}")
             if field.transform.startswith("truncate") and not isinstance(column_type, (IntegerType, LongType, StringType, BinaryType)):
                 raise ValueError(f"partition_spec[{index}]: truncate needs an int, long, string or binary column")
+            bucketable = (IntegerType, LongType, DateType, TimestampType, TimestamptzType, StringType, BinaryType)
+            if field.transform.startswith("bucket") and not isinstance(column_type, bucketable):
+                raise ValueError(f"partition_spec[{index}]: bucket needs an int, long, date, timestamp, string or binary column")
         return self
 
     def iceberg_schema(self) -> Schema:

@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from sqlglot import exp
 
+from spark_jobs.buckets import bucket
 from spark_jobs.coerce import coerce, declared_not_null, shadow_type
 
 RECEIPT = "_calve_receipt"
@@ -345,6 +346,8 @@ class PipelineJob:
             name = f"{INTERNAL}p{index}"
             if transform.startswith("truncate["):
                 value = _truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
+            elif transform.startswith("bucket["):
+                value = bucket(F.col(source), types[source], int(transform[len("bucket["):-1]))
             else:
                 value = partition_value(F.col(source), transform)
             data = data.withColumn(name, value)

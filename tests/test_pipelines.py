@@ -312,6 +312,10 @@ def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
                 "columns": [{"name": "user", "type": "string"}, {"name": "n", "type": "long"}],
                 "partition_spec": [{"column": "user", "transform": "truncate[2]"}],
             }},
+            {"table": "by_bucket", "auto_create": True, "schema": {
+                "columns": [{"name": "user", "type": "string"}, {"name": "n", "type": "long"}],
+                "partition_spec": [{"column": "user", "transform": "bucket[8]"}, {"column": "n", "transform": "bucket[3]"}],
+            }},
         ],
     })
     # ~20,000 events of ~300 bytes: ~6 MB of JSON, estimated at ~1.5 MB of Parquet.
@@ -327,6 +331,23 @@ def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
     for f in files:
         users = pq.read_table(f["file_path"].removeprefix("file://")).column("user").to_pylist()
         assert {u[:2] for u in users} == {f["partition"]["user_truncate"]}
+
+    # Bucket partitions: each file holds one (user, n) bucket pair, as Iceberg computes them, and a
+    # filter on the bucketed column prunes to the files of its bucket.
+    from pyiceberg.expressions import EqualTo
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import LongType, StringType
+
+    table = stack.catalog().load_table(("demo", "by_bucket"))
+    user_bucket, n_bucket = BucketTransform(8).transform(StringType()), BucketTransform(3).transform(LongType())
+    files = table.inspect.files().to_pylist()
+    assert len(files) == 24 and sum(f["record_count"] for f in files) == 20_000
+    for f in files:
+        rows = pq.read_table(f["file_path"].removeprefix("file://")).to_pylist()
+        assert {(user_bucket(r["user"]), n_bucket(r["n"])) for r in rows} == {(f["partition"]["user_bucket"], f["partition"]["n_bucket"])}
+    scan = table.scan(row_filter=EqualTo("user", "ax-0"))
+    assert [t.file.partition[0] for t in scan.plan_files()] and {t.file.partition[0] for t in scan.plan_files()} == {user_bucket("ax-0")}
+    assert scan.to_arrow().column("n").to_pylist() == [0]
 
 
 def test_a_pipeline_spark_cannot_run_fails_the_batch_with_a_reason_instead_of_retrying_forever(stack: Stack) -> None:

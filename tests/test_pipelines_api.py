@@ -107,7 +107,7 @@ BAD_DEFINITIONS = [
     ("sinks[0].schema.columns[0].type", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "strng"}]}}]}),
     ("sinks[0].schema.partition_spec[0].transform", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "long"}], "partition_spec": [{"column": "a", "transform": "minute"}]}}]}),
     ("sinks[0].schema", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "long"}], "partition_spec": [{"column": "a", "transform": "day"}]}}]}),
-    ("sinks[0].schema.partition_spec[0].transform", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "long"}], "partition_spec": [{"column": "a", "transform": "bucket[16]"}]}}]}),
+    ("sinks[0].schema", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "double"}], "partition_spec": [{"column": "a", "transform": "bucket[16]"}]}}]}),
     ("sinks[0].schema.columns[0].type", {"sinks": [{"table": "orders", "auto_create": True, "schema": {"columns": [{"name": "a", "type": "struct<id: uuid>"}]}}]}),
     ("sinks[0].table", {"sinks": [{"table": "_calve_dlq", "auto_create": True}]}),
     ("processors[0]", {"processors": [{"set": {"_calve_receipt": "'forged'"}}]}),
