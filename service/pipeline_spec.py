@@ -178,13 +178,15 @@ def parse_type(text: str) -> IcebergType:
     return _TypeParser(text).parse()
 
 
-UNSUPPORTED = (TimeType, UUIDType, FixedType)
+UNSUPPORTED = (UUIDType, FixedType)
 
 
 def _check_writable(column_type: IcebergType) -> None:
     """Types Spark cannot write as Iceberg expects them (no TIME, UUID or FIXED in its Parquet)."""
     if isinstance(column_type, UNSUPPORTED):
-        raise ValueError(f"{column_type} columns are not supported by Calve's writer yet; use string (uuid, time) or binary (fixed)")
+        raise ValueError(
+            f"{column_type} columns are not supported: Spark writes no Parquet UUID or fixed-length binary; use string (uuid) or binary (fixed)"
+        )
     if isinstance(column_type, StructType):
         for field in column_type.fields:
             _check_writable(field.field_type)

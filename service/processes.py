@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,10 +33,15 @@ def _die_with_parent() -> None:
 
 def spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None, cwd: Path | None = None) -> subprocess.Popen:
     out = open(log, "ab") if log else None  # noqa: SIM115 - kept open for the child's lifetime
+    # util-linux's setpriv sets the parent-death signal and execs: no Python runs in the forked
+    # child. A preexec_fn does, which is unsafe in a process with threads: in the test process,
+    # whose Spark Connect client has gRPC threads, a restarted redis-server hung before its exec.
+    setpriv = shutil.which("setpriv")
     try:
         return subprocess.Popen(
-            args, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            [setpriv, "--pdeathsig", "TERM", "--", *args] if setpriv else args,
+            env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL, preexec_fn=None if setpriv else _die_with_parent,
         )
     finally:
         if out:

@@ -15,6 +15,7 @@ so "12" and 12 convert the same way):
     date            ISO 8601 (2024-05-01, or a timestamp's date part) or days since 1970-01-01
     timestamp[tz]   ISO 8601 (with T or space, optional fraction and offset) or epoch milliseconds
     binary          base64
+    time            ISO 8601 (10:11:12, optional fraction) or milliseconds since midnight
     struct          an object, field by field (missing fields NULL)
     list            an array, element by element
     map             an object, value by value
@@ -143,6 +144,13 @@ def scalar(text: Column, target: T.DataType) -> Column:
         return F.when(trimmed.rlike(INTEGER), millis.cast(target)).otherwise(trimmed.try_cast(target))
     if isinstance(target, T.BinaryType):
         return F.try_to_binary(trimmed, F.lit("base64"))
+    if type(target).__name__ == "TimeType":  # pyspark 4.1+
+        millis = trimmed.try_cast("bigint")
+        from_millis = F.format_string(
+            "%02d:%02d:%02d.%03d", F.floor(millis / 3_600_000), F.floor(millis / 60_000) % 60, F.floor(millis / 1000) % 60, millis % 1000
+        )
+        in_day = trimmed.rlike(INTEGER) & (millis >= 0) & (millis < 86_400_000)
+        return F.when(in_day, from_millis.try_cast(target)).otherwise(trimmed.try_cast(target))
     raise ValueError(f"Calve cannot convert events to {target.simpleString()} columns")
 
 
@@ -164,6 +172,8 @@ def declared_not_null(column: Column, data_type: T.DataType) -> Column:
         fallback = F.lit(False)
     elif isinstance(data_type, (T.DateType, T.TimestampType, T.TimestampNTZType)):
         fallback = F.lit(0).cast("timestamp").cast(data_type)
+    elif type(data_type).__name__ == "TimeType":
+        fallback = F.lit("00:00:00").cast(data_type)
     else:
         fallback = F.lit(0).cast(data_type)
     return F.coalesce(column, fallback)

@@ -21,6 +21,8 @@ def spark_session(remote: str) -> SparkSession:
             # that event instead of failing the whole batch.
             session.conf.set("spark.sql.session.timeZone", "UTC")
             session.conf.set("spark.sql.ansi.enabled", "false")
+            # Iceberg `time` columns: Spark 4.1+ has TIME behind this flag (older servers ignore it).
+            session.conf.set("spark.sql.timeType.enabled", "true")
             _sessions[remote] = session
         return session
 

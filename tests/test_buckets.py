@@ -47,3 +47,12 @@ def _iceberg_value(kind: str, value):  # noqa: ANN001, ANN202 - pyiceberg's tran
         delta = value - datetime(1970, 1, 1, tzinfo=timezone.utc)
         return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
     return value
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_spark_client_left_in_the_test_process():  # noqa: ANN202
+    # Later tests restart the Spark server; a stale in-process client would keep gRPC threads busy.
+    yield
+    from spark_jobs.session import close_sessions
+
+    close_sessions()

@@ -4,7 +4,7 @@ DLQ, against the real Redis, Spark Connect and Iceberg tables read back."""
 from __future__ import annotations
 
 import base64
-from datetime import date, datetime, timezone
+from datetime import date, datetime, time, timezone
 from decimal import Decimal
 
 import orjson
@@ -139,6 +139,7 @@ COERCION_SCHEMA = {
         {"name": "tags", "type": "list<long>"},
         {"name": "attrs", "type": "map<string, long>"},
         {"name": "nested", "type": "struct<a: int, b: string>"},
+        {"name": "at", "type": "time"},
     ]
 }
 
@@ -150,13 +151,14 @@ def test_every_conversion_and_mismatch_rule(stack: Stack) -> None:
         # exact types
         {"id": "exact", "seq": 1, "n_int": 1, "n_long": 2, "f_double": 1.5, "dec": 12.34, "flag": True, "day": "2024-05-01",
          "ts": "2024-05-01T10:00:00Z", "local_ts": "2024-05-01 10:00:00", "blob": base64.b64encode(b"hello").decode(),
-         "tags": [1, 2], "attrs": {"x": 1}, "nested": {"a": 1, "b": "s"}},
+         "tags": [1, 2], "attrs": {"x": 1}, "nested": {"a": 1, "b": "s"}, "at": "10:11:12.5"},
         # coercible wrong types; an extra field; missing optional fields
         {"id": "coerced", "seq": "2", "n_int": "7", "n_long": "12.0", "f_double": "2.5", "dec": "3.5", "flag": "yes",
-         "day": epoch_day, "ts": 1714557600000, "tags": ["3", 4.0], "attrs": {"y": "5"}, "nested": {"a": "2"}, "extra": "ignored"},
+         "day": epoch_day, "ts": 1714557600000, "tags": ["3", 4.0], "attrs": {"y": "5"}, "nested": {"a": "2"}, "extra": "ignored",
+         "at": 36672000},
         # not coercible, optional columns: NULL, the row is kept
         {"id": "nulled", "seq": 3, "n_int": "abc", "flag": "maybe", "ts": "not a time", "blob": "!!not base64!!", "n_long": 3000000000,
-         "dec": "12345678901.5"},
+         "dec": "12345678901.5", "at": "25:99"},
         {"id": 42, "seq": 4, "n_int": 3000000000, "ts": "2024-05-01T12:00:00.5+02:00"},
         # to the DLQ
         {"seq": 5, "n_int": 1},
@@ -173,6 +175,7 @@ def test_every_conversion_and_mismatch_rule(stack: Stack) -> None:
     assert exact["day"] == date(2024, 5, 1) and exact["ts"] == datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
     assert exact["local_ts"] == datetime(2024, 5, 1, 10) and exact["blob"] == b"hello"
     assert exact["tags"] == [1, 2] and dict(exact["attrs"]) == {"x": 1} and exact["nested"] == {"a": 1, "b": "s"}
+    assert exact["at"] == time(10, 11, 12, 500000)
 
     coerced = rows["coerced"]
     assert (coerced["seq"], coerced["n_int"], coerced["n_long"], coerced["f_double"]) == (2, 7, 12, 2.5)
@@ -180,9 +183,10 @@ def test_every_conversion_and_mismatch_rule(stack: Stack) -> None:
     assert coerced["ts"] == datetime(2024, 5, 1, 10, tzinfo=timezone.utc), "epoch milliseconds"
     assert coerced["tags"] == [3, 4] and dict(coerced["attrs"]) == {"y": 5} and coerced["nested"] == {"a": 2, "b": None}
     assert coerced["local_ts"] is None and coerced["blob"] is None, "missing optional fields are NULL"
+    assert coerced["at"] == time(10, 11, 12), "milliseconds since midnight"
 
     nulled = rows["nulled"]
-    assert [nulled[c] for c in ("n_int", "flag", "ts", "blob", "dec")] == [None] * 5
+    assert [nulled[c] for c in ("n_int", "flag", "ts", "blob", "dec", "at")] == [None] * 6
     assert nulled["n_long"] == 3000000000, "a long holds what an int cannot"
     assert rows["42"]["n_int"] is None, "out of int range"
     assert rows["42"]["ts"] == datetime(2024, 5, 1, 10, 0, 0, 500000, tzinfo=timezone.utc), "an offset is honoured"
