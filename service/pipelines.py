@@ -241,6 +241,10 @@ class PipelineCache:
             self._cache[key] = record
         return record
 
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._cache.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()

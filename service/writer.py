@@ -295,7 +295,9 @@ class Writer:
 
     def handle(self, batch: Batch) -> list[FilesWritten]:
         """Run the batch through its pipeline's current version and hand the files off."""
-        record = self._pipeline(batch.tenant, batch.pipeline)
+        # A DLQ replay runs through the pipeline's current version (typically just fixed), so
+        # it reads the definition afresh instead of from this writer's cache.
+        record = self._pipeline(batch.tenant, batch.pipeline, fresh=any(entry.replays for entry in batch.entries))
         spark = spark_session(self.settings.spark_remote)
         job = PipelineJob(
             spark, batch.pipeline, record.version, record.definition,
@@ -338,11 +340,13 @@ class Writer:
                 intervals[sink.table] = min(sink.commit_interval, intervals.get(sink.table, sink.commit_interval))
         return intervals
 
-    def _pipeline(self, tenant: str, name: str) -> PipelineRecord:
+    def _pipeline(self, tenant: str, name: str, fresh: bool = False) -> PipelineRecord:
         def load() -> PipelineRecord:
             with Session(self.engine) as session:
                 return get_pipeline(session, tenant, name)
 
+        if fresh:
+            self.pipelines.forget((tenant, name))
         return self.pipelines.get((tenant, name), load)
 
     def _dlq_location(self, tenant: str) -> str:
