@@ -16,7 +16,7 @@ import redis
 
 # KEYS[1]: the input stream; KEYS[2..]: the keys the plan's operations name by index.
 # ARGV: group, consumer, plan (JSON: ids, xadd [[key, fields]], hset [[key, fields]],
-# dead [key, reason] or null, decr [key, amount] or null).
+# decr [key, amount] or null).
 _SETTLE = """
 local group, consumer = ARGV[1], ARGV[2]
 local plan = cjson.decode(ARGV[3])
@@ -34,17 +34,6 @@ local function each_chunk(list, fn)
 end
 for _, op in ipairs(plan.xadd) do redis.call('XADD', KEYS[op[1]], '*', unpack(op[2])) end
 for _, op in ipairs(plan.hset) do redis.call('HSET', KEYS[op[1]], unpack(op[2])) end
-if plan.dead ~= cjson.null then
-  for _, id in ipairs(ids) do
-    local entry = redis.call('XRANGE', KEYS[1], id, id)
-    if #entry == 1 then
-      local fields = entry[1][2]
-      fields[#fields + 1] = 'reason'
-      fields[#fields + 1] = plan.dead[2]
-      redis.call('XADD', KEYS[plan.dead[1]], '*', unpack(fields))
-    end
-  end
-end
 each_chunk(ids, function(chunk) redis.call('XACK', KEYS[1], group, unpack(chunk)) end)
 each_chunk(ids, function(chunk) redis.call('XDEL', KEYS[1], unpack(chunk)) end)
 if plan.decr ~= cjson.null then redis.call('DECRBY', KEYS[plan.decr[1]], plan.decr[2]) end
@@ -56,7 +45,6 @@ return 1
 class HandOffPlan:
     xadd: list[tuple[str, list[str]]] = field(default_factory=list)  # (stream, [field, value, ...])
     hset: list[tuple[str, list[str]]] = field(default_factory=list)  # (hash, [field, value, ...])
-    dead: tuple[str, str] | None = None  # (dead stream, reason): copy every entry there
     lower_backlog: tuple[str, int] | None = None  # (backlog counter, events)
 
 
@@ -75,7 +63,6 @@ class HandOffScript:
             "ids": ids,
             "xadd": [[index(key), fields] for key, fields in plan.xadd],
             "hset": [[index(key), fields] for key, fields in plan.hset],
-            "dead": [index(plan.dead[0]), plan.dead[1]] if plan.dead else None,
             "decr": [index(plan.lower_backlog[0]), plan.lower_backlog[1]] if plan.lower_backlog else None,
         }
         return self._script(keys=keys, args=[group, consumer, orjson.dumps(body)], client=client)

@@ -14,17 +14,20 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
+import grpc
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 import redis
 from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame
 from sqlmodel import Session
 from pyspark.errors import PySparkException
-from pyspark.errors.exceptions import connect as connect_errors
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
 from service import faults, metrics
@@ -37,25 +40,42 @@ from service.exceptions import NotFound
 from service.names import RULE, is_valid_name
 from service.pipeline_spec import PipelineDefinition, Sink
 from service.pipelines import PipelineCache, PipelineRecord, get_pipeline
-from service.receipts import COMMITTED, FAILED, WRITTEN, WRITTEN_PREFIX
+from service.receipts import COMMITTED, WRITTEN, WRITTEN_PREFIX
 from service.hand_off import HandOffPlan, HandOffScript
 from service.streams import text
 from spark_jobs.session import close_sessions, reset_session, spark_session
-from spark_jobs.pipeline_job import DLQ_SCHEMA, PipelineJob, Target, inferred_table_schema, needed_widenings, new_directory
+from spark_jobs.pipeline_job import (
+    DLQ_SCHEMA, SET_ASIDE_MARK, PipelineJob, Target, inferred_table_schema, needed_widenings, new_directory,
+)
 
 log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # entries per XREADGROUP call
-# Errors Spark answers with about the job itself; any other Spark Connect error counts as the
-# server being unreachable (retried without limit, the batch kept).
-JOB_ERRORS = (
-    connect_errors.AnalysisException, connect_errors.ParseException, connect_errors.IllegalArgumentException,
-    connect_errors.NumberFormatException, connect_errors.ArithmeticException, connect_errors.DateTimeException,
-    connect_errors.ArrayIndexOutOfBoundsException, connect_errors.PythonException, connect_errors.InvalidPlanInput,
-    connect_errors.UnsupportedOperationException,
-)
-MAX_JOB_ATTEMPTS = 3  # for errors that are not a lost connection
+# A request that fails its job this many times alone goes to the DLQ (the second attempt rules out
+# a passing fault, such as an executor lost mid-job).
+MAX_JOB_ATTEMPTS = 2
+# An entry read this many times without being settled (its writers crashed or were killed while
+# handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
+MAX_DELIVERIES = 5
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
+RETRY_BUDGET_S = 2.0  # per round, for batches that failed before (see Writer.write_round)
+
+
+# Errors that say the Spark Connect server (or this client's session on it) is gone, not that the
+# batch is at fault: seen while the server stops, restarts, or after the client reconnected.
+OUTAGE_ERROR_CLASSES = ("INVALID_HANDLE", "NO_ACTIVE_SESSION", "RETRIES_EXCEEDED")
+OUTAGE_MESSAGES = ("StatusCode.UNAVAILABLE", "stopped SparkContext", "Connection refused", "Socket closed")
+
+
+def is_spark_outage(exc: BaseException) -> bool:
+    """Spark Connect cannot be reached, or restarted and lost this client's session: the batch is
+    not at fault, so it is kept and retried without limit. Every other error (an analysis error, a
+    failed task, a message too deep to decode, a deadline) is the batch's own and is counted."""
+    if isinstance(exc, SparkConnectGrpcException) and exc.getGrpcStatusCode() == grpc.StatusCode.UNAVAILABLE:
+        return True
+    if isinstance(exc, PySparkException) and (exc.getErrorClass() or "").startswith(OUTAGE_ERROR_CLASSES):
+        return True
+    return isinstance(exc, (PySparkException, grpc.RpcError)) and any(text in str(exc) for text in OUTAGE_MESSAGES)
 
 
 @dataclass
@@ -78,6 +98,7 @@ class Batch:
     entries: list[Entry] = field(default_factory=list)
     events: int = 0
     size: int = 0
+    failures: int = 0  # Spark jobs of exactly these entries that failed
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
@@ -163,6 +184,8 @@ class Writer:
         # A new pipeline version reaches this writer within pipeline_cache_s.
         self.pipelines = PipelineCache(settings.pipeline_cache_s)
         self._dlq_locations: dict[str, str] = {}
+        self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
+        self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -170,8 +193,7 @@ class Writer:
         log.info("writer %s started", self.name)
         while not stop.is_set():
             try:
-                for batch in self.poll(stop):
-                    self.handle_until_done(batch, stop)
+                self.write_round(self.poll(stop), stop)
             except redis.RedisError as exc:
                 if "NOGROUP" in str(exc):
                     self._groups.clear()  # Redis lost the group (restarted empty): recreate it
@@ -190,13 +212,17 @@ class Writer:
             return reclaimed
         streams = self._streams()
         if not streams:
-            stop.wait(0.5)
+            if not self._retries:
+                stop.wait(0.5)
             return []
         batches: dict[str, Batch] = {}
         events = size = 0
         deadline = None
         while not stop.is_set():
-            block_ms = 1000 if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
+            if deadline is None:
+                block_ms = 1 if self._retries else 1000  # earlier failures are waiting: only look
+            else:
+                block_ms = max(1, int((deadline - time.monotonic()) * 1000))
             response = self.client.xreadgroup(
                 keys.WRITER_GROUP, self.name, {stream: ">" for stream in streams}, count=READ_COUNT, block=block_ms
             )
@@ -235,63 +261,85 @@ class Writer:
             if deleted:
                 self.client.xack(stream, keys.WRITER_GROUP, *deleted)
             entries = [parse_entry(entry_id, fields) for entry_id, fields in claimed if fields]
-            if entries:
-                tenant, pipeline = self._owner(stream)
-                batch = Batch(tenant, pipeline)
-                for entry in entries:
-                    batch.add(entry)
-                log.info("writer %s reclaimed %d stale entries of %s", self.name, len(entries), stream)
+            if not entries:
+                continue
+            tenant, pipeline = self._owner(stream)
+            log.info("writer %s reclaimed %d stale entries of %s", self.name, len(entries), stream)
+            deliveries = self._deliveries(stream, entries)
+            worn_out, batch = Batch(tenant, pipeline), Batch(tenant, pipeline)
+            for entry in entries:
+                (worn_out if deliveries.get(entry.id, 0) > MAX_DELIVERIES else batch).add(entry)
+            if worn_out.entries:
+                self.dead_letter(worn_out, f"the request was taken up {MAX_DELIVERIES} times and never written "
+                                           "(the writers handling it stopped or crashed)")
+            if batch.entries:
                 batches.append(batch)
         return batches
 
+    def _deliveries(self, stream: str, entries: list[Entry]) -> dict[str, int]:
+        """How many times each entry was read (Redis counts every read and every reclaim)."""
+        pending = self.client.xpending_range(
+            stream, keys.WRITER_GROUP, min=entries[0].id, max=entries[-1].id, count=len(entries), consumername=self.name
+        )
+        return {text(row["message_id"]): row["times_delivered"] for row in pending}
+
     # -- one batch --------------------------------------------------------------------------
 
-    def handle_until_done(self, batch: Batch, stop: threading.Event, attempts: int = MAX_JOB_ATTEMPTS) -> None:
-        """Write the batch, retrying while Spark is unreachable; the entries stay pending meanwhile."""
-        attempt = 0
-        failures = 0
-        while True:
-            try:
-                self.handle(batch)
+    def write_round(self, batches: list[Batch], stop: threading.Event) -> None:
+        """Write this round's new batches, then spend at most RETRY_BUDGET_S on batches that failed
+        before (halved or retried). A tenant whose requests fail thus costs the others one budget
+        per round at most, never a whole sequence of isolating failing requests."""
+        for batch in batches:
+            if stop.is_set():
                 return
-            except JOB_ERRORS as exc:
-                # Spark reached and refused the job (a plan it cannot analyse, a bad value).
-                failures += 1
-                reason = str(exc).splitlines()[0]
-                log.warning("writer: Spark job failed (attempt %d of %d, %d requests): %s", failures, attempts, len(batch.entries), reason)
-                if len(batch.entries) > 1:
-                    # Types are inferred per batch, so one request (an array sent as a string, say)
-                    # can make the whole batch's plan fail. Halve the batch until the requests that
-                    # fail are alone: the others are written, those go to the dead stream.
-                    for half in batch.halves():
-                        self.handle_until_done(half, stop, attempts=1)
-                    return
-                if failures >= attempts:
-                    self.fail(batch, f"Spark job failed {failures} times: {reason}")
-                    return
-                attempt += 1
-            except SparkConnectGrpcException as exc:
-                # The server is down or restarting: keep the entries and wait; nothing is lost.
-                attempt += 1
-                log.warning("writer: Spark Connect unavailable (%s); retry %d", exc.__class__.__name__, attempt)
-                reset_session(self.settings.spark_remote)
-            except CATALOG_UNAVAILABLE as exc:
-                attempt += 1
-                log.warning("writer: catalog unavailable (%s); retry %d", exc, attempt)
-            except NotFound as exc:  # the pipeline is unknown: no retry can help
-                self.fail(batch, str(exc))
+            self._write(batch, stop)
+        deadline = time.monotonic() + RETRY_BUDGET_S
+        while self._retries and time.monotonic() < deadline and not stop.is_set():
+            self._write(self._retries.popleft(), stop)
+
+    def _write(self, batch: Batch, stop: threading.Event) -> None:
+        try:
+            self.handle(batch)
+            self._outages = 0
+            return
+        except NotFound as exc:  # the pipeline is gone: no retry can help
+            self.dead_letter(batch, str(exc))
+            return
+        except CATALOG_UNAVAILABLE as exc:
+            self._outages += 1
+            log.warning("writer: catalog unavailable (%s); retry %d", exc, self._outages)
+        except Exception as exc:  # noqa: BLE001 - classified here; no error may stall the writer
+            if not is_spark_outage(exc):
+                self._retries.extend(self._after_job_failure(batch, exc))
                 return
-            except (PySparkException, OSError) as exc:
-                failures += 1
-                log.exception("writer: Spark job failed (attempt %d of %d)", failures, MAX_JOB_ATTEMPTS)
-                reset_session(self.settings.spark_remote)
-                if failures >= MAX_JOB_ATTEMPTS:
-                    self.fail(batch, f"Spark job failed {failures} times: {exc}")
-                    return
-                attempt += 1
-            if stop.wait(min(BACKOFF_MAX_S, 0.5 * 2 ** min(attempt, 6))):
-                # Shutting down: the entries stay pending for the next writer to reclaim.
-                return
+            # The server is down or restarting: keep the entries and wait; nothing is lost.
+            self._outages += 1
+            log.warning("writer: Spark Connect unavailable (%s); retry %d", exc.__class__.__name__, self._outages)
+            reset_session(self.settings.spark_remote)
+        self._retries.appendleft(batch)
+        # Shutting down meanwhile leaves the entries pending for the next writer to reclaim.
+        stop.wait(min(BACKOFF_MAX_S, 0.5 * 2 ** min(self._outages, 6)))
+
+    def _after_job_failure(self, batch: Batch, exc: Exception) -> list[Batch]:
+        """What is left to try of a batch whose job failed (Spark refused it, a task failed, or
+        anything else went wrong while writing it)."""
+        reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:1000]
+        log.warning("writer: job of %d requests of %s/%s failed: %s", len(batch.entries), batch.tenant, batch.pipeline, reason)
+        if type(exc) is SparkConnectGrpcException:
+            # Not an error Spark answered about the job but a broken exchange (a message too deep
+            # to decode, a deadline): start the next attempt on a fresh channel.
+            reset_session(self.settings.spark_remote)
+        elif not isinstance(exc, SparkConnectGrpcException):
+            log.warning("writer: the failure came from outside Spark", exc_info=exc)
+        if len(batch.entries) > 1:
+            # Types are inferred per batch, so one request (an array sent as a string, say) can
+            # make the whole batch's plan fail. Halving isolates the requests that fail alone.
+            return batch.halves()
+        batch.failures += 1
+        if batch.failures < MAX_JOB_ATTEMPTS:
+            return [batch]
+        self.dead_letter(batch, f"the Spark job failed {batch.failures} times with this request alone: {reason}")
+        return []
 
     def handle(self, batch: Batch) -> list[FilesWritten]:
         """Run the batch through its pipeline's current version and hand the files off."""
@@ -445,15 +493,42 @@ class Writer:
             self.client.publish(keys.COMMITTED_CHANNEL, orjson.dumps(done))
         return True
 
-    def fail(self, batch: Batch, reason: str) -> None:
-        """Give up on a batch Spark cannot write: keep its bodies on a dead-letter stream, mark receipts failed."""
-        handed = self._settle(batch, HandOffPlan(
-            hset=[(keys.receipt_key(batch.tenant, entry.receipt), ["status", FAILED, "error", reason]) for entry in batch.entries],
-            dead=(keys.dead_stream_key(batch.tenant, batch.pipeline), reason),
-            lower_backlog=(keys.backlog_key(batch.tenant), batch.events),
-        ))
-        if handed:
-            log.error("writer: %d requests of %s/%s moved to the dead stream: %s", len(batch.entries), batch.tenant, batch.pipeline, reason)
+    def dead_letter(self, batch: Batch, reason: str) -> None:
+        """Send every event of requests no job could write to the tenant's DLQ table, with the
+        reason, where `GET /v1/dlq` shows them and a replay can retry them. The file is written
+        here with pyarrow, not by Spark: Spark may be what fails on these events."""
+        now = datetime.now(timezone.utc)
+        version = self._pipeline_version(batch)
+        columns: dict[str, list] = {name: [] for name in DLQ_SCHEMA.names}
+        rows_by_receipt: dict[str, int] = {}
+        for entry in batch.entries:
+            for line in entry.body.split(b"\n"):
+                if not line:
+                    continue
+                event, why = line.decode(errors="replace"), reason
+                if line.startswith(SET_ASIDE_MARK.encode()):
+                    wrapped = orjson.loads(line[1:])
+                    event, why = wrapped["event"], wrapped["reason"]
+                row = {keys.DLQ_ID: str(uuid.uuid4()), "event": event, "reason": why, "pipeline": batch.pipeline,
+                       "pipeline_version": version, "table": None, "receipt": entry.receipt, "failed_at": now}
+                for name, value in row.items():
+                    columns[name].append(value)
+                rows_by_receipt[entry.receipt] = rows_by_receipt.get(entry.receipt, 0) + 1
+        path = f"{new_directory(self._dlq_location(batch.tenant))}/part-00000.parquet"
+        filesystem, location = pafs.FileSystem.from_uri(path)
+        filesystem.create_dir(location.rsplit("/", 1)[0])
+        pq.write_table(pa.table(columns, schema=DLQ_SCHEMA), location, filesystem=filesystem, compression="zstd")
+        deletes = [dlq_id for entry in batch.entries for dlq_id in entry.replays]
+        written = [FilesWritten(batch.tenant, keys.DLQ_TABLE, [path], rows_by_receipt, deletes=deletes)]
+        if self.hand_off(batch, written):
+            metrics.EVENTS_WRITTEN.labels(batch.tenant, keys.DLQ_TABLE).inc(sum(rows_by_receipt.values()))
+            log.error("writer: %d requests of %s/%s sent to the DLQ: %s", len(batch.entries), batch.tenant, batch.pipeline, reason)
+
+    def _pipeline_version(self, batch: Batch) -> int:
+        try:
+            return self._pipeline(batch.tenant, batch.pipeline).version
+        except NotFound:
+            return 0
 
     def _settle(self, batch: Batch, plan: HandOffPlan) -> bool:
         stream = keys.input_stream_key(batch.tenant, batch.pipeline)

@@ -37,6 +37,9 @@ BODY = "_calve_body"
 SIZE = "_calve_size"
 INTERNAL = "_calve_"
 MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
+# An event the api set aside for the DLQ: "!" + {"reason": ..., "event": <original text>}
+# (= service.ingest.SET_ASIDE_MARK; spark_jobs imports nothing of service).
+SET_ASIDE_MARK = "!"
 
 DLQ_ID = "dlq_id"  # = service.core.keys.DLQ_ID (spark_jobs imports nothing of service)
 DLQ_SCHEMA = pa.schema([
@@ -90,6 +93,18 @@ def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) ->
     })
     frame = spark.createDataFrame(arrow)
     return frame.select(RECEIPT, F.explode(F.split(F.col(BODY), "\n")).alias(EVENT)).where(F.length(EVENT) > 0)
+
+
+def has_set_aside(body: bytes) -> bool:
+    return body.startswith(SET_ASIDE_MARK.encode()) or b"\n" + SET_ASIDE_MARK.encode() in body
+
+
+def set_aside_rows(events: DataFrame) -> DataFrame:
+    """The events the api set aside: their original text as EVENT, and the api's REASON."""
+    wrapped = F.substring(EVENT, 2, 2**31 - 1)
+    return events.where(F.startswith(EVENT, F.lit(SET_ASIDE_MARK))).select(
+        RECEIPT, F.get_json_object(wrapped, "$.event").alias(EVENT), F.get_json_object(wrapped, "$.reason").alias(REASON)
+    )
 
 
 def infer_event_schema(spark: SparkSession, events: DataFrame) -> T.StructType:
@@ -230,6 +245,9 @@ class PipelineJob:
 
     def run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)
+        if any(has_set_aside(body) for body in bodies):
+            self._to_dlq(set_aside_rows(events), F.col(REASON))
+            events = events.where(~F.startswith(EVENT, F.lit(SET_ASIDE_MARK)))
         if self.known_schema is not None:
             schema = shadow_type(from_arrow_schema(self.known_schema))
         else:

@@ -23,6 +23,9 @@ def spark_session(remote: str) -> SparkSession:
             session.conf.set("spark.sql.ansi.enabled", "false")
             # Iceberg `time` columns: Spark 4.1+ has TIME behind this flag (older servers ignore it).
             session.conf.set("spark.sql.timeType.enabled", "true")
+            # Field names are matched exactly, as Iceberg and JSON match them: `Msg` and `msg` in
+            # one event (or one batch) are two fields, not an ambiguous reference failing the job.
+            session.conf.set("spark.sql.caseSensitive", "true")
             _sessions[remote] = session
         return session
 

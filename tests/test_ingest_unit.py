@@ -63,3 +63,50 @@ def test_gzip_bomb_is_refused_with_bounded_memory() -> None:
     _current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 8 * limit, f"decompression peaked at {peak} bytes"
+
+
+def _deep(depth: int) -> bytes:
+    """An object nesting `depth` objects, itself included."""
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def test_events_nested_deeper_than_the_limit_are_set_aside_with_their_text() -> None:
+    from service.ingest import MAX_DEPTH, SET_ASIDE_MARK
+
+    body = b"\n".join([b'{"ok":1}', _deep(MAX_DEPTH + 1), _deep(MAX_DEPTH), _deep(3000)])
+    parsed = parse_events(body, "application/x-ndjson", 10)
+    lines = parsed.ndjson.split(b"\n")
+    assert parsed.events == 4 and parsed.set_aside == 2
+    assert [line.startswith(SET_ASIDE_MARK) for line in lines] == [False, True, False, True]
+    kept = orjson.loads(lines[1][1:])
+    assert kept["event"] == _deep(MAX_DEPTH + 1).decode() and f"more than {MAX_DEPTH} levels" in kept["reason"]
+    assert orjson.loads(lines[3][1:])["event"].startswith('{"a":{"a":')
+
+
+def test_a_json_array_sets_aside_the_same_events_as_ndjson() -> None:
+    from service.ingest import MAX_DEPTH
+
+    events = [b'{"ok":1}', _deep(MAX_DEPTH + 1), _deep(MAX_DEPTH), _deep(300)]
+    as_array = parse_events(b"[" + b",".join(events) + b"]", "application/json", 10)
+    as_lines = parse_events(b"\n".join(events), "application/x-ndjson", 10)
+    assert as_array.ndjson == as_lines.ndjson and as_array.set_aside == 2
+
+
+def test_duplicate_keys_keep_the_last_value_in_both_body_kinds() -> None:
+    ndjson = parse_events(b'{"dup":"first","n":{"k":1,"k":2},"dup":"second"}', "application/x-ndjson", 10)
+    array = parse_events(b'[{"dup":"first","n":{"k":1,"k":2},"dup":"second"}]', "application/json", 10)
+    assert ndjson.ndjson == array.ndjson == b'{"dup":"second","n":{"k":2}}'
+
+
+def test_a_json_body_nested_beyond_the_parser_is_a_400_naming_the_limit() -> None:
+    with pytest.raises(BadRequestBody, match="nesting deeper than"):
+        parse_events(_deep(3000), "application/json", 10)
+
+
+def test_replayed_dlq_events_are_checked_like_intake() -> None:
+    from service.ingest import SET_ASIDE_MARK, normalize_events
+
+    parsed = normalize_events([b'{"a":1,"a":2}', _deep(40), b"not json", b"[1]"])
+    lines = parsed.ndjson.split(b"\n")
+    assert lines[0] == b'{"a":2}'
+    assert all(line.startswith(SET_ASIDE_MARK) for line in lines[1:]) and parsed.set_aside == 3

@@ -354,16 +354,18 @@ def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
     assert scan.to_arrow().column("n").to_pylist() == [0]
 
 
-def test_a_pipeline_spark_cannot_run_fails_the_batch_with_a_reason_instead_of_retrying_forever(stack: Stack) -> None:
+def test_a_request_spark_cannot_run_goes_to_the_dlq_with_a_reason_instead_of_retrying_forever(stack: Stack) -> None:
     # Valid SQL, but size() of a string does not analyse: Spark refuses the job itself.
     create(stack, {"name": "broken", "source": {"http": {"path": "/broken"}},
                    "processors": [{"where": "size(level) > 0"}], "sinks": [{"table": "broken", "auto_create": True}]})
     with stack.client() as http:
-        answer = http.post("/broken?wait=true&timeout=90", json={"level": "info"})
-    assert answer.status_code == 500, answer.text
-    assert answer.json()["status"] == "failed" and "Spark job failed 3 times" in answer.json()["error"]
-    dead = stack.redis.xrange(keys.dead_stream_key("demo", "broken"))
-    assert len(dead) == 1 and b"level" in dead[0][1][b"body"], "the request is kept on the dead stream"
+        answer = http.post("/broken?wait=true&timeout=90", json=[{"level": "info"}, {"level": "warn"}])
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["dlq_events"] == 2
+        listed = http.get("/v1/dlq", params={"pipeline": "broken"}).json()["entries"]
+    assert sorted(orjson.loads(entry["event"])["level"] for entry in listed) == ["info", "warn"], "kept whole, replayable"
+    assert all("the Spark job failed 2 times with this request alone" in entry["reason"] for entry in listed)
+    assert all(entry["receipt"] == answer.json()["receipt"] for entry in listed)
     assert int(stack.redis.get(keys.backlog_key("demo"))) == 0
 
 
@@ -380,7 +382,7 @@ def test_expressions_over_fields_a_batch_lacks_read_null(stack: Stack) -> None:
 def test_a_request_that_breaks_its_batchs_plan_fails_alone(stack_factory) -> None:  # noqa: ANN001
     """`tags` is an array in most requests; one request sends a string, so the batch's inferred type
     is string and `size(tags)` cannot be analysed. The batch is halved until that request is alone:
-    every other request is committed, it alone fails."""
+    every other request is committed, it alone goes to the DLQ."""
     stack = stack_factory(roles=("api", "committer"))
     create(stack, {"name": "tagged", "source": {"http": {"path": "/tagged"}},
                    "processors": [{"where": "size(tags) > 0"}], "sinks": [{"table": "tagged", "auto_create": True}]})
@@ -398,5 +400,6 @@ def test_a_request_that_breaks_its_batchs_plan_fails_alone(stack_factory) -> Non
             and all(v in ("committed", "failed") for v in s.values()) and s,
             timeout_s=180, what="every receipt settled",
         )
-    assert states == {0: "committed", 1: "committed", 2: "committed", 3: "committed", 4: "failed", 5: "committed"}
+    assert states == {i: "committed" for i in range(6)}
     assert sorted(r["id"] for r in stack.rows("tagged")) == [0, 1, 2, 3, 5]
+    assert [(orjson.loads(r["event"])["id"], r["receipt"]) for r in dlq(stack)] == [(4, receipts[4])]

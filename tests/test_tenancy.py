@@ -280,3 +280,33 @@ def test_concurrent_retries_with_one_key_buffer_once(api: Stack) -> None:
         receipts = set(pool.map(send, range(16)))
     assert len(receipts) == 1
     assert api.redis.xlen(keys.input_stream_key("demo", "logs")) == 1
+
+
+def test_hostile_numbers_depths_and_definitions_get_a_4xx_never_a_500(api: Stack) -> None:
+    """Each of these answered 500 once (an integer past 64 bits reaching the DB, a recursion limit)."""
+    huge = 9223372036854775808
+    deep_where = "(" * 60 + "a = 1" + ")" * 60
+    deep_yaml = "name: " + "[" * 400 + "]" * 400
+    base = {"name": "hostile", "source": {"http": {"path": "/hostile"}}, "sinks": [{"table": "hostile", "auto_create": True}]}
+    with api.client() as http:
+        assert http.delete(f"/v1/tokens/{huge}").status_code == 422
+        assert http.get(f"/v1/pipelines/logs?version={huge}").status_code == 422
+        for lifetime in (315360000000, 99999999999999999, True):
+            assert http.post("/v1/tokens", json={"expires_in_s": lifetime}).status_code == 422, lifetime
+        assert http.post("/v1/pipelines", content=deep_yaml, headers={"Content-Type": "application/yaml"}).status_code == 400
+        refused = http.post("/v1/pipelines", json=base | {"processors": [{"where": deep_where}]})
+        assert refused.status_code == 422 and "nests parentheses" in refused.text
+        for function in ("user()", "version()", "current_database()", "raise_error('boom')"):
+            refused = http.post("/v1/pipelines", json=base | {"processors": [{"set": {"probe": function}}]})
+            assert refused.status_code == 422 and "is not allowed" in refused.text, function
+        too_many = http.post("/v1/pipelines", json=base | {"processors": [{"where": "a > 1"}] * 10_000})
+        assert too_many.status_code == 422 and too_many.json()["detail"][0]["field"] == "processors"
+        # 255 levels as a JSON body: accepted, the event set aside for the DLQ; past the parser's
+        # own limit: 400 saying so.
+        accepted = http.post("/logs", content=b'{"a":' * 255 + b"1" + b"}" * 255, headers={"Content-Type": "application/json"})
+        assert accepted.status_code == 202, accepted.text
+        refused = http.post("/logs", content=b'{"a":' * 3000 + b"1" + b"}" * 3000, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400 and "nesting deeper than" in refused.text
+    with api.client(api.operator) as http:
+        refused = http.post("/v1/tenants", json={"name": "gamma", "max_events_per_s": huge})
+        assert refused.status_code == 422, refused.text

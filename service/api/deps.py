@@ -116,4 +116,6 @@ AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]
 OperatorPrincipal = Annotated[Principal, Depends(require_scope(OPERATOR_SCOPE))]
 
 TableName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]
+# A database row id: anything outside a signed 64-bit integer is refused as 422, not sent to the DB.
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]

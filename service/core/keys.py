@@ -93,11 +93,6 @@ def split_member(value: str) -> tuple[str, str]:
     return tenant, name
 
 
-def dead_stream_key(tenant: str, pipeline: str) -> str:
-    """Requests a Spark job could not write, kept whole with the reason."""
-    return f"{_tag(tenant)}:dead:{pipeline}"
-
-
 def dlq_replay_lock_key(tenant: str, dlq_id: str) -> str:
     """Held while a DLQ entry is being replayed, so a second replay skips it."""
     return f"{_tag(tenant)}:dlq-replaying:{dlq_id}"

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlmodel import Session
 
 from service import metrics
+from service.api.bodies import read_body
 from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
 from service.buffer import RequestBuffer
 from service.core.config import Settings
@@ -22,25 +23,11 @@ from service.limits import TenantLimits
 from service.tenants import Principal
 from service.pipeline_spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
 from service.pipelines import PipelineRecord, find_by_path
-from service.exceptions import BodyTooLarge
 from service.ingest import decode_body, parse_events
 from service.receipts import COMMITTED, FAILED, ReceiptWaiter
 
 router = APIRouter(tags=["ingest"])
 MAX_IDEMPOTENCY_KEY = 255
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused as soon as it passes `limit` bytes (never buffered beyond it)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes; split it into smaller requests")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise BodyTooLarge(f"body exceeds the limit of {limit} bytes; split it into smaller requests")
-    return bytes(data)
 
 
 @router.post("/{path:path}", status_code=status.HTTP_202_ACCEPTED)
@@ -53,7 +40,7 @@ async def ingest(
     limits: LimitsDep,
     settings: SettingsDep,
     wait: bool = Query(False, description="answer only after the events are committed"),
-    timeout: float | None = Query(None, gt=0, description="seconds to wait with wait=true (default 30)"),
+    timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait with wait=true (default 30)"),
 ) -> JSONResponse:
     state = request.app.state
     if state.draining:

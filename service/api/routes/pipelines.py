@@ -9,6 +9,7 @@ import yaml
 from fastapi import APIRouter, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
+from service.api.bodies import read_body
 from service.api.deps import AdminPrincipal, CatalogDep, ReadPrincipal, RedisDep, SessionDep, TableName
 from service.catalog import load_table
 from service.core.keys import PIPELINES_CHANNEL
@@ -31,16 +32,25 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 
 async def _definition(request: Request) -> PipelineDefinition:
-    raw = await request.body()
-    if len(raw) > MAX_DEFINITION_BYTES:
-        raise BadRequestBody(f"a pipeline definition may have at most {MAX_DEFINITION_BYTES} bytes")
+    raw = await read_body(request, MAX_DEFINITION_BYTES)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    # Parsing and checking a large definition takes a while: off the event loop, so other
+    # requests are not kept waiting meanwhile.
+    return await run_in_threadpool(_parse, raw, content_type in YAML_TYPES)
+
+
+def _parse(raw: bytes, is_yaml: bool) -> PipelineDefinition:
     try:
-        data: Any = yaml.load(raw, Loader=_NoAliasLoader) if content_type in YAML_TYPES else orjson.loads(raw)  # noqa: S506 - a SafeLoader
+        data: Any = yaml.load(raw, Loader=_NoAliasLoader) if is_yaml else orjson.loads(raw)  # noqa: S506 - a SafeLoader
     except (yaml.YAMLError, orjson.JSONDecodeError) as exc:
-        kind = "YAML" if content_type in YAML_TYPES else "JSON (send Content-Type: application/yaml for YAML)"
+        kind = "YAML" if is_yaml else "JSON (send Content-Type: application/yaml for YAML)"
         raise BadRequestBody(f"the definition is not valid {kind}: {str(exc).splitlines()[0]}") from None
-    return parse_definition(data)
+    except RecursionError:
+        raise BadRequestBody("the definition nests too deeply to be a pipeline definition") from None
+    try:
+        return parse_definition(data)
+    except RecursionError:
+        raise BadRequestBody("the definition nests too deeply to be a pipeline definition") from None
 
 
 def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefinition) -> None:
@@ -80,7 +90,7 @@ def read_all(principal: ReadPrincipal, session: SessionDep) -> dict:
 
 
 @router.get("/{name}")
-def read(name: TableName, principal: ReadPrincipal, session: SessionDep, version: int | None = Query(None, ge=0)) -> dict:
+def read(name: TableName, principal: ReadPrincipal, session: SessionDep, version: int | None = Query(None, ge=0, le=2**31 - 1)) -> dict:
     return get_pipeline(session, principal.tenant, name, version).public()
 
 

@@ -11,13 +11,15 @@ from service.models import TenantPublic
 from service.tenants import create_tenant, issue_token, list_tenants, set_tenant_disabled
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
+MAX_LIMIT = 2**53
 
 
 class TenantCreate(BaseModel):
     name: str = Field(description="lower-case letters, digits and '_'; becomes the Iceberg namespace")
-    max_events_per_s: int | None = Field(None, gt=0)
-    max_bytes_per_s: int | None = Field(None, gt=0)
-    max_backlog_events: int | None = Field(None, gt=0)
+    # Bounded so that Redis's Lua numbers (doubles) hold them exactly.
+    max_events_per_s: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
+    max_bytes_per_s: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
+    max_backlog_events: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

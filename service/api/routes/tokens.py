@@ -9,18 +9,21 @@ from datetime import timedelta
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
 
-from service.api.deps import AdminPrincipal, RedisDep, SessionDep
+from service.api.deps import AdminPrincipal, RedisDep, RowId, SessionDep
 from service.core.keys import AUTH_CHANNEL
 from service.models import TokenPublic
 from service.tenants import get_tenant, issue_token, list_tokens, parse_scopes, revoke_token
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+MAX_TOKEN_LIFETIME_S = 10 * 366 * 24 * 3600
 
 
 class TokenCreate(BaseModel):
     scopes: list[str] = Field(default_factory=lambda: ["ingest"], examples=[["ingest"], ["read", "admin"]])
     pipelines: list[str] | None = Field(None, description="restrict the ingest scope to these pipelines")
-    expires_in_s: int | None = Field(None, gt=0, description="seconds until the token stops working")
+    expires_in_s: int | None = Field(
+        None, gt=0, le=MAX_TOKEN_LIFETIME_S, strict=True, description="seconds until the token stops working (at most 10 years)"
+    )
     label: str = Field("", max_length=200)
 
 
@@ -47,7 +50,7 @@ def read_tokens(principal: AdminPrincipal, session: SessionDep) -> dict:
 
 
 @router.delete("/{token_id}")
-async def delete_token(token_id: int, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> TokenPublic:
+async def delete_token(token_id: RowId, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> TokenPublic:
     token = revoke_token(session, get_tenant(session, principal.tenant), token_id)
     # Every api process drops its cached tokens, so the revocation holds at once everywhere.
     await client.publish(AUTH_CHANNEL, b"revoked")
