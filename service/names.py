@@ -17,7 +17,7 @@ RULE = "lower-case letters, digits and '_', not starting with a digit, 1 to 63 c
 
 
 def is_valid_name(value: str) -> bool:
-    return bool(_NAME.match(value))
+    return bool(_NAME.fullmatch(value))  # fullmatch: "$" alone lets a trailing newline through
 
 
 def validate_name(kind: str, value: str) -> str:

@@ -306,7 +306,7 @@ class HttpSource(_Strict):
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
-        if not PATH_PATTERN.match(value) or len(value) > 200:
+        if not PATH_PATTERN.fullmatch(value) or len(value) > 200:
             raise ValueError("a path like /checkout or /team/events: lower-case letters, digits, '_', '-' and '/'")
         if value.startswith(RESERVED_PATH_PREFIXES):
             raise ValueError(f"{value} is reserved for Calve's own endpoints")

@@ -58,7 +58,11 @@ MAX_JOB_ATTEMPTS = 2
 # handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
 MAX_DELIVERIES = 5
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
-RETRY_BUDGET_S = 2.0  # per round, for batches that failed before (see Writer.write_round)
+# Per round, batches that failed before get at most RETRY_SHARE of the time the round's new
+# batches took, within [RETRY_BUDGET_MIN_S, RETRY_BUDGET_MAX_S] (see Writer.write_round).
+RETRY_SHARE = 0.5
+RETRY_BUDGET_MIN_S = 0.25
+RETRY_BUDGET_MAX_S = 2.0
 
 
 # Errors that say the Spark Connect server (or this client's session on it) is gone, not that the
@@ -286,14 +290,23 @@ class Writer:
     # -- one batch --------------------------------------------------------------------------
 
     def write_round(self, batches: list[Batch], stop: threading.Event) -> None:
-        """Write this round's new batches, then spend at most RETRY_BUDGET_S on batches that failed
-        before (halved or retried). A tenant whose requests fail thus costs the others one budget
-        per round at most, never a whole sequence of isolating failing requests."""
+        """Write this round's new batches, then spend a bounded share of that time on batches that
+        failed before (halved or retried). A tenant whose requests fail thus slows the others by
+        RETRY_SHARE at most, never by a whole sequence of isolating failing requests; when nothing
+        else is waiting, rounds are short and the retries go on at full speed. New batches of a
+        pipeline that has batches waiting to be retried join them: a failing pipeline's traffic
+        is served from the retry share only."""
+        started = time.monotonic()
+        failing = {(batch.tenant, batch.pipeline) for batch in self._retries}
         for batch in batches:
             if stop.is_set():
                 return
+            if (batch.tenant, batch.pipeline) in failing:
+                self._retries.append(batch)
+                continue
             self._write(batch, stop)
-        deadline = time.monotonic() + RETRY_BUDGET_S
+        spent = time.monotonic() - started
+        deadline = time.monotonic() + min(RETRY_BUDGET_MAX_S, max(RETRY_BUDGET_MIN_S, spent * RETRY_SHARE))
         while self._retries and time.monotonic() < deadline and not stop.is_set():
             self._write(self._retries.popleft(), stop)
 

@@ -66,6 +66,9 @@ class Sent:
     events: int
     outcome: str  # "200" | "202" | "refused" | "no_answer" | "error <code>"
     replayed: bool = False
+    latency_s: float = 0.0  # from sending to the answer
+    sent_at: float = 0.0  # time.monotonic() when it was sent
+    waited: bool = False  # sent with wait=true
 
 
 class Load:
@@ -76,8 +79,13 @@ class Load:
     reading the answer, then retried with the same Idempotency-Key until it gets one.
     """
 
-    def __init__(self, url: str, producers: int = 4, events: int = 40, pause_s: float = 0.05, drop_responses: bool = False) -> None:
+    def __init__(
+        self, url: str, producers: int = 4, events: int = 40, pause_s: float = 0.05, drop_responses: bool = False,
+        token: str = TEST_TOKEN, path: str = "/logs",
+    ) -> None:
         self.url = url
+        self.token = token
+        self.path = path
         self.producers = producers
         self.events = events
         self.pause_s = pause_s
@@ -105,25 +113,26 @@ class Load:
         return b"\n".join(orjson.dumps({"id": self.event_id(producer, seq, i), "p": producer, "n": seq}) for i in range(self.events))
 
     def _produce(self, producer: int) -> None:
-        headers = {"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/x-ndjson"}
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/x-ndjson"}
         with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
             seq = 0
             while not self._stop.is_set():
                 seq += 1
                 params = {"wait": "true", "timeout": "20"} if producer % 2 == 0 else {}
                 body = self._body(producer, seq)
+                started = time.monotonic()
                 if self.drop_responses:
                     sent = self._send_until_answered(http, producer, seq, body, params)
                 else:
                     sent = Sent(producer, seq, self.events, *self._send(http, body, params, {}))
+                sent.sent_at, sent.latency_s, sent.waited = started, time.monotonic() - started, bool(params)
                 with self._lock:
                     self.sent.append(sent)
                 self._stop.wait(1.0 if sent.outcome in ("refused", "no_answer") else self.pause_s)
 
-    @staticmethod
-    def _send(http: httpx.Client, body: bytes, params: dict, headers: dict) -> tuple[str, bool]:
+    def _send(self, http: httpx.Client, body: bytes, params: dict, headers: dict) -> tuple[str, bool]:
         try:
-            answer = http.post("/logs", content=body, params=params, headers=headers)
+            answer = http.post(self.path, content=body, params=params, headers=headers)
         except httpx.TransportError:
             return "no_answer", False
         replayed = answer.headers.get("idempotent-replay") == "true"
@@ -147,7 +156,7 @@ class Load:
         host, port = self.url.removeprefix("http://").split(":")
         query = "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
         head = [
-            f"POST /logs{query} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {TEST_TOKEN}",
+            f"POST {self.path}{query} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {self.token}",
             "Content-Type: application/x-ndjson", f"Content-Length: {len(body)}", "Connection: close",
             *(f"{k}: {v}" for k, v in headers.items()),
         ]
@@ -247,10 +256,12 @@ class Chaos:
 class Scenario:
     name: str
     title: str
-    inflict: Callable[[Chaos], None]
+    inflict: Callable[[Chaos], None] | None
     committers: int = 2  # started before the fault; 0: the scenario starts its own
     drop_responses: bool = False
     needs_spark_server: bool = False
+    # A scenario that runs its own stack and load instead of `inflict` on the standard ones.
+    runner: Callable[[Scenario, Path, RedisServer, str], Figures] | None = None
 
 
 def writer_killed_mid_job(chaos: Chaos) -> None:
@@ -349,6 +360,150 @@ def idempotent_retries(chaos: Chaos) -> None:
         chaos.problems.append("no retry was answered as a replay: the dropped requests were never accepted")
 
 
+# -- one tenant's poison among other tenants' traffic ------------------------------------------
+
+GOOD_TENANTS = ("alpha", "beta")
+PHASE_S = 30.0  # each of: calm, then poisoned
+BROKEN_PIPELINE = {
+    # `size` of a string fails Spark's analysis: every job with these events fails, so each
+    # request must be isolated and fail alone before it goes to the DLQ.
+    "name": "broken", "source": {"http": {"path": "/broken"}},
+    "processors": [{"where": "size(level) > 0"}], "sinks": [{"table": "broken", "auto_create": True}],
+}
+
+
+class Poisoner:
+    """Tenant demo's producer of bad input, in turns: requests whose Spark job fails, events nested
+    past the depth limit among good ones, and keys that collide or differ only in case."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+
+    def start(self) -> Poisoner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _produce(self) -> None:
+        deep = b'{"msg":"deep","a":' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}"
+        bodies = [
+            ("/broken", b"\n".join(orjson.dumps({"level": f"l{i}"}) for i in range(20))),
+            ("/logs", deep + b'\n{"msg":"fine"}'),
+            ("/logs", b'{"dup":"a","dup":"b","Msg":"x","msg":"y"}'),
+        ]
+        headers = {"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/x-ndjson"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
+            while not self._stop.is_set():
+                path, body = bodies[self.requests % len(bodies)]
+                try:
+                    http.post(path, content=body)
+                except httpx.TransportError:
+                    pass
+                self.requests += 1
+                self._stop.wait(0.1)
+
+
+def p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+
+
+def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_remote: str) -> Figures:
+    """Tenants alpha and beta send steadily (half of their producers with wait=true) for PHASE_S
+    seconds, then PHASE_S more while tenant demo sends poison. Passes with nothing of alpha's and
+    beta's lost or duplicated, demo's poison in its DLQ, and alpha's and beta's wait=true p99 in
+    the poisoned phase within twice the calm phase's."""
+    from sqlmodel import Session
+
+    from service.core.db import get_engine
+    from service.tenants import create_tenant, issue_token
+
+    started = time.monotonic()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    data_dir = base / scenario.name
+    data_dir.mkdir(parents=True)
+    stack = build_stack(data_dir, redis_server.url, spark_remote, client, roles=("api",), **CHAOS_SETTINGS)
+    problems: list[str] = []
+    evidence: list[str] = []
+    loads: dict[str, Load] = {}
+    try:
+        with Session(get_engine(stack.settings.resolved_database_url())) as session:
+            tokens = {name: issue_token(session, create_tenant(session, name))[1] for name in GOOD_TENANTS}
+        with stack.client() as http:
+            assert http.post("/v1/pipelines", json=BROKEN_PIPELINE).status_code == 201
+        stack.start("writer", name="writer-1")
+        stack.start("writer", name="writer-2")
+        stack.start("committer", name="committer-1")
+        loads = {name: Load(stack.url, producers=2, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
+        catalog = stack.catalog()
+        wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in GOOD_TENANTS), timeout_s=90, what="first commits")
+        calm_from = time.monotonic() + 5  # past the first jobs of each table
+        time.sleep(5 + PHASE_S)
+        poisoned_from = time.monotonic()
+        poisoner = Poisoner(stack.url).start()
+        time.sleep(PHASE_S)
+        poisoner.stop()
+        poisoned_to = time.monotonic()
+        for load in loads.values():
+            load.stop()
+
+        def latencies(start: float, end: float) -> list[float]:
+            return [sent.latency_s for load in loads.values() for sent in load.sent
+                    if sent.waited and sent.outcome == "200" and start <= sent.sent_at < end]
+
+        calm, poisoned = latencies(calm_from, poisoned_from), latencies(poisoned_from, poisoned_to)
+        evidence.append(
+            f"demo sent {poisoner.requests} poison requests; alpha+beta wait=true p99 {p99(calm):.2f} s calm "
+            f"({len(calm)} requests), {p99(poisoned):.2f} s poisoned ({len(poisoned)})"
+        )
+        if not calm or not poisoned:
+            problems.append("too few wait=true answers to compare")
+        elif p99(poisoned) > 2 * p99(calm):
+            problems.append(f"p99 with poison {p99(poisoned):.2f} s is over twice the calm {p99(calm):.2f} s")
+
+        def drained() -> bool:
+            backlogs = [int(stack.redis.get(keys.backlog_key(name)) or 0) for name in (*GOOD_TENANTS, "demo")]
+            return not any(backlogs)
+
+        try:
+            wait_until(drained, timeout_s=180, interval_s=0.5, what="every tenant's backlog to drain")
+        except AssertionError as exc:
+            problems.append(str(exc))
+        dead = [name for name, proc in stack.procs.items() if proc.poll() is not None]
+        if dead:
+            problems.append(f"processes died: {dead}")
+        dlq = catalog.load_table(("demo", keys.DLQ_TABLE)).scan().to_arrow() if catalog.table_exists(("demo", keys.DLQ_TABLE)) else None
+        dead_lettered = 0 if dlq is None else dlq.num_rows
+        evidence.append(f"{dead_lettered} of demo's events in its DLQ")
+        if not dead_lettered:
+            problems.append("no poison reached demo's DLQ")
+        figures = Figures()
+        for name, load in loads.items():
+            ids = catalog.load_table((name, "logs")).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+            tenant_figures = tally(load, ids)
+            for counted in ("sent", "ok_202", "ok_200", "refused", "no_answer", "errors", "committed", "lost_202", "lost_200", "duplicated"):
+                setattr(figures, counted, getattr(figures, counted) + getattr(tenant_figures, counted))
+    except Exception as exc:  # noqa: BLE001 - reported with the figures
+        problems.append(f"the scenario broke: {exc!r}")
+        figures = Figures()
+    finally:
+        for load in loads.values():
+            load.stop()
+        stack.stop()
+        client.close()
+    figures.evidence = "; ".join(evidence)
+    figures.problems = problems
+    figures.seconds = round(time.monotonic() - started, 1)
+    return figures
+
+
 SCENARIOS = [
     Scenario("writer_killed_mid_job", "kill -9 a writer inside its Spark job (twice)", writer_killed_mid_job),
     Scenario(
@@ -364,6 +519,10 @@ SCENARIOS = [
     Scenario("redis_killed", "kill -9 redis-server, restart it from its AOF", redis_killed),
     Scenario("catalog_unavailable", "catalog unavailable for 20 s", catalog_unavailable),
     Scenario("idempotent_retries", "producers drop every response and retry with Idempotency-Key", idempotent_retries, drop_responses=True),
+    Scenario(
+        "poison_tenant", "tenant demo sends poison while alpha and beta send as usual; their latency must hold",
+        None, runner=run_poison_tenant,
+    ),
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
@@ -374,6 +533,8 @@ def drained(stack: Stack) -> bool:
 
 
 def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server: SparkServer | None, spark_remote: str) -> Figures:
+    if scenario.runner is not None:
+        return scenario.runner(scenario, base, redis_server, spark_remote)
     started = time.monotonic()
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()

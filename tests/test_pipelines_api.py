@@ -131,9 +131,9 @@ def test_bad_definitions_are_refused_naming_the_field(stack_factory, field: str,
     with api.client() as http:
         answer = http.post("/v1/pipelines", json=definition(**change))
         assert answer.status_code == 422, answer.text
-        fields = [error["field"] for error in answer.json()["detail"]]
+        fields = [error["field"] for error in answer.json()["errors"]]
         assert field in fields, answer.json()
-        assert all(error["error"] for error in answer.json()["detail"])
+        assert all(error["error"] for error in answer.json()["errors"])
         assert http.get("/v1/pipelines/orders").status_code == 404, "nothing was stored"
 
 
@@ -142,7 +142,7 @@ def test_a_path_taken_by_another_pipeline_is_refused(api: Stack) -> None:
         assert http.post("/v1/pipelines", json=definition()).status_code == 201
         clash = http.post("/v1/pipelines", json=definition(name="orders_copy"))
         assert clash.status_code == 422
-        assert clash.json()["detail"] == [{"field": "source.http.path", "error": "/orders is the path of pipeline 'orders'; choose another"}]
+        assert clash.json()["errors"] == [{"field": "source.http.path", "error": "/orders is the path of pipeline 'orders'; choose another"}]
 
 
 def test_unreadable_bodies_are_400_and_yaml_aliases_are_refused(api: Stack) -> None:

@@ -300,7 +300,7 @@ def test_hostile_numbers_depths_and_definitions_get_a_4xx_never_a_500(api: Stack
             refused = http.post("/v1/pipelines", json=base | {"processors": [{"set": {"probe": function}}]})
             assert refused.status_code == 422 and "is not allowed" in refused.text, function
         too_many = http.post("/v1/pipelines", json=base | {"processors": [{"where": "a > 1"}] * 10_000})
-        assert too_many.status_code == 422 and too_many.json()["detail"][0]["field"] == "processors"
+        assert too_many.status_code == 422 and too_many.json()["errors"][0]["field"] == "processors"
         # 255 levels as a JSON body: accepted, the event set aside for the DLQ; past the parser's
         # own limit: 400 saying so.
         accepted = http.post("/logs", content=b'{"a":' * 255 + b"1" + b"}" * 255, headers={"Content-Type": "application/json"})

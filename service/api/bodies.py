@@ -1,20 +1,115 @@
-"""Reading request bodies within a size limit."""
+"""Reading request bodies within a size limit and a deadline, for every route.
+
+Two layers: `BodyGuard`, an ASGI middleware, bounds every request's body (the largest any route
+takes) and the time it may take to arrive; `read_body` applies a route's own, smaller limit. A
+body refused for its size is drained (a bounded amount, for a bounded time) before the answer, as
+nginx's lingering close does: a client still sending when the server closes gets a connection
+reset instead of the 413.
+"""
 
 from __future__ import annotations
 
-from fastapi import Request
+import asyncio
+import contextlib
+import time
+from http import HTTPStatus
+
+import orjson
+from fastapi import HTTPException, Request
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.exceptions import BodyTooLarge
+
+LINGER_BYTES = 64 * 1024 * 1024  # drained at most, after a refused body
+LINGER_S = 5.0
+
+
+def _expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:
+    # Such a client sends the body only when asked to (by reading it): it reads the answer first.
+    return any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+
+
+async def _drain(receive: Receive, budget: int = LINGER_BYTES, seconds: float = LINGER_S) -> None:
+    """Read and discard what the client is still sending, up to `budget` bytes or `seconds`."""
+    with contextlib.suppress(TimeoutError, HTTPException):
+        async with asyncio.timeout(seconds):
+            while budget > 0:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                budget -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+
+class BodyGuard:
+    """Every request body at most `max_bytes` (413) and arrived within `timeout_s` of the head
+    (408): a client trickling a body holds a connection and memory for nothing."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            if not _expects_continue(scope["headers"]):
+                await _drain(receive)
+            await _refuse(send, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {int(declared)} bytes exceeds the limit of {self.max_bytes} bytes")
+            return
+        deadline = time.monotonic() + self.timeout_s
+        received = 0
+
+        async def guarded_receive() -> Message:
+            nonlocal received
+            try:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(
+                    HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within {self.timeout_s:g} s; send it faster or smaller"
+                ) from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    if message.get("more_body", False):
+                        await _drain(receive)
+                    raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds the limit of {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, guarded_receive, send)
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    body = orjson.dumps({"detail": detail})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refused as soon as it passes `limit` bytes (never buffered beyond it)."""
     declared = request.headers.get("content-length")
+    lingering = not _expects_continue(request.scope["headers"])
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if lingering:
+            await _drain(request.receive)
         raise BodyTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes; split it into smaller requests")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
+    more = True
+    while more:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        data += message.get("body", b"")
+        more = message.get("more_body", False)
         if len(data) > limit:
+            if lingering and more:
+                await _drain(request.receive)
             raise BodyTooLarge(f"body exceeds the limit of {limit} bytes; split it into smaller requests")
     return bytes(data)

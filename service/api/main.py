@@ -5,48 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import FastAPI, Request, status
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse
 
+from service.api.bodies import BodyGuard
+from service.api.errors import install_error_handlers
 from service.api.routes import dlq, health, ingest, pipelines, receipts, tables, tenants, tokens
 from service.buffer import RequestBuffer
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
 from service.core.keys import AUTH_CHANNEL, PIPELINES_CHANNEL
-from service.exceptions import AlreadyExists, BadRequestBody, BodyTooLarge, InvalidName, NotFound
 from service.limits import TenantLimits
-from service.pipeline_spec import DefinitionInvalid
+from service.pipeline_spec import PipelineDefinition
 from service.pipelines import PipelineCache
 from service.receipts import ReceiptWaiter, follow_channel
 from service.tenants import PrincipalCache
-
-
-# Calve's own errors and the status each one answers with; the message is the exception's text.
-ERROR_STATUS = {
-    BadRequestBody: status.HTTP_400_BAD_REQUEST,
-    NotFound: status.HTTP_404_NOT_FOUND,
-    AlreadyExists: status.HTTP_409_CONFLICT,
-    BodyTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-    InvalidName: HTTPStatus.UNPROCESSABLE_ENTITY,
-}
-
-
-def _answer_with(code: int):  # noqa: ANN202 - an exception handler factory
-    async def handler(_request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=code)
-
-    return handler
-
-
-
-async def _definition_invalid(_request: Request, exc: DefinitionInvalid) -> JSONResponse:
-    # Each bad field by name, with why: [{"field": "sinks[0].table", "error": "..."}].
-    return JSONResponse({"detail": exc.detail()}, status_code=HTTPStatus.UNPROCESSABLE_ENTITY)
 
 
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
@@ -102,11 +80,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (health.router, receipts.router, tables.router, tokens.router, tenants.router, pipelines.router, dlq.router, ingest.router):
         app.include_router(router)
 
-    for error, code in ERROR_STATUS.items():
-        app.add_exception_handler(error, _answer_with(code))
-    app.add_exception_handler(DefinitionInvalid, _definition_invalid)
+    install_error_handlers(app)
+    app.openapi = lambda: _openapi_with_definitions(app)
+    # Every body bounded by the largest any route takes; each route applies its own limit too.
+    app.add_middleware(
+        BodyGuard, max_bytes=max(settings.max_body_bytes, pipelines.MAX_DEFINITION_BYTES, 1024 * 1024), timeout_s=settings.body_timeout_s
+    )
 
     return app
+
+
+def _openapi_with_definitions(app: FastAPI) -> dict:
+    """FastAPI's document, plus the schema of a pipeline definition: the pipeline routes read
+    their body by hand (JSON or YAML) and only refer to it."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schema = PipelineDefinition.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = document.setdefault("components", {}).setdefault("schemas", {})
+        components.update(schema.pop("$defs", {}))
+        components["PipelineDefinition"] = schema
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 async def _follow_auth_changes(client: aioredis.Redis, principals: PrincipalCache) -> None:

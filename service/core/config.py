@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     max_bytes_per_s: int = 64 * 1024 * 1024
     rate_burst_s: float = 2.0
     max_backlog_events: int = 5_000_000
+    # A slow client holds a connection and a worker for nothing: the request line and headers
+    # must arrive within header_timeout_s (408), the whole body within body_timeout_s (408).
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    max_header_bytes: int = Field(default=64 * 1024, gt=1024)
+    body_timeout_s: float = Field(default=60.0, gt=0)
     wait_timeout_s: float = 30.0
     max_wait_timeout_s: float = 300.0
     receipt_ttl_s: int = 7 * 24 * 3600

@@ -19,15 +19,17 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
 
 from service.api.deps import AdminPrincipal, BufferDep, CatalogDep, ReadPrincipal, RedisDep
+from service.api.errors import AUTH_ERRORS, error_responses
 from service.catalog import load_table
 from service.core import keys
 from service.ingest import normalize_events
 
-router = APIRouter(prefix="/v1/dlq", tags=["dlq"])
+router = APIRouter(prefix="/v1/dlq", tags=["dlq"], responses=error_responses(*AUTH_ERRORS))
 MAX_PAGE = 1000
 MAX_REPLAY = 10_000
 REPLAY_LOCK_S = 3600  # an entry being replayed cannot be replayed again meanwhile
 DELETE_ATTEMPTS = 5
+CURSOR_PATTERN = r"^[0-9]{1,20}:[0-9a-f-]{1,64}$"
 
 
 class DlqFilter(BaseModel):
@@ -70,7 +72,7 @@ def _cursor(row: dict) -> str:
     return f"{int(row['failed_at'].timestamp() * 1_000_000)}:{row[keys.DLQ_ID]}"
 
 
-@router.get("")
+@router.get("", responses=error_responses(422))
 def list_entries(
     principal: ReadPrincipal,
     catalog: CatalogDep,
@@ -78,15 +80,12 @@ def list_entries(
     table: str | None = None,
     reason: str | None = Query(None, description="entries whose reason contains this text"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
-    cursor: str | None = Query(None, description="next_cursor of the previous page"),
+    cursor: str | None = Query(None, pattern=CURSOR_PATTERN, description="next_cursor of the previous page"),
 ) -> dict:
     rows = _entries(catalog, principal.tenant, DlqFilter(pipeline=pipeline, table=table, reason=reason)).to_pylist()
     if cursor:
-        try:
-            micros, _, last_id = cursor.partition(":")
-            after = (int(micros), last_id)
-        except ValueError:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "cursor must be the next_cursor of a previous page") from None
+        micros, _, last_id = cursor.partition(":")  # CURSOR_PATTERN made sure of its shape
+        after = (int(micros), last_id)
         rows = [r for r in rows if (int(r["failed_at"].timestamp() * 1_000_000), r[keys.DLQ_ID]) > after]
     page = rows[:limit]
     return {
@@ -95,7 +94,7 @@ def list_entries(
     }
 
 
-@router.post("/replay")
+@router.post("/replay", responses=error_responses(400, 413, 422))
 async def replay(
     body: ReplayRequest, principal: AdminPrincipal, catalog: CatalogDep, client: RedisDep, buffer: BufferDep
 ) -> dict:
@@ -120,7 +119,7 @@ async def replay(
         ids = [entry[keys.DLQ_ID] for entry in entries]
         # Checked as intake checks a request: an event still too deep is set aside again instead
         # of reaching Spark.
-        parsed = normalize_events([entry["event"].encode() for entry in entries])
+        parsed = await run_in_threadpool(normalize_events, [entry["event"].encode() for entry in entries])
         digest = hashlib.sha256(("dlq-replay:" + ",".join(sorted(ids))).encode()).hexdigest()
         receipt_id = uuid.uuid4().hex
         first = await buffer.add(tenant, pipeline, receipt_id, parsed, digest, replays=ids)
@@ -144,7 +143,7 @@ def _purge(catalog: Catalog, tenant: str, selected: DlqFilter) -> int:
     return 0
 
 
-@router.delete("")
+@router.delete("", responses=error_responses(422, 503))
 async def purge(
     principal: AdminPrincipal,
     catalog: CatalogDep,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import grpc
 from fastapi import APIRouter, Request, status
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from service import metrics
 from service.api.deps import CatalogDep, SettingsDep, SyncRedisDep
+from service.api.errors import ErrorBody
 from service.core.db import get_engine
 
 router = APIRouter(tags=["health"])
@@ -35,7 +37,16 @@ def _spark_answers(remote: str | None) -> str | None:
         channel.close()
 
 
-@router.get("/readyz")
+class Ready(BaseModel):
+    status: str
+
+
+class NotReady(ErrorBody):
+    status: str
+    missing: dict[str, str]
+
+
+@router.get("/readyz", response_model=Ready, responses={503: {"model": NotReady, "description": "a dependency does not answer (named in missing)"}})
 def readyz(request: Request, settings: SettingsDep, client: SyncRedisDep, catalog: CatalogDep) -> JSONResponse:
     problems: dict[str, str] = {}
     if request.app.state.draining:
@@ -57,10 +68,16 @@ def readyz(request: Request, settings: SettingsDep, client: SyncRedisDep, catalo
     except Exception as exc:  # noqa: BLE001
         problems["metadata_db"] = str(exc)
     if problems:
-        return JSONResponse({"status": "unavailable", "missing": problems}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+        detail = "not ready: " + "; ".join(f"{part}: {problem}" for part, problem in problems.items())
+        return JSONResponse(
+            {"status": "unavailable", "detail": detail, "missing": problems}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE
+        )
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics", response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 def prometheus_metrics(client: SyncRedisDep) -> Response:
     return Response(metrics.render(client), media_type=CONTENT_TYPE_LATEST)

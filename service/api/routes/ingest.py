@@ -12,11 +12,13 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from sqlmodel import Session
 
 from service import metrics
 from service.api.bodies import read_body
 from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
+from service.api.errors import AUTH_ERRORS, error_responses, method_not_allowed
 from service.buffer import RequestBuffer
 from service.core.config import Settings
 from service.limits import TenantLimits
@@ -28,9 +30,36 @@ from service.receipts import COMMITTED, FAILED, ReceiptWaiter
 
 router = APIRouter(tags=["ingest"])
 MAX_IDEMPOTENCY_KEY = 255
+EVENTS_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "one event (a JSON object), a JSON array of events, or NDJSON (one event per line); "
+                       "Content-Encoding: gzip is accepted",
+        "content": {
+            "application/json": {"schema": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}},
+            "application/x-ndjson": {"schema": {"type": "string"}},
+        },
+    }
+}
 
 
-@router.post("/{path:path}", status_code=status.HTTP_202_ACCEPTED)
+class IngestAnswer(BaseModel):
+    receipt: str
+    events: int
+    status: str = Field(description="buffered (202), committed (200) or failed (500)")
+    tables: dict[str, dict] | None = Field(None, description="with wait=true: rows and snapshot per table")
+    dlq_events: int | None = Field(None, description="with wait=true: events that went to the DLQ")
+    error: str | None = None
+
+
+@router.post(
+    "/{path:path}", status_code=status.HTTP_202_ACCEPTED, response_model=IngestAnswer, openapi_extra=EVENTS_BODY,
+    responses={
+        200: {"model": IngestAnswer, "description": "with wait=true: every event is committed (or in the DLQ)"},
+        500: {"model": IngestAnswer, "description": "with wait=true: the request failed in the writer"},
+        **error_responses(*AUTH_ERRORS, 400, 404, 405, 408, 413, 422, 429, 503),
+    },
+)
 async def ingest(
     path: str,
     request: Request,
@@ -57,16 +86,19 @@ async def ingest(
         state.in_flight -= 1
 
 
-@router.api_route("/{path:path}", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-async def no_such_endpoint(path: str) -> None:
-    # Without this, the POST catch-all above would make every unknown path a 405.
-    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: /{path[:200]}")
+@router.api_route("/{path:path}", methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE"], include_in_schema=False)
+async def no_such_endpoint(path: str, request: Request) -> None:
+    # Without this, the POST catch-all above would make every unknown path a 405; a known path
+    # asked with a method it lacks is a 405 naming the methods it has.
+    raise method_not_allowed(request) or HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: /{path[:200]}")
 
 
 async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
     """The name of the tenant's pipeline at `path`, or 404 saying how to find the right one."""
+    if path.startswith(RESERVED_PATH_PREFIXES) and (wrong_method := method_not_allowed(request)):
+        raise wrong_method
     record = None
-    if PATH_PATTERN.match(path) and not path.startswith(RESERVED_PATH_PREFIXES):
+    if PATH_PATTERN.fullmatch(path) and not path.startswith(RESERVED_PATH_PREFIXES):
         engine = request.app.state.engine
 
         def load() -> PipelineRecord | None:

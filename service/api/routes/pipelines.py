@@ -11,15 +11,28 @@ from fastapi.concurrency import run_in_threadpool
 
 from service.api.bodies import read_body
 from service.api.deps import AdminPrincipal, CatalogDep, ReadPrincipal, RedisDep, SessionDep, TableName
+from service.api.errors import AUTH_ERRORS, error_responses
 from service.catalog import load_table
 from service.core.keys import PIPELINES_CHANNEL
 from service.exceptions import BadRequestBody
 from service.pipeline_spec import DefinitionInvalid, PipelineDefinition, SpecError, parse_definition
 from service.pipelines import create_pipeline, delete_pipeline, get_pipeline, list_pipelines, list_versions, replace_pipeline
 
-router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
+router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"], responses=error_responses(*AUTH_ERRORS))
 MAX_DEFINITION_BYTES = 256 * 1024
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+# The body is read by hand (YAML or JSON, checked with field-level errors), so it is declared here;
+# the PipelineDefinition schema itself is added to the document's components by service.api.main.
+DEFINITION_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "a pipeline definition, as JSON or YAML (Content-Type: application/yaml)",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/PipelineDefinition"}},
+            "application/yaml": {"schema": {"type": "string"}},
+        },
+    }
+}
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -64,7 +77,7 @@ def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefiniti
         raise DefinitionInvalid(errors)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=DEFINITION_BODY, responses=error_responses(400, 409, 413, 422))
 async def create(request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep) -> dict:
     definition = await _definition(request)
     await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
@@ -73,7 +86,7 @@ async def create(request: Request, principal: AdminPrincipal, session: SessionDe
     return record.public()
 
 
-@router.put("/{name}")
+@router.put("/{name}", openapi_extra=DEFINITION_BODY, responses=error_responses(400, 404, 409, 413, 422))
 async def replace(
     name: TableName, request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep
 ) -> dict:
@@ -89,17 +102,17 @@ def read_all(principal: ReadPrincipal, session: SessionDep) -> dict:
     return {"pipelines": [record.public() for record in list_pipelines(session, principal.tenant)]}
 
 
-@router.get("/{name}")
+@router.get("/{name}", responses=error_responses(404, 422))
 def read(name: TableName, principal: ReadPrincipal, session: SessionDep, version: int | None = Query(None, ge=0, le=2**31 - 1)) -> dict:
     return get_pipeline(session, principal.tenant, name, version).public()
 
 
-@router.get("/{name}/versions")
+@router.get("/{name}/versions", responses=error_responses(404, 422))
 def read_versions(name: TableName, principal: ReadPrincipal, session: SessionDep) -> dict:
     return {"name": name, "versions": list_versions(session, principal.tenant, name)}
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", responses=error_responses(404, 409, 422))
 async def delete(name: TableName, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> dict:
     record = await run_in_threadpool(delete_pipeline, session, principal.tenant, name)
     await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())

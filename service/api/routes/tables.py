@@ -10,9 +10,10 @@ from pyiceberg.table import Table
 import orjson
 
 from service.api.deps import CatalogDep, ReadPrincipal, TableName
+from service.api.errors import AUTH_ERRORS, error_responses
 from service.catalog import load_table
 
-router = APIRouter(prefix="/v1/tables", tags=["tables"])
+router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
 RECENT_SNAPSHOTS = 10
 
 
@@ -32,7 +33,7 @@ def list_tables(principal: ReadPrincipal, catalog: CatalogDep) -> dict:
     return {"tables": sorted(identifier[-1] for identifier in identifiers)}
 
 
-@router.get("/{name}")
+@router.get("/{name}", responses=error_responses(404, 422))
 def describe_table(name: TableName, principal: ReadPrincipal, catalog: CatalogDep) -> dict:
     table = _table_or_404(catalog, principal.tenant, name)
     snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)[:RECENT_SNAPSHOTS]
@@ -54,7 +55,7 @@ def describe_table(name: TableName, principal: ReadPrincipal, catalog: CatalogDe
     }
 
 
-@router.get("/{name}/rows")
+@router.get("/{name}/rows", responses=error_responses(404, 422))
 def preview_rows(
     name: TableName,
     principal: ReadPrincipal,

@@ -5,22 +5,30 @@ from __future__ import annotations
 from http import HTTPStatus
 
 from datetime import timedelta
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
 
 from service.api.deps import AdminPrincipal, RedisDep, RowId, SessionDep
+from service.api.errors import AUTH_ERRORS, error_responses
 from service.core.keys import AUTH_CHANNEL
 from service.models import TokenPublic
+from service.names import NAME_PATTERN
 from service.tenants import get_tenant, issue_token, list_tokens, parse_scopes, revoke_token
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=error_responses(*AUTH_ERRORS))
 MAX_TOKEN_LIFETIME_S = 10 * 366 * 24 * 3600
 
 
 class TokenCreate(BaseModel):
-    scopes: list[str] = Field(default_factory=lambda: ["ingest"], examples=[["ingest"], ["read", "admin"]])
-    pipelines: list[str] | None = Field(None, description="restrict the ingest scope to these pipelines")
+    scopes: list[Literal["ingest", "read", "admin"]] = Field(
+        default_factory=lambda: ["ingest"], min_length=1, max_length=3, examples=[["ingest"], ["read", "admin"]]
+    )
+    # The pattern is declared for the document; issue_token checks it, with a message naming the rule.
+    pipelines: list[Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN})]] | None = Field(
+        None, max_length=1000, description="restrict the ingest scope to these pipelines"
+    )
     expires_in_s: int | None = Field(
         None, gt=0, le=MAX_TOKEN_LIFETIME_S, strict=True, description="seconds until the token stops working (at most 10 years)"
     )
@@ -31,7 +39,7 @@ class TokenCreated(TokenPublic):
     token: str = Field(description="the token itself; shown only in this answer")
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422))
 def create_token(body: TokenCreate, principal: AdminPrincipal, session: SessionDep) -> TokenCreated:
     try:
         scopes = parse_scopes(body.scopes)
@@ -49,7 +57,7 @@ def read_tokens(principal: AdminPrincipal, session: SessionDep) -> dict:
     return {"tokens": [TokenPublic.model_validate(t, from_attributes=True) for t in tokens]}
 
 
-@router.delete("/{token_id}")
+@router.delete("/{token_id}", responses=error_responses(404, 422))
 async def delete_token(token_id: RowId, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> TokenPublic:
     token = revoke_token(session, get_tenant(session, principal.tenant), token_id)
     # Every api process drops its cached tokens, so the revocation holds at once everywhere.
