@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
 
-import service.models  # noqa: F401 - registers the tables on SQLModel.metadata
+import service.core.models  # noqa: F401 - registers the tables on SQLModel.metadata
 from service.core.config import get_settings
 
 config = context.config

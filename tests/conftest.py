@@ -7,6 +7,7 @@ metadata DB), a flushed Redis, and real `calve api|writer|committer` processes (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,11 +24,36 @@ from tests.harness import (  # noqa: F401 - re-exported for the test modules
     all_committed,
     assert_exactly_once,
     build_stack,
+    make_settings,
     post_batches,
     wait_until,
 )
 
 POSTGRES_ADMIN_URL = os.environ.get("CALVE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def postgres_database(prefix: str) -> Iterator[str]:
+    """A fresh PostgreSQL database (its SQLAlchemy URL), dropped afterwards; the test is skipped,
+    saying why, when PostgreSQL is not reachable."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL} ({exc}); set CALVE_TEST_POSTGRES")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        from service.core.db import get_engine
+
+        get_engine(f"{base}/{name}").dispose()
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -36,22 +62,8 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'metadata.db'}"
         return
-    import psycopg
-
-    name = f"calve_test_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL} ({exc}); set CALVE_TEST_POSTGRES")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    from service.core.db import get_engine
-
-    get_engine(f"{base}/{name}").dispose()
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with postgres_database("calve_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -108,3 +120,23 @@ def stack_factory(tmp_path: Path, redis_url: str, spark_remote: str, redis_clien
 @pytest.fixture
 def stack(stack_factory) -> Stack:  # noqa: ANN001
     return stack_factory()
+
+
+@pytest.fixture(scope="module")
+def app_client(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator:
+    """The api in this process (`TestClient(create_app(settings))`) on the session's Redis, a fresh
+    metadata DB and catalog, as tenant demo's admin: for what needs no writer, committer or Spark."""
+    from fastapi.testclient import TestClient
+    from sqlmodel import Session
+
+    from service.api.main import create_app
+    from service.core.db import get_engine, migrate
+    from service.tenancy.tenants import bootstrap
+
+    data_dir = tmp_path_factory.mktemp("api")
+    settings, _env = make_settings(data_dir, redis_url, "sc://127.0.0.1:1")
+    migrate(settings.resolved_database_url())
+    with Session(get_engine(settings.resolved_database_url())) as session:
+        bootstrap(session, settings.data_path, TEST_TOKEN)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {TEST_TOKEN}"}) as client:
+        yield client

@@ -20,11 +20,11 @@ import orjson
 import redis
 from sqlmodel import Session
 
-from service import processes
-from service.catalog import load_table, open_catalog
+from service.cli import processes
 from service.core.config import Settings
 from service.core.db import get_engine, migrate
-from service.tenants import bootstrap
+from service.iceberg.catalog import load_table, open_catalog
+from service.tenancy.tenants import bootstrap
 
 TEST_TOKEN = "calve_test-token-not-a-secret-0123456789abcdef"
 

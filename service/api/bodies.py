@@ -19,7 +19,7 @@ from fastapi import HTTPException, Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.exceptions import BodyTooLarge
+from service.core.exceptions import BodyTooLarge
 
 LINGER_BYTES = 64 * 1024 * 1024  # drained at most, after a refused body
 LINGER_S = 5.0

@@ -13,13 +13,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pyiceberg.catalog import Catalog
 from sqlmodel import Session
 
-from service.catalog import open_catalog
+from service.api.buffer import RequestBuffer
+from service.api.waiter import ReceiptWaiter
 from service.core.config import Settings
-from service.buffer import RequestBuffer
-from service.limits import TenantLimits
-from service.receipts import ReceiptWaiter
-from service.names import NAME_PATTERN, RULE
-from service.tenants import OPERATOR_SCOPE, Principal, authenticate
+from service.iceberg.catalog import open_catalog
+from service.tenancy.limits import TenantLimits
+from service.tenancy.names import NAME_PATTERN, RULE
+from service.tenancy.tenants import OPERATOR_SCOPE, Principal, authenticate
 
 _bearer = HTTPBearer(auto_error=False)
 

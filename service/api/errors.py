@@ -18,8 +18,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.exceptions import AlreadyExists, BadRequestBody, BodyTooLarge, InvalidName, NotFound
-from service.pipeline_spec import DefinitionInvalid
+from service.core.exceptions import (
+    AlreadyExists,
+    BadRequestBody,
+    BodyTooLarge,
+    InvalidName,
+    NotFound,
+)
+from service.pipelines.spec import DefinitionInvalid
 
 
 class FieldError(BaseModel):
@@ -43,7 +49,6 @@ DESCRIPTIONS = {
     413: "body over a size or count limit",
     422: "a field is invalid (each one named)",
     429: "over the tenant's rate (see Retry-After)",
-    500: "the request failed in the writer; see error",
     503: "not available now (see Retry-After)",
 }
 AUTH_ERRORS = (401, 403)

@@ -14,18 +14,26 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
 
 from service.api.bodies import BodyGuard
+from service.api.buffer import RequestBuffer
 from service.api.errors import install_error_handlers
-from service.api.routes import dlq, health, ingest, pipelines, receipts, tables, tenants, tokens
-from service.buffer import RequestBuffer
+from service.api.routes import (
+    dlq,
+    health,
+    ingest,
+    pipelines,
+    receipts,
+    tables,
+    tenants,
+    tokens,
+)
+from service.api.waiter import ReceiptWaiter, follow_channel
 from service.core.config import Settings, get_settings
 from service.core.db import get_engine
 from service.core.keys import AUTH_CHANNEL, PIPELINES_CHANNEL
-from service.limits import TenantLimits
-from service.pipeline_spec import PipelineDefinition
-from service.pipelines import PipelineCache
-from service.receipts import ReceiptWaiter, follow_channel
-from service.tenants import PrincipalCache
-
+from service.pipelines.spec import PipelineDefinition
+from service.pipelines.store import PipelineCache
+from service.tenancy.limits import TenantLimits
+from service.tenancy.tenants import PrincipalCache
 
 CONSOLE_PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
 

@@ -10,13 +10,13 @@ import time
 import orjson
 import uvicorn
 from fastapi import FastAPI
+
 # Private API: uvicorn has no public hook for a header deadline or a header size limit with its
 # httptools parser (only h11's `h11_max_incomplete_event_size`, at half the throughput). This is
 # the one module that subclasses it; a uvicorn option for either would replace the subclass.
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.core.config import Settings
-
 
 LINGER_S = 2.0  # after refusing a head, how long what the client still sends is read and dropped
 

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     catalog_uri: str | None = None
     warehouse: str | None = None
     database_url: str | None = None
+    catalog_type: str | None = None  # pyiceberg's catalog type, when the URI does not say it
+    catalog_properties: dict[str, str] = Field(default_factory=dict)  # more catalog properties (JSON)
     catalog_busy_timeout_ms: int = 30_000  # SQLite catalog: how long a commit waits for a lock
 
     bootstrap_token: str | None = None

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
+
+from alembic import command
 
 ALEMBIC_DIR = Path(__file__).resolve().parents[2] / "alembic"
 

@@ -1,4 +1,5 @@
-"""Every Redis key, channel, stream field and snapshot-summary key Calve uses, defined once.
+"""Every Redis key and channel and every snapshot-summary key Calve uses, built and parsed here
+(the fields of the records that cross Redis are in service/protocol).
 
 A tenant's keys share the hash tag `{tenant}` so that the writer's transaction (record files,
 acknowledge input, update receipts) stays in one Redis Cluster slot.
@@ -16,20 +17,6 @@ AUTH_CHANNEL = f"{PREFIX}:auth-changed"  # pub/sub: a token was revoked or a ten
 PIPELINES_CHANNEL = f"{PREFIX}:pipelines-changed"  # pub/sub: a pipeline was created, replaced or deleted
 
 WRITER_GROUP = "writers"
-
-# Fields of an input stream entry (one per HTTP request).
-F_RECEIPT = "receipt"
-F_EVENTS = "events"
-F_BODY = "body"
-F_REPLAYS = "replays"  # JSON list of dlq_ids a replay request re-runs (absent otherwise)
-
-# Fields of a commit stream entry (one per table per writer batch).
-F_FILES = "files"
-F_RECEIPTS = "receipts"
-F_ROWS = "rows"
-F_WRITER = "writer"
-F_DLQ_DELETES = "dlq_deletes"  # on the DLQ table's stream: dlq_ids to remove in the same commit
-F_COMMIT_INTERVAL = "commit_interval_s"  # the sink's commit interval, when its pipeline sets one
 
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"
@@ -54,6 +41,12 @@ def input_stream_key(tenant: str, pipeline: str) -> str:
     return f"{_tag(tenant)}:in:{pipeline}"
 
 
+def parse_input_stream_key(key: str) -> tuple[str, str]:
+    """(tenant, pipeline) of an input_stream_key."""
+    tag, _, pipeline = key.partition("}:in:")
+    return tag.rpartition("{")[2], pipeline
+
+
 def commit_stream_key(tenant: str, table: str) -> str:
     return f"{_tag(tenant)}:files:{table}"
 
@@ -63,7 +56,8 @@ def receipt_key(tenant: str, receipt: str) -> str:
 
 
 def backlog_key(tenant: str) -> str:
-    """Events accepted but not yet written: raised by the api, lowered by the writer."""
+    """Events accepted but not yet committed: raised by the api, lowered when their receipt
+    completes (by the committer, or by the writer for a request with nothing to commit)."""
     return f"{_tag(tenant)}:backlog-events"
 
 

@@ -28,7 +28,7 @@ import orjson
 import pyarrow.json as pajson
 from pyiceberg.catalog.sql import SqlCatalog
 
-from service.processes import free_port
+from service.cli.processes import free_port
 
 EVENTS_PER_REQUEST = 1000
 TOKEN = "calve_bench-token-0123456789abcdefghijklmnopqrstuv"

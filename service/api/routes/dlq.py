@@ -17,12 +17,19 @@ from pydantic import BaseModel, Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
+from tenacity import RetryError, retry, retry_if_exception_type, stop_after_attempt
 
-from service.api.deps import AdminPrincipal, BufferDep, CatalogDep, ReadPrincipal, RedisDep
+from service.api.deps import (
+    AdminPrincipal,
+    BufferDep,
+    CatalogDep,
+    ReadPrincipal,
+    RedisDep,
+)
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.catalog import load_table
+from service.api.events import normalize_events
 from service.core import keys
-from service.ingest import normalize_events
+from service.iceberg.catalog import load_table
 
 router = APIRouter(prefix="/v1/dlq", tags=["dlq"], responses=error_responses(*AUTH_ERRORS))
 MAX_PAGE = 1000
@@ -131,16 +138,17 @@ def _purge(catalog: Catalog, tenant: str, selected: DlqFilter) -> int:
     ids = _entries(catalog, tenant, selected).column(keys.DLQ_ID).to_pylist()
     if not ids:
         return 0
-    for attempt in range(1, DELETE_ATTEMPTS + 1):
-        table = load_table(catalog, tenant, keys.DLQ_TABLE)
-        try:
-            table.delete(In(keys.DLQ_ID, ids))
-            return len(ids)
-        except CommitFailedException:
-            # The committer appended meanwhile; deleting by id is safe to repeat on the new state.
-            if attempt == DELETE_ATTEMPTS:
-                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the DLQ table kept changing; retry", headers={"Retry-After": "1"}) from None
-    return 0
+
+    # The committer appended meanwhile: deleting by id is safe to repeat on the reloaded table.
+    @retry(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(DELETE_ATTEMPTS))
+    def delete() -> None:
+        load_table(catalog, tenant, keys.DLQ_TABLE).delete(In(keys.DLQ_ID, ids))
+
+    try:
+        delete()
+    except RetryError:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the DLQ table kept changing; retry", headers={"Retry-After": "1"}) from None
+    return len(ids)
 
 
 @router.delete("", responses=error_responses(422, 503))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import grpc
 from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from sqlalchemy import text
 
-from service import metrics
 from service.api.deps import CatalogDep, SettingsDep, SyncRedisDep
 from service.api.errors import ErrorBody
+from service.core import metrics
 from service.core.db import get_engine
 
 router = APIRouter(tags=["health"])

@@ -3,10 +3,9 @@ optionally wait for their commit."""
 
 from __future__ import annotations
 
-from http import HTTPStatus
-
 import hashlib
 import uuid
+from http import HTTPStatus
 
 import redis.asyncio as aioredis
 from fastapi import APIRouter, HTTPException, Query, Request, status
@@ -15,18 +14,25 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlmodel import Session
 
-from service import metrics
 from service.api.bodies import read_body
-from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
+from service.api.buffer import RequestBuffer
+from service.api.deps import (
+    BufferDep,
+    IngestPrincipal,
+    LimitsDep,
+    SettingsDep,
+    WaiterDep,
+)
 from service.api.errors import AUTH_ERRORS, error_responses, method_not_allowed
-from service.buffer import RequestBuffer
+from service.api.events import decode_body, parse_events
+from service.api.waiter import ReceiptWaiter
+from service.core import metrics
 from service.core.config import Settings
-from service.limits import TenantLimits
-from service.tenants import Principal
-from service.pipeline_spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
-from service.pipelines import PipelineRecord, find_by_path
-from service.ingest import decode_body, parse_events
-from service.receipts import COMMITTED, FAILED, ReceiptWaiter
+from service.pipelines.spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
+from service.pipelines.store import PipelineRecord, find_by_path
+from service.protocol.receipts import COMMITTED
+from service.tenancy.limits import TenantLimits
+from service.tenancy.tenants import Principal
 
 router = APIRouter(tags=["ingest"])
 MAX_IDEMPOTENCY_KEY = 255
@@ -46,17 +52,15 @@ EVENTS_BODY = {
 class IngestAnswer(BaseModel):
     receipt: str
     events: int
-    status: str = Field(description="buffered (202), committed (200) or failed (500)")
+    status: str = Field(description="buffered (202) or committed (200)")
     tables: dict[str, dict] | None = Field(None, description="with wait=true: rows and snapshot per table")
     dlq_events: int | None = Field(None, description="with wait=true: events that went to the DLQ")
-    error: str | None = None
 
 
 @router.post(
     "/{path:path}", status_code=status.HTTP_202_ACCEPTED, response_model=IngestAnswer, openapi_extra=EVENTS_BODY,
     responses={
         200: {"model": IngestAnswer, "description": "with wait=true: every event is committed (or in the DLQ)"},
-        500: {"model": IngestAnswer, "description": "with wait=true: the request failed in the writer"},
         **error_responses(*AUTH_ERRORS, 400, 404, 405, 408, 413, 422, 429, 503),
     },
 )
@@ -157,21 +161,18 @@ async def _answer(
     waiter: ReceiptWaiter, tenant: str, receipt_id: str, events: int, wait: bool, timeout: float | None,
     settings: Settings, replay: bool = False,
 ) -> JSONResponse:
-    """202 with the receipt, or with wait=true the receipt once committed (200) or failed."""
+    """202 with the receipt, or with wait=true the receipt once committed (200)."""
     answer: dict = {"receipt": receipt_id, "events": events, "status": "buffered"}
     headers = {"Idempotent-Replay": "true"} if replay else None
     wait_s = min(timeout or settings.wait_timeout_s, settings.max_wait_timeout_s) if wait else 0
     receipt = await waiter.wait(tenant, receipt_id, wait_s) if (wait or replay) else None
     if receipt is not None:
         answer.update(events=receipt.events, status=receipt.status)
-    if receipt is None or receipt.status not in (COMMITTED, FAILED):
+    if receipt is None or receipt.status != COMMITTED:
         return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED, headers=headers)
     answer["tables"] = receipt.tables
     answer["dlq_events"] = receipt.public()["dlq_events"]
-    if receipt.error:
-        answer["error"] = receipt.error
-    code = status.HTTP_200_OK if receipt.status == COMMITTED else status.HTTP_500_INTERNAL_SERVER_ERROR
-    return JSONResponse(answer, status_code=code, headers=headers)
+    return JSONResponse(answer, status_code=status.HTTP_200_OK, headers=headers)
 
 
 async def _check_limits(limits: TenantLimits, principal: Principal, settings: Settings, events: int, size: int) -> None:

@@ -10,13 +10,32 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.bodies import read_body
-from service.api.deps import AdminPrincipal, CatalogDep, ReadPrincipal, RedisDep, SessionDep, TableName
+from service.api.deps import (
+    AdminPrincipal,
+    CatalogDep,
+    ReadPrincipal,
+    RedisDep,
+    SessionDep,
+    TableName,
+)
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.catalog import load_table
+from service.core.exceptions import BadRequestBody
 from service.core.keys import PIPELINES_CHANNEL
-from service.exceptions import BadRequestBody
-from service.pipeline_spec import DefinitionInvalid, PipelineDefinition, SpecError, parse_definition
-from service.pipelines import create_pipeline, delete_pipeline, get_pipeline, list_pipelines, list_versions, replace_pipeline
+from service.iceberg.catalog import load_table
+from service.pipelines.spec import (
+    DefinitionInvalid,
+    PipelineDefinition,
+    SpecError,
+    parse_definition,
+)
+from service.pipelines.store import (
+    create_pipeline,
+    delete_pipeline,
+    get_pipeline,
+    list_pipelines,
+    list_versions,
+    replace_pipeline,
+)
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"], responses=error_responses(*AUTH_ERRORS))
 MAX_DEFINITION_BYTES = 256 * 1024

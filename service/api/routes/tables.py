@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import Response
 from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.table import Table
 
-import orjson
-
 from service.api.deps import CatalogDep, ReadPrincipal, TableName
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.catalog import load_table
+from service.iceberg.catalog import load_table
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
 RECENT_SNAPSHOTS = 10

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, TenantName
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core.keys import AUTH_CHANNEL
-from service.models import TenantPublic
-from service.names import NAME_PATTERN, RULE
-from service.tenants import create_tenant, issue_token, list_tenants, set_tenant_disabled
+from service.core.models import TenantPublic
+from service.tenancy.names import NAME_PATTERN, RULE
+from service.tenancy.tenants import (
+    create_tenant,
+    issue_token,
+    list_tenants,
+    set_tenant_disabled,
+)
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"], responses=error_responses(*AUTH_ERRORS))
 MAX_LIMIT = 2**53
@@ -39,7 +45,8 @@ def read_tenants(_operator: OperatorPrincipal, session: SessionDep) -> dict:
 
 @router.post("/{name}/disable", responses=error_responses(404, 422))
 async def disable_tenant(name: TenantName, _operator: OperatorPrincipal, session: SessionDep, client: RedisDep) -> TenantPublic:
-    tenant = set_tenant_disabled(session, name, True)
+    # The database is reached from a worker thread: the event loop is not blocked meanwhile.
+    tenant = await run_in_threadpool(set_tenant_disabled, session, name, True)
     await client.publish(AUTH_CHANNEL, b"tenant-disabled")
     return TenantPublic.model_validate(tenant, from_attributes=True)
 

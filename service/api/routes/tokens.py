@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from http import HTTPStatus
-
 from datetime import timedelta
+from http import HTTPStatus
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, status
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from service.api.deps import AdminPrincipal, RedisDep, RowId, SessionDep
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core.keys import AUTH_CHANNEL
-from service.models import TokenPublic
-from service.names import NAME_PATTERN
-from service.tenants import get_tenant, issue_token, list_tokens, parse_scopes, revoke_token
+from service.core.models import TokenPublic
+from service.tenancy.names import NAME_PATTERN
+from service.tenancy.tenants import (
+    get_tenant,
+    issue_token,
+    list_tokens,
+    parse_scopes,
+    revoke_token,
+)
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=error_responses(*AUTH_ERRORS))
 MAX_TOKEN_LIFETIME_S = 10 * 366 * 24 * 3600
@@ -59,7 +65,9 @@ def read_tokens(principal: AdminPrincipal, session: SessionDep) -> dict:
 
 @router.delete("/{token_id}", responses=error_responses(404, 422))
 async def delete_token(token_id: RowId, principal: AdminPrincipal, session: SessionDep, client: RedisDep) -> TokenPublic:
-    token = revoke_token(session, get_tenant(session, principal.tenant), token_id)
+    # The database is reached from a worker thread: this handler is async (it publishes on Redis)
+    # and must not block the event loop meanwhile.
+    token = await run_in_threadpool(lambda: revoke_token(session, get_tenant(session, principal.tenant), token_id))
     # Every api process drops its cached tokens, so the revocation holds at once everywhere.
     await client.publish(AUTH_CHANNEL, b"revoked")
     return TokenPublic.model_validate(token, from_attributes=True)

@@ -1,0 +1,179 @@
+"""The `calve` command: `up` runs everything; `api`, `writer`, `committer` run one role."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from service.cli import admin as admin_cli
+from service.core.config import Settings, get_settings
+from service.core.exceptions import StartupError
+
+log = logging.getLogger("calve")
+
+
+def _logging() -> None:
+    logging.basicConfig(level=os.environ.get("CALVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _require(settings: Settings, *names: str) -> None:
+    missing = [f"CALVE_{n.upper()}" for n in names if not getattr(settings, n)]
+    if missing:
+        raise StartupError(f"{', '.join(missing)} must be set to run this role alone (or use `calve up`)")
+
+
+def run_api(settings: Settings) -> None:
+    from service.api.main import create_app
+    from service.api.server import DrainingServer
+    from service.core.db import migrate
+
+    _require(settings, "redis_url")
+    migrate(settings.resolved_database_url())  # a no-op when up to date
+    DrainingServer(create_app(settings), settings).run()
+
+
+def _catalog_and_redis(settings: Settings):  # noqa: ANN202
+    import redis
+    from prometheus_client import start_http_server
+
+    from service.iceberg.catalog import open_catalog
+
+    _require(settings, "redis_url")
+    # Under `calve up` the api serves every role's metrics; a role run alone serves its own.
+    if settings.metrics_port and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        start_http_server(settings.metrics_port, addr=settings.host)
+    return redis.Redis.from_url(settings.redis_url), open_catalog(settings)
+
+
+def run_writer(settings: Settings) -> None:
+    from service.writer.loop import Writer
+
+    _require(settings, "spark_remote")
+    client, catalog = _catalog_and_redis(settings)
+    Writer(settings, client, catalog).run(_stop_event())
+
+
+def run_committer(settings: Settings) -> None:
+    from service.committer.loop import Committer
+
+    client, catalog = _catalog_and_redis(settings)
+    Committer(settings, client, catalog).run(_stop_event())
+
+
+def prepare_metadata(settings: Settings) -> None:
+    """Migrate the metadata DB and create the first tenant and token."""
+    from sqlmodel import Session
+
+    from service.core.db import get_engine, migrate
+    from service.tenancy.tenants import BOOTSTRAP_TOKEN_FILE, bootstrap
+
+    migrate(settings.resolved_database_url())
+    with Session(get_engine(settings.resolved_database_url())) as session:
+        token = bootstrap(session, settings.data_path, settings.bootstrap_token)
+    if token:
+        print(f"\nCreated tenant 'demo'. Its admin token (shown once, also in {settings.data_path / BOOTSTRAP_TOKEN_FILE}):\n\n    {token}\n", flush=True)
+
+
+def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
+    from service.cli import processes
+
+    data = settings.data_path
+    logs = data / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stop = _stop_event()
+    started: list = []  # (name, Popen), stopped in reverse order
+    env = dict(os.environ, CALVE_DATA_DIR=str(data))
+    try:
+        if not settings.redis_url:
+            port = processes.free_port()
+            print(f"starting redis-server on 127.0.0.1:{port} (AOF in {data / 'redis'})", flush=True)
+            started.append(("redis", processes.start_redis(data, port, logs / "redis.log")))
+            settings.redis_url = f"redis://127.0.0.1:{port}/0"
+        if not settings.spark_remote:
+            port = settings.spark_port or processes.free_port()
+            print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
+            started.append(("spark", processes.start_spark_connect(port, settings.spark_driver_memory, data / "spark", logs / "spark-connect.log")))
+            settings.spark_remote = f"sc://127.0.0.1:{port}"
+        env.update(CALVE_REDIS_URL=settings.redis_url, CALVE_SPARK_REMOTE=settings.spark_remote)
+
+        metrics_dir = data / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+
+        prepare_metadata(settings)
+        admin_cli.write_runtime(settings)
+        # Each role is its own process, named by its command line (`service.cli writer`).
+        commands = {"api": "api"}
+        commands.update({f"writer-{i}": "writer" for i in range(1, writers + 1)})
+        commands.update({f"committer-{i}": "committer" for i in range(1, committers + 1)})
+        roles = {name: processes.spawn([sys.executable, "-m", "service.cli", role], env=env) for name, role in commands.items()}
+        started.extend(roles.items())
+        processes.wait_for_port(settings.port, 60, roles["api"], "api", None)
+        print(f"Calve is up: http://{settings.host}:{settings.port}  (Ctrl-C stops everything)", flush=True)
+        while not stop.wait(1.0):
+            for name, process in list(roles.items()):
+                if process.poll() is not None:
+                    log.error("%s exited with code %s; restarting it", name, process.returncode)
+                    time.sleep(1.0)
+                    roles[name] = processes.spawn([sys.executable, "-m", "service.cli", commands[name]], env=env)
+                    started.append((name, roles[name]))
+    finally:
+        print("stopping Calve...", flush=True)
+        (data / admin_cli.RUNTIME_FILE).unlink(missing_ok=True)
+        # In the order work flows: the api stops taking requests, writers finish their batches,
+        # committers commit them, then the servers they all use go.
+        for prefix in ("api", "writer", "committer", "spark", "redis"):
+            for name, process in started:
+                if name.startswith(prefix):
+                    processes.stop(process, settings.shutdown_grace_s if prefix not in ("spark", "redis") else 15)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="calve", description="HTTP ingestion into Apache Iceberg")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="run every role on embedded defaults (Redis, Spark Connect, SQLite catalog)")
+    up.add_argument("--writers", type=int, default=2, help="writer processes (default 2: one Spark job's set-up overlaps another's work)")
+    up.add_argument("--committers", type=int, default=1, help="committer processes (tables are led by one at a time)")
+    commands.add_parser("api", help="run the HTTP api")
+    commands.add_parser("writer", help="run a writer (needs CALVE_REDIS_URL, CALVE_SPARK_REMOTE)")
+    commands.add_parser("committer", help="run a committer (needs CALVE_REDIS_URL)")
+    commands.add_parser("migrate", help="apply metadata DB migrations and create the first tenant")
+    admin_cli.add_commands(commands)
+    args = parser.parse_args(argv)
+    _logging()
+    settings = get_settings()
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.command in ("tenant", "token"):
+            admin_cli.run(settings, args)
+        elif args.command == "up":
+            if args.writers < 1 or args.committers < 1:
+                parser.error("--writers and --committers need at least 1")
+            run_up(settings, writers=args.writers, committers=args.committers)
+        else:
+            {"api": run_api, "writer": run_writer, "committer": run_committer, "migrate": prepare_metadata}[args.command](settings)
+    except StartupError as exc:
+        print(f"calve: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

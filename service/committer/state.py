@@ -1,0 +1,74 @@
+"""Commit bookkeeping without I/O: when a table is due, what a commit covers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.protocol.commit_entry import PendingFiles
+from service.protocol.stream_ids import id_after
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What one Iceberg commit covers: every pending entry after the table's watermark."""
+
+    entries: list[PendingFiles]
+
+    @classmethod
+    def after(cls, entries: list[PendingFiles], watermark: str) -> "CommitPlan":
+        # Entries at or below the watermark are already in the table (a commit whose
+        # acknowledgement step did not finish, or another leader's commit): never add them again.
+        return cls([entry for entry in entries if id_after(entry.entry_id, watermark)])
+
+    @property
+    def empty(self) -> bool:
+        return not self.entries
+
+    @property
+    def watermark(self) -> str:
+        return self.entries[-1].entry_id
+
+    @property
+    def files(self) -> list[str]:
+        return [path for entry in self.entries for path in entry.files]
+
+    @property
+    def rows(self) -> int:
+        return sum(sum(entry.rows_by_receipt.values()) for entry in self.entries)
+
+    @property
+    def deletes(self) -> list[str]:
+        return [dlq_id for entry in self.entries for dlq_id in entry.deletes]
+
+    @property
+    def commit_interval_s(self) -> float | None:
+        intervals = [entry.commit_interval_s for entry in self.entries if entry.commit_interval_s]
+        return min(intervals) if intervals else None
+
+    def rows_by_receipt(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for entry in self.entries:
+            for receipt, rows in entry.rows_by_receipt.items():
+                merged[receipt] = merged.get(receipt, 0) + rows
+        return merged
+
+
+@dataclass
+class CommitSchedule:
+    """Commits at most once per interval per table; after a quiet spell the next is immediate."""
+
+    interval_s: float
+    last_commit: dict[str, float] = field(default_factory=dict)
+    intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
+
+    def is_commit_due(self, table: str, now: float) -> bool:
+        return now - self.last_commit.get(table, float("-inf")) >= self.intervals.get(table, self.interval_s)
+
+    def set_interval(self, table: str, interval_s: float | None) -> None:
+        if interval_s:
+            self.intervals[table] = interval_s
+        else:
+            self.intervals.pop(table, None)
+
+    def record_commit(self, table: str, now: float) -> None:
+        self.last_commit[table] = now

@@ -1,0 +1,86 @@
+"""Prometheus metrics of every role.
+
+Under `calve up` the roles are separate processes sharing PROMETHEUS_MULTIPROC_DIR, and the api's
+`/metrics` merges them. Stream backlog is read from Redis at scrape time, so it is right whichever
+process serves it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import REGISTRY, Collector
+
+from service.core import keys
+from service.protocol.stream_ids import text
+
+EVENTS_RECEIVED = Counter("calve_events_received", "Events accepted into Redis", ["tenant", "pipeline"])
+BYTES_RECEIVED = Counter("calve_bytes_received", "Request body bytes accepted (decompressed)", ["tenant", "pipeline"])
+REQUESTS_REJECTED = Counter("calve_requests_rejected", "Ingest requests refused", ["tenant", "reason"])
+EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files by Spark", ["tenant", "table"])
+BATCHES_SUPERSEDED = Counter(
+    "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
+)
+SPARK_JOB_SECONDS = Histogram(
+    "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],
+    buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+)
+EVENTS_COMMITTED = Counter("calve_events_committed", "Events committed to Iceberg", ["tenant", "table"])
+COMMIT_SECONDS = Histogram(
+    "calve_commit_duration_seconds", "Duration of one Iceberg commit", ["tenant", "table"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16),
+)
+FILES_PER_COMMIT = Histogram(
+    "calve_files_per_commit", "Data files in one Iceberg commit", ["tenant", "table"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+COMMIT_FAILURES = Counter("calve_commit_failures", "Commit attempts that failed", ["tenant", "table", "reason"])
+
+
+class BacklogCollector(Collector):
+    """Entries waiting in Redis: input not yet written, files not yet committed."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's protocol
+        waiting = GaugeMetricFamily(
+            "calve_stream_backlog", "Entries waiting in a Redis stream", labels=["tenant", "stream", "name"]
+        )
+        try:
+            for member in self._client.smembers(keys.INPUT_STREAMS):
+                tenant, pipeline = keys.split_member(text(member))
+                waiting.add_metric([tenant, "input", pipeline], _input_backlog(self._client, keys.input_stream_key(tenant, pipeline)))
+            for member in self._client.smembers(keys.TABLES):
+                tenant, table = keys.split_member(text(member))
+                waiting.add_metric([tenant, "commit", table], self._client.xlen(keys.commit_stream_key(tenant, table)))
+        except redis.RedisError:
+            return
+        yield waiting
+
+
+def _input_backlog(client: redis.Redis, stream: str) -> float:
+    """Entries not yet delivered to a writer plus entries delivered but not yet acknowledged."""
+    for group in client.xinfo_groups(stream):
+        if text(group["name"]) == keys.WRITER_GROUP:
+            lag = group.get("lag")
+            return float((lag or 0) + group.get("pending", 0))
+    return float(client.xlen(stream))
+
+
+def render(client: redis.Redis) -> bytes:
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    backlog = BacklogCollector(client)
+    registry.register(backlog)
+    try:
+        return generate_latest(registry)
+    finally:
+        registry.unregister(backlog)

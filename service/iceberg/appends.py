@@ -1,0 +1,84 @@
+"""Appending the Parquet files Spark wrote to a table, in one fast append per commit."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import TableProperties, Transaction
+from pyiceberg.typedef import Record
+
+from service.iceberg import private
+
+
+def append_files(transaction: Transaction, files: list[str], snapshot_properties: dict[str, str]) -> None:
+    """Append Parquet files (written by Spark, so without field ids) in one fast append.
+
+    pyiceberg's `add_files` derives each file's partition from its column statistics, which works
+    for order-preserving transforms only. For bucket partitions the writer made every file hold
+    one bucket; its value is computed here from the file's own values (and checked to be one).
+    """
+    spec = transaction.table_metadata.spec()
+    if all(field.transform.preserves_order for field in spec.fields):
+        # The watermark already excludes files the table has; scanning every manifest for
+        # duplicates would make each commit slower than the last.
+        transaction.add_files(files, snapshot_properties=snapshot_properties, check_duplicate_files=False)
+        return
+    if transaction.table_metadata.name_mapping() is None:
+        transaction.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema().name_mapping.model_dump_json()})
+    data_files = [_data_file(transaction, path) for path in files]
+    with transaction.update_snapshot(snapshot_properties=snapshot_properties).fast_append() as append:
+        for data_file in data_files:
+            append.append_data_file(data_file)
+
+
+def _data_file(transaction: Transaction, path: str) -> DataFile:
+    metadata = transaction.table_metadata
+    schema = metadata.schema()
+    input_file = private.table_io(transaction).new_input(path)
+    with input_file.open() as stream:
+        parquet_metadata = pq.read_metadata(stream)
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=parquet_metadata,
+        stats_columns=compute_statistics_plan(schema, metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    )
+    values = []
+    for field in metadata.spec().fields:
+        if field.transform.preserves_order:
+            values.append(private.partition_value(statistics, field, schema))
+        else:
+            values.append(_partition_from_values(transaction, path, field, schema))
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(*values),
+        file_size_in_bytes=len(input_file),
+        sort_order_id=None,
+        spec_id=metadata.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        **statistics.to_serialized_dict(),
+    )
+
+
+def _partition_from_values(transaction: Transaction, path: str, field, schema):  # noqa: ANN001, ANN202
+    source = schema.find_field(field.source_id)
+    with private.table_io(transaction).new_input(path).open() as stream:
+        column = pq.read_table(stream, columns=[source.name]).column(source.name)
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.int64())
+    elif pa.types.is_date(column.type):
+        column = column.cast(pa.int32())
+    transform = field.transform.transform(source.field_type)
+    found = {transform(value) for value in pc.unique(column).to_pylist() if value is not None}
+    if len(found) > 1:
+        raise ValueError(f"{path} holds {len(found)} values of partition {field.name}; the writer must write one per file")
+    return found.pop() if found else None

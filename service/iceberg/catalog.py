@@ -1,0 +1,152 @@
+"""Opening the Iceberg catalog, and the tables and namespaces Calve makes in it.
+
+Each tenant owns one namespace, named after the tenant. The catalog is opened with pyiceberg's own
+`load_catalog`, so any catalog it knows works: `CALVE_CATALOG_URI` picks it (sqlite:// or
+postgresql:// for the SQL catalog, http(s):// for a REST catalog, thrift:// for Hive),
+`CALVE_CATALOG_TYPE` names the type when the URI does not say it (glue, nessie via rest, ...),
+and `CALVE_CATALOG_PROPERTIES` (JSON) or pyiceberg's own `.pyiceberg.yaml` and
+`PYICEBERG_CATALOG__CALVE__*` variables add any property. The embedded default is the SQL catalog
+on SQLite.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from functools import lru_cache
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    ServiceUnavailableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.table import Table
+from sqlalchemy import event
+from sqlalchemy.exc import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
+from tenacity import (
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_incrementing,
+)
+
+from service.core.config import Settings
+
+CATALOG_NAME = "calve"
+
+# pyiceberg retries a conflicting append by re-applying it on the refreshed table. That would
+# bypass the watermark check and commit files a rival leader already committed, so Calve turns
+# it off and handles conflicts itself (reload, re-filter, retry).
+COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+TABLE_PROPERTIES = {
+    COMMIT_RETRIES_PROPERTY: "0",
+    # Keep the metadata directory bounded: one JSON file per commit otherwise piles up forever.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+
+
+CATALOG_INIT_ATTEMPTS = 5
+
+
+# The catalog cannot be reached right now (as opposed to refusing a request): callers wait and
+# retry, keeping their work, instead of failing it.
+CATALOG_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError, ServiceUnavailableError)
+
+
+def open_catalog(settings: Settings) -> Catalog:
+    return get_catalog(
+        settings.resolved_catalog_uri(), settings.resolved_warehouse(), settings.catalog_busy_timeout_ms,
+        settings.catalog_type, tuple(sorted(settings.catalog_properties.items())),
+    )
+
+
+@lru_cache(maxsize=4)
+def get_catalog(
+    uri: str, warehouse: str, busy_timeout_ms: int = 30_000, catalog_type: str | None = None,
+    properties: tuple[tuple[str, str], ...] = (),
+) -> Catalog:
+    config = {"uri": uri, "warehouse": warehouse, **dict(properties)}
+    if catalog_type:
+        config["type"] = catalog_type
+    catalog = _load(config)
+    if isinstance(catalog, SqlCatalog) and uri.startswith("sqlite"):
+        _tune_sqlite(catalog, busy_timeout_ms)
+    return catalog
+
+
+# Roles starting together on a fresh SQL catalog all create its tables; the losers fail with
+# "already exists" and find the tables in place on the next try.
+@retry(
+    retry=retry_if_exception_type(DatabaseError), stop=stop_after_attempt(CATALOG_INIT_ATTEMPTS),
+    wait=wait_incrementing(start=0.2, increment=0.2), reraise=True,
+)
+def _load(config: dict[str, str]) -> Catalog:
+    return load_catalog(CATALOG_NAME, **config)
+
+
+def _tune_sqlite(catalog: SqlCatalog, busy_timeout_ms: int) -> None:
+    # Several processes commit to one SQLite file: WAL and a busy timeout turn lock contention
+    # into short waits instead of "database is locked" failures.
+    engine = catalog.engine
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.close()
+
+    engine.dispose()
+
+
+def table_identifier(tenant: str, table: str) -> tuple[str, str]:
+    return (tenant, table)
+
+
+def ensure_namespace(catalog: Catalog, tenant: str) -> None:
+    try:
+        catalog.create_namespace(tenant)
+    except NamespaceAlreadyExistsError:
+        pass
+    except IntegrityError:
+        # Two processes created it at once: the SQL catalog's check-then-insert lets both past
+        # the check, and the loser hits the unique key instead of NamespaceAlreadyExistsError.
+        if not catalog.namespace_exists(tenant):
+            raise
+
+
+def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
+    try:
+        return catalog.load_table(table_identifier(tenant, table))
+    except NoSuchTableError:
+        return None
+
+
+def create_table_once(catalog: Catalog, tenant: str, table: str, schema, partition_spec: PartitionSpec | None = None) -> Table:  # noqa: ANN001 - pyarrow or Iceberg schema
+    """Create the table, or load it when another writer created it first."""
+    ensure_namespace(catalog, tenant)
+    try:
+        return catalog.create_table(
+            table_identifier(tenant, table), schema=schema, partition_spec=partition_spec or UNPARTITIONED_PARTITION_SPEC,
+            properties=TABLE_PROPERTIES,
+        )
+    except (TableAlreadyExistsError, IntegrityError):  # IntegrityError: the same race as above
+        return catalog.load_table(table_identifier(tenant, table))
+
+
+def ensure_commit_properties(table: Table) -> Table:
+    """Make a table created elsewhere safe for Calve's committer (see TABLE_PROPERTIES)."""
+    if table.properties.get(COMMIT_RETRIES_PROPERTY) == "0":
+        return table
+    with table.transaction() as transaction:
+        transaction.set_properties({COMMIT_RETRIES_PROPERTY: "0"})
+    return table

@@ -1,0 +1,255 @@
+"""Pipelines in the metadata DB: versioned definitions, looked up by name or by HTTP path.
+
+Every tenant has the built-in pipeline `logs` at `/logs` (every event into the table `logs`,
+created from the first batch) until it stores its own definition under that name, which then
+replaces it like any other new version.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import orjson
+from cachetools import TTLCache
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from service.core.exceptions import AlreadyExists, NotFound
+from service.core.keys import DEFAULT_PIPELINE, DEFAULT_PIPELINE_PATH, DEFAULT_TABLE
+from service.core.models import Pipeline, PipelineVersion, Tenant, utcnow
+from service.pipelines.spec import (
+    DefinitionInvalid,
+    PipelineDefinition,
+    SpecError,
+    parse_definition,
+)
+
+BUILTIN_DEFINITION = {
+    "name": DEFAULT_PIPELINE,
+    "source": {"http": {"path": DEFAULT_PIPELINE_PATH}},
+    "sinks": [{"table": DEFAULT_TABLE, "auto_create": True}],
+}
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    name: str
+    version: int  # 0: the built-in default
+    path: str | None
+    definition: PipelineDefinition
+    created_at: datetime | None = None
+    deleted: bool = False
+
+    @property
+    def builtin(self) -> bool:
+        return self.version == 0
+
+    def public(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "path": self.path,
+            "builtin": self.builtin,
+            "deleted": self.deleted,
+            "created_at": self.created_at,
+            "definition": self.definition.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True),
+        }
+
+
+def builtin_pipeline() -> PipelineRecord:
+    return PipelineRecord(DEFAULT_PIPELINE, 0, DEFAULT_PIPELINE_PATH, parse_definition(BUILTIN_DEFINITION))
+
+
+def _tenant_id(session: Session, tenant: str) -> int:
+    row = session.exec(select(Tenant).where(Tenant.name == tenant)).first()
+    if row is None:
+        raise NotFound(f"no tenant {tenant!r}")
+    return row.id
+
+
+def _record(pipeline: Pipeline, version: PipelineVersion) -> PipelineRecord:
+    return PipelineRecord(
+        name=pipeline.name,
+        version=version.version,
+        path=pipeline.path,
+        definition=PipelineDefinition.model_validate(orjson.loads(version.definition)),
+        created_at=version.created_at,
+        deleted=pipeline.deleted_at is not None,
+    )
+
+
+def _stored(session: Session, tenant_id: int, name: str) -> Pipeline | None:
+    return session.exec(select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.name == name)).first()
+
+
+def _version(session: Session, pipeline: Pipeline, version: int) -> PipelineVersion | None:
+    return session.exec(
+        select(PipelineVersion).where(PipelineVersion.pipeline_id == pipeline.id, PipelineVersion.version == version)
+    ).first()
+
+
+def _path_owner(session: Session, tenant_id: int, path: str) -> str | None:
+    owner = session.exec(select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.path == path)).first()
+    if owner is not None:
+        return owner.name
+    if path == DEFAULT_PIPELINE_PATH and _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
+        return DEFAULT_PIPELINE  # the built-in holds /logs until a stored `logs` replaces it
+    return None
+
+
+def _check_path(session: Session, tenant_id: int, definition: PipelineDefinition) -> None:
+    owner = _path_owner(session, tenant_id, definition.source.http.path)
+    if owner is not None and owner != definition.name:
+        raise DefinitionInvalid(
+            [SpecError("source.http.path", f"{definition.source.http.path} is the path of pipeline {owner!r}; choose another")]
+        )
+
+
+def _store_version(session: Session, pipeline: Pipeline, definition: PipelineDefinition) -> PipelineRecord:
+    body = orjson.dumps(definition.model_dump(by_alias=True, exclude_none=True)).decode()
+    version = PipelineVersion(pipeline_id=pipeline.id, version=pipeline.version, definition=body)
+    session.add(version)
+    try:
+        session.commit()
+    except IntegrityError as exc:
+        session.rollback()
+        # Two writes of the same pipeline at once: one got the version (or the path) first.
+        raise AlreadyExists(f"pipeline {definition.name!r} was changed at the same time; read it and retry") from exc
+    session.refresh(pipeline)
+    session.refresh(version)
+    return _record(pipeline, version)
+
+
+def create_pipeline(session: Session, tenant: str, definition: PipelineDefinition) -> PipelineRecord:
+    tenant_id = _tenant_id(session, tenant)
+    existing = _stored(session, tenant_id, definition.name)
+    if existing is not None and existing.deleted_at is None:
+        raise AlreadyExists(f"pipeline {definition.name!r} exists; PUT /v1/pipelines/{definition.name} makes a new version")
+    _check_path(session, tenant_id, definition)
+    if existing is not None:  # created again after a delete: its history goes on
+        return _new_version(session, existing, definition)
+    pipeline = Pipeline(tenant_id=tenant_id, name=definition.name, path=definition.source.http.path, version=1)
+    session.add(pipeline)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        session.rollback()
+        raise AlreadyExists(f"pipeline {definition.name!r} (or its path) was created at the same time") from exc
+    return _store_version(session, pipeline, definition)
+
+
+def _new_version(session: Session, pipeline: Pipeline, definition: PipelineDefinition) -> PipelineRecord:
+    pipeline.version += 1
+    pipeline.path = definition.source.http.path
+    pipeline.updated_at = utcnow()
+    pipeline.deleted_at = None
+    session.add(pipeline)
+    return _store_version(session, pipeline, definition)
+
+
+def replace_pipeline(session: Session, tenant: str, name: str, definition: PipelineDefinition) -> PipelineRecord:
+    if definition.name != name:
+        raise DefinitionInvalid([SpecError("name", f"the definition is named {definition.name!r}, the URL says {name!r}")])
+    tenant_id = _tenant_id(session, tenant)
+    existing = _stored(session, tenant_id, name)
+    _check_path(session, tenant_id, definition)
+    if existing is None:
+        if name != DEFAULT_PIPELINE:
+            raise NotFound(f"no pipeline {name!r}; create it with POST /v1/pipelines")
+        return create_pipeline(session, tenant, definition)  # the first stored version of the built-in
+    if existing.deleted_at is not None:
+        raise NotFound(f"pipeline {name!r} was deleted; create it again with POST /v1/pipelines")
+    return _new_version(session, existing, definition)
+
+
+def get_pipeline(session: Session, tenant: str, name: str, version: int | None = None) -> PipelineRecord:
+    """The current (or a given) version; a deleted pipeline's versions stay readable."""
+    tenant_id = _tenant_id(session, tenant)
+    pipeline = _stored(session, tenant_id, name)
+    if pipeline is None:
+        if name == DEFAULT_PIPELINE and version in (None, 0):
+            return builtin_pipeline()
+        raise NotFound(f"no pipeline {name!r}")
+    row = _version(session, pipeline, version if version is not None else pipeline.version)
+    if row is None:
+        raise NotFound(f"pipeline {name!r} has no version {version} (current: {pipeline.version})")
+    return _record(pipeline, row)
+
+
+def list_versions(session: Session, tenant: str, name: str) -> list[dict]:
+    pipeline = _stored(session, _tenant_id(session, tenant), name)
+    if pipeline is None:
+        raise NotFound(f"no pipeline {name!r}")
+    rows = session.exec(
+        select(PipelineVersion).where(PipelineVersion.pipeline_id == pipeline.id).order_by(PipelineVersion.version)
+    ).all()
+    return [{"version": row.version, "created_at": row.created_at} for row in rows]
+
+
+def list_pipelines(session: Session, tenant: str) -> list[PipelineRecord]:
+    tenant_id = _tenant_id(session, tenant)
+    pipelines = session.exec(
+        select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.deleted_at.is_(None)).order_by(Pipeline.name)
+    ).all()
+    records = [_record(p, _version(session, p, p.version)) for p in pipelines]
+    if _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
+        records.insert(0, builtin_pipeline())
+    return records
+
+
+def delete_pipeline(session: Session, tenant: str, name: str) -> PipelineRecord:
+    tenant_id = _tenant_id(session, tenant)
+    pipeline = _stored(session, tenant_id, name)
+    if pipeline is None or pipeline.deleted_at is not None:
+        if name == DEFAULT_PIPELINE and pipeline is None:
+            raise AlreadyExists("the built-in pipeline 'logs' cannot be deleted; PUT /v1/pipelines/logs replaces it")
+        raise NotFound(f"no pipeline {name!r}")
+    record = _record(pipeline, _version(session, pipeline, pipeline.version))
+    pipeline.deleted_at = utcnow()
+    pipeline.path = None
+    session.add(pipeline)
+    session.commit()
+    return record
+
+
+def find_by_path(session: Session, tenant: str, path: str) -> PipelineRecord | None:
+    """The live pipeline that producers reach at `path`, or None."""
+    tenant_id = _tenant_id(session, tenant)
+    pipeline = session.exec(select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.path == path)).first()
+    if pipeline is not None:
+        return _record(pipeline, _version(session, pipeline, pipeline.version))
+    if path == DEFAULT_PIPELINE_PATH and _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
+        return builtin_pipeline()
+    return None
+
+
+class PipelineCache:
+    """Recently looked-up pipelines, by (tenant, path) for the api and (tenant, name) for writers.
+
+    Kept `ttl_s`; the api also clears it when any api announces a change on PIPELINES_CHANNEL, so a
+    new version reaches producers at once there and within `ttl_s` in writers.
+    """
+
+    def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
+        self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> PipelineRecord | None:
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        record = load()
+        with self._lock:
+            self._cache[key] = record
+        return record
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._cache.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()

@@ -1,0 +1,74 @@
+"""Files a writer wrote for one table: an entry of the table's commit stream (writer -> committer).
+
+The writer builds a FilesWritten and encodes it (`to_fields`); the committer reads it back as
+PendingFiles (`from_fields`), which adds the entry id its watermark compares against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from service.protocol.stream_ids import text
+
+# Field names of the stream entry.
+FILES = "files"
+RECEIPTS = "receipts"  # JSON {receipt: rows}
+ROWS = "rows"
+WRITER = "writer"
+DLQ_DELETES = "dlq_deletes"  # on the DLQ table's stream: dlq_ids to remove in the same commit
+COMMIT_INTERVAL = "commit_interval_s"  # the sink's commit interval, when its pipeline sets one
+
+
+@dataclass(frozen=True)
+class FilesWritten:
+    """What one Spark job wrote for one table, and where it goes."""
+
+    tenant: str
+    table: str
+    files: list[str]
+    rows_by_receipt: dict[str, int]
+    deletes: list[str] = field(default_factory=list)  # DLQ table only: replayed dlq_ids to remove
+    commit_interval_s: float | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_by_receipt.values())
+
+    def to_fields(self, writer: str) -> list[str]:
+        """The stream entry, as [field, value, ...]."""
+        fields = [
+            FILES, orjson.dumps(self.files).decode(),
+            RECEIPTS, orjson.dumps(self.rows_by_receipt).decode(),
+            ROWS, str(self.rows),
+            WRITER, writer,
+        ]
+        if self.deletes:
+            fields += [DLQ_DELETES, orjson.dumps(self.deletes).decode()]
+        if self.commit_interval_s:
+            fields += [COMMIT_INTERVAL, str(self.commit_interval_s)]
+        return fields
+
+
+@dataclass(frozen=True)
+class PendingFiles:
+    """A commit-stream entry as the committer reads it back."""
+
+    entry_id: str
+    files: list[str]
+    rows_by_receipt: dict[str, int]
+    deletes: list[str] = field(default_factory=list)
+    commit_interval_s: float | None = None
+
+    @classmethod
+    def from_fields(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> PendingFiles:
+        deletes = fields.get(DLQ_DELETES.encode())
+        interval = fields.get(COMMIT_INTERVAL.encode())
+        return cls(
+            text(entry_id),
+            orjson.loads(fields[FILES.encode()]),
+            orjson.loads(fields[RECEIPTS.encode()]),
+            orjson.loads(deletes) if deletes else [],
+            float(interval) if interval else None,
+        )

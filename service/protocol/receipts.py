@@ -1,0 +1,92 @@
+"""Receipts: what happened to one ingest request, as it crosses Redis.
+
+A receipt is a Redis hash, created with the input entry (api). The writer records which tables got
+rows; the committer records each table's snapshot and, when every table of the receipt is
+committed, flips the status and announces it on a pub/sub channel that waiting requests follow
+(api/waiter.py). The record and its field names live here; the scripts that write it in scripts.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.core.keys import DLQ_TABLE
+
+# Statuses.
+BUFFERED = "buffered"  # in Redis (api)
+WRITTEN = "written"  # in data files, not yet committed (writer)
+COMMITTED = "committed"  # every table of the request committed (committer), or nothing to commit
+
+# Field names of the receipt hash; the Lua scripts in scripts.py take them from here.
+STATUS = "status"
+EVENTS = "events"
+PIPELINE = "pipeline"
+CREATED_AT = "created_at"
+TABLES = "tables"  # how many tables the request's events went to (the DLQ included)
+WRITTEN_AT = "written_at"
+COMMITTED_AT = "committed_at"
+WRITTEN_PREFIX = "written:"  # written:<table> = rows
+COMMITTED_PREFIX = "committed:"  # committed:<table> = "<snapshot id>:<rows>"
+
+
+def written_fields(rows_by_table: dict[str, int], now: str) -> list[str]:
+    """The writer's update of a receipt: the rows each table got, or committed at once when its
+    events went to no table (all filtered out or routed nowhere)."""
+    if not rows_by_table:
+        return [STATUS, COMMITTED, TABLES, "0", WRITTEN_AT, now, COMMITTED_AT, now]
+    fields = [STATUS, WRITTEN, TABLES, str(len(rows_by_table)), WRITTEN_AT, now]
+    for table, rows in rows_by_table.items():
+        fields += [f"{WRITTEN_PREFIX}{table}", str(rows)]
+    return fields
+
+
+@dataclass
+class Receipt:
+    id: str
+    status: str
+    events: int
+    pipeline: str
+    created_at: float
+    tables: dict[str, dict] = field(default_factory=dict)
+    written_at: float | None = None
+    committed_at: float | None = None
+
+    def public(self) -> dict:
+        body = {
+            "receipt": self.id,
+            "status": self.status,
+            "events": self.events,
+            "pipeline": self.pipeline,
+            "created_at": self.created_at,
+            "written_at": self.written_at,
+            "committed_at": self.committed_at,
+            "tables": self.tables,
+            # Events of the request that went to the tenant's DLQ table instead (with their reasons).
+            "dlq_events": self.tables.get(DLQ_TABLE, {}).get("rows", 0),
+        }
+        return body
+
+
+def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Receipt | None:
+    if not raw:
+        return None
+    fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    tables: dict[str, dict] = {}
+    for name, value in fields.items():
+        if name.startswith(WRITTEN_PREFIX):
+            tables.setdefault(name[len(WRITTEN_PREFIX):], {})["rows"] = int(value)
+        elif name.startswith(COMMITTED_PREFIX):
+            snapshot_id, _, rows = value.partition(":")
+            entry = tables.setdefault(name[len(COMMITTED_PREFIX):], {})
+            entry["snapshot_id"] = int(snapshot_id)
+            entry["rows"] = int(rows)
+    return Receipt(
+        id=receipt_id,
+        status=fields.get(STATUS, BUFFERED),
+        events=int(fields.get(EVENTS, 0)),
+        pipeline=fields.get(PIPELINE, ""),
+        created_at=float(fields.get(CREATED_AT, 0)),
+        tables=tables,
+        written_at=float(fields[WRITTEN_AT]) if WRITTEN_AT in fields else None,
+        committed_at=float(fields[COMMITTED_AT]) if COMMITTED_AT in fields else None,
+    )

@@ -1,0 +1,95 @@
+"""The Lua scripts that write the records of this package, each atomic in one Redis (Cluster)
+slot: every key a script touches is declared in KEYS and carries the tenant's hash tag.
+
+Field names come from the record modules; `$name` placeholders are filled in once, at import.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+from service.protocol import input_entry, receipts
+
+_FIELDS = {
+    "entry_receipt": input_entry.RECEIPT, "entry_events": input_entry.EVENTS, "entry_body": input_entry.BODY,
+    "entry_replays": input_entry.REPLAYS,
+    "status": receipts.STATUS, "events": receipts.EVENTS, "pipeline": receipts.PIPELINE,
+    "created_at": receipts.CREATED_AT, "tables": receipts.TABLES, "committed_at": receipts.COMMITTED_AT,
+    "committed_prefix": receipts.COMMITTED_PREFIX, "committed_prefix_len": str(len(receipts.COMMITTED_PREFIX)),
+    "buffered": receipts.BUFFERED, "committed": receipts.COMMITTED,
+}
+
+
+def _lua(source: str) -> str:
+    return Template(source).substitute(_FIELDS)
+
+
+# The api accepts a request: receipt, input entry and backlog in one step. With an idempotency
+# key (ARGV[7] = '1') only the first request holding it gets in; a retry gets the first one's
+# receipt id back. KEYS: idempotency key, receipt, input stream, backlog.
+# ARGV: receipt id, events, pipeline, created_at, receipt ttl, body, idempotent?, window, replays.
+BUFFER = _lua("""
+if ARGV[7] == '1' then
+  local first = redis.call('GET', KEYS[1])
+  if first then return first end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8])
+end
+redis.call('HSET', KEYS[2], '$status', '$buffered', '$events', ARGV[2], '$pipeline', ARGV[3], '$created_at', ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+if ARGV[9] ~= '' then
+  redis.call('XADD', KEYS[3], '*', '$entry_receipt', ARGV[1], '$entry_events', ARGV[2], '$entry_body', ARGV[6], '$entry_replays', ARGV[9])
+else
+  redis.call('XADD', KEYS[3], '*', '$entry_receipt', ARGV[1], '$entry_events', ARGV[2], '$entry_body', ARGV[6])
+end
+redis.call('INCRBY', KEYS[4], ARGV[2])
+return false
+""")
+
+# The writer settles a batch only while it owns every entry (see writer/hand_off.py): records the
+# files on commit streams, updates receipts, acknowledges and deletes the input, lowers the backlog
+# for receipts complete already. KEYS[1]: the input stream; KEYS[2..]: the keys the plan names by
+# index. ARGV: group, consumer, plan (JSON: ids, xadd [[key, fields]], hset [[key, fields]],
+# decr [key, amount] or null).
+SETTLE = _lua("""
+local group, consumer = ARGV[1], ARGV[2]
+local plan = cjson.decode(ARGV[3])
+local ids = plan.ids
+for _, id in ipairs(ids) do
+  local pending = redis.call('XPENDING', KEYS[1], group, id, id, 1)
+  if #pending == 0 or pending[1][2] ~= consumer then return 0 end
+end
+local function each_chunk(list, fn)
+  for i = 1, #list, 1000 do
+    local chunk = {}
+    for j = i, math.min(i + 999, #list) do chunk[#chunk + 1] = list[j] end
+    fn(chunk)
+  end
+end
+for _, op in ipairs(plan.xadd) do redis.call('XADD', KEYS[op[1]], '*', unpack(op[2])) end
+for _, op in ipairs(plan.hset) do redis.call('HSET', KEYS[op[1]], unpack(op[2])) end
+each_chunk(ids, function(chunk) redis.call('XACK', KEYS[1], group, unpack(chunk)) end)
+each_chunk(ids, function(chunk) redis.call('XDEL', KEYS[1], unpack(chunk)) end)
+if plan.decr ~= cjson.null then redis.call('DECRBY', KEYS[plan.decr[1]], plan.decr[2]) end
+return 1
+""")
+
+# The committer marks one table of a receipt committed; when all its tables are, marks the receipt
+# committed and takes its events off the tenant's backlog (KEYS[2]). Returns 1 only for the call
+# that completed the receipt, so it is announced, and the backlog lowered, once.
+# ARGV: table, "<snapshot id>:<rows>", committed_at.
+MARK_COMMITTED = _lua("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], '$committed_prefix' .. ARGV[1], ARGV[2])
+if redis.call('HGET', KEYS[1], '$status') == '$committed' then return 0 end
+local expected = tonumber(redis.call('HGET', KEYS[1], '$tables') or '0')
+local done = 0
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(name, 1, $committed_prefix_len) == '$committed_prefix' then done = done + 1 end
+end
+if done >= expected then
+  redis.call('HSET', KEYS[1], '$status', '$committed', '$committed_at', ARGV[3])
+  redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], '$events') or '0'))
+  return 1
+end
+return 0
+""")

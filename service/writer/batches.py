@@ -1,0 +1,34 @@
+"""A writer's unit of work: entries of one input stream, read together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.protocol.input_entry import InputEntry
+
+
+@dataclass
+class Batch:
+    """Entries of one input stream, read together."""
+
+    tenant: str
+    pipeline: str
+    entries: list[InputEntry] = field(default_factory=list)
+    events: int = 0
+    size: int = 0
+    failures: int = 0  # Spark jobs of exactly these entries that failed
+
+    def add(self, entry: InputEntry) -> None:
+        self.entries.append(entry)
+        self.events += entry.events
+        self.size += len(entry.body)
+
+    def halves(self) -> list[Batch]:
+        middle = len(self.entries) // 2
+        parts = []
+        for entries in (self.entries[:middle], self.entries[middle:]):
+            part = Batch(self.tenant, self.pipeline)
+            for entry in entries:
+                part.add(entry)
+            parts.append(part)
+        return parts

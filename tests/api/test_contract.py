@@ -1,0 +1,133 @@
+"""The API is what its OpenAPI document says: schemathesis (stateless, `--checks all`) against a
+real api process, its Redis and the session's Spark Connect server; then the contract's pieces a
+fuzz reaches only by chance, each on its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session
+
+from service.core import keys
+from service.core.db import get_engine
+from service.tenancy.tenants import issue_token
+from tests.conftest import TEST_TOKEN, Stack
+
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+# Bounded so the whole fuzz takes a few minutes: examples per operation and phase.
+MAX_EXAMPLES = os.environ.get("CALVE_FUZZ_EXAMPLES", "40")
+# Operations that change who may call the API (revoking tokens, disabling tenants) run last, in a
+# second pass: a revoked fuzz token would turn the rest of the run into 401s.
+LAST = r"^(/v1/tenants.*|/v1/tokens/\{token_id\})$"
+
+
+def _st(stack: Stack, token: str, *selection: str) -> subprocess.CompletedProcess:
+    """One `st run` (its caches under the stack's data directory, not the checkout)."""
+    command = [
+        str(Path(sys.executable).with_name("st")), "--config-file", str(CONFIG), "run", f"{stack.url}/openapi.json",
+        "--checks", "all", "--mode", "all", "--phases", "examples,coverage,fuzzing",
+        "--max-examples", MAX_EXAMPLES, "--seed", "20261122", "--workers", "1", "--request-timeout", "30",
+        "--no-color", "--output-truncate", "true", "-H", f"Authorization: Bearer {token}", *selection,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=stack.data_dir)
+
+
+@pytest.mark.spark
+def test_schemathesis_finds_no_answer_the_document_does_not_declare(stack_factory) -> None:  # noqa: ANN001
+    # No writers: the fuzz is about the api's answers. wait=true waits at most a second.
+    stack = stack_factory(roles=("api",), CALVE_MAX_WAIT_TIMEOUT_S="1")
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        _row, operator = issue_token(session, None, label="fuzz operator")
+    first = _st(stack, TEST_TOKEN, "--exclude-path-regex", LAST)
+    second = _st(stack, operator, "--include-path-regex", r"^/v1/tenants")
+    third = _st(stack, TEST_TOKEN, "--include-path-regex", r"^/v1/tokens/\{token_id\}$")
+    for run in (first, second, third):
+        summary = [line.strip() for line in run.stdout.splitlines() if " generated, " in line]
+        print(summary[-1] if summary else run.stdout[-2000:])
+        assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-2000:]
+
+
+def _raw(stack: Stack, request: bytes, read_timeout: float = 30) -> bytes:
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=read_timeout) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_wrong_method_on_a_known_path_is_405_naming_the_right_ones(app_client) -> None:  # noqa: ANN001
+    answer = app_client.put("/v1/tokens")
+    assert answer.status_code == 405 and answer.headers["allow"] == "GET, POST", answer.text
+    assert "use GET, POST" in answer.json()["detail"]
+    assert app_client.post("/v1/tables").status_code == 405, "POST on a read-only Calve path is not an ingest"
+    assert app_client.get("/no/such/path").status_code == 404
+
+
+def test_every_error_has_one_shape_with_each_bad_field_named(app_client) -> None:  # noqa: ANN001
+    invalid = app_client.get("/v1/tables/logs/rows", params={"limit": 0})
+    assert invalid.status_code == 422
+    assert isinstance(invalid.json()["detail"], str) and invalid.json()["errors"][0]["field"] == "query.limit"
+    assert isinstance(app_client.get("/v1/tables/nope").json()["detail"], str)
+
+
+def test_a_header_larger_than_the_limit_is_431(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",))
+    huge = b"X-Padding: " + b"a" * (128 * 1024) + b"\r\n"
+    answer = _raw(stack, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + huge + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert _raw(stack, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def test_headers_sent_too_slowly_are_408(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",), CALVE_HEADER_TIMEOUT_S="1")
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for _ in range(4):  # a header line every half second: never done within the deadline
+            time.sleep(0.5)
+            try:
+                sock.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                break
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert time.monotonic() - started < 5
+
+
+def test_a_body_sent_too_slowly_is_408(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",), CALVE_BODY_TIMEOUT_S="1")
+    head = (
+        f"POST /logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
+        sock.sendall(head + b'{"msg":')
+        time.sleep(2)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert stack.redis.xlen(keys.input_stream_key("demo", "logs")) == 0, "nothing of it was buffered"
+
+
+def test_an_oversize_body_from_a_client_that_sends_it_all_first_gets_its_413(stack_factory) -> None:  # noqa: ANN001
+    """Python's urllib writes the whole body before it reads: a server that closes without reading
+    the rest resets the connection and the client never sees the 413."""
+    import urllib.error
+    import urllib.request
+
+    stack = stack_factory(roles=("api",))
+    body = b'{"msg":"' + b"x" * (11 * 1024 * 1024) + b'"}'
+    request = urllib.request.Request(
+        f"{stack.url}/logs", data=body, method="POST",
+        headers={"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)  # noqa: S310 - a local test server
+    assert refused.value.code == 413
+    assert "exceeds the limit" in refused.value.read().decode()

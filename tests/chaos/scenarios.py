@@ -1,0 +1,627 @@
+"""The fault suite: `make chaos` (all scenarios, own Redis and Spark) or `pytest -m chaos`.
+
+Each scenario starts a fresh stack (api, two writers, one or two committers as real processes),
+puts it under a steady load of producers whose every event carries a unique id, inflicts one
+fault, heals it, keeps the load on a little longer, then stops the load, lets the stack drain
+(the tenant's backlog, which counts events accepted and not yet committed, back to 0) and reads
+the table back. Per scenario it reports:
+
+    sent      events in requests that got any answer or none (every POST that was made)
+    ok_202    events answered 202 (durable in Redis)          ok_200  answered 200 (committed)
+    refused   events answered 503/429 (nothing accepted; the producer moves on)
+    no_answer events whose request got no answer (connection lost): may or may not be in the table
+    committed distinct event ids in the table
+    lost_202 / lost_200   acknowledged events missing from the table
+    duplicated            rows beyond the first of an id
+
+A scenario passes with 0 lost of either kind, 0 duplicated, and evidence the fault happened.
+The last line printed by `python -m tests.chaos` is one JSON object with a key per scenario.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import redis
+
+from service.core import faults, keys
+from tests.harness import (
+    TEST_TOKEN,
+    RedisServer,
+    SparkServer,
+    Stack,
+    build_stack,
+    wait_until,
+)
+
+TABLE = ("demo", "logs")
+LEASE_S = 3.0
+CHAOS_SETTINGS = {
+    "CALVE_LEASE_S": str(LEASE_S),
+    "CALVE_WRITER_CLAIM_IDLE_S": "4",
+    # Low enough that a 20-40 s outage fills it under this load: backpressure shows as 503s.
+    "CALVE_MAX_BACKLOG_EVENTS": "3000",
+    # The SQLite catalog gives up on a lock after 1 s instead of 30 s, so a locked catalog fails commits.
+    "CALVE_CATALOG_BUSY_TIMEOUT_MS": "1000",
+}
+
+
+# -- the load -------------------------------------------------------------------------------
+
+
+@dataclass
+class Sent:
+    producer: int
+    seq: int
+    events: int
+    outcome: str  # "200" | "202" | "refused" | "no_answer" | "error <code>"
+    replayed: bool = False
+    latency_s: float = 0.0  # from sending to the answer
+    sent_at: float = 0.0  # time.monotonic() when it was sent
+    waited: bool = False  # sent with wait=true
+
+
+class Load:
+    """Producers in threads: the even ones wait for the commit (wait=true), the odd ones do not,
+    so the load keeps arriving while commits are stuck.
+
+    With `drop_responses`, each request is first sent on a raw socket that is closed without
+    reading the answer, then retried with the same Idempotency-Key until it gets one.
+    """
+
+    def __init__(
+        self, url: str, producers: int = 4, events: int = 40, pause_s: float = 0.05, drop_responses: bool = False,
+        token: str = TEST_TOKEN, path: str = "/logs",
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.path = path
+        self.producers = producers
+        self.events = events
+        self.pause_s = pause_s
+        self.drop_responses = drop_responses
+        self.sent: list[Sent] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._produce, args=(p,), daemon=True) for p in range(producers)]
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    @staticmethod
+    def event_id(producer: int, seq: int, index: int) -> str:
+        return f"{producer}.{seq}.{index}"
+
+    def _body(self, producer: int, seq: int) -> bytes:
+        return b"\n".join(orjson.dumps({"id": self.event_id(producer, seq, i), "p": producer, "n": seq}) for i in range(self.events))
+
+    def _produce(self, producer: int) -> None:
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/x-ndjson"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
+            seq = 0
+            while not self._stop.is_set():
+                seq += 1
+                params = {"wait": "true", "timeout": "20"} if producer % 2 == 0 else {}
+                body = self._body(producer, seq)
+                started = time.monotonic()
+                if self.drop_responses:
+                    sent = self._send_until_answered(http, producer, seq, body, params)
+                else:
+                    sent = Sent(producer, seq, self.events, *self._send(http, body, params, {}))
+                sent.sent_at, sent.latency_s, sent.waited = started, time.monotonic() - started, bool(params)
+                with self._lock:
+                    self.sent.append(sent)
+                self._stop.wait(1.0 if sent.outcome in ("refused", "no_answer") else self.pause_s)
+
+    def _send(self, http: httpx.Client, body: bytes, params: dict, headers: dict) -> tuple[str, bool]:
+        try:
+            answer = http.post(self.path, content=body, params=params, headers=headers)
+        except httpx.TransportError:
+            return "no_answer", False
+        replayed = answer.headers.get("idempotent-replay") == "true"
+        if answer.status_code in (200, 202):
+            return str(answer.status_code), replayed
+        if answer.status_code in (429, 503) and "retry-after" in answer.headers:
+            return "refused", replayed
+        return f"error {answer.status_code}", replayed
+
+    def _send_until_answered(self, http: httpx.Client, producer: int, seq: int, body: bytes, params: dict) -> Sent:
+        key = {"Idempotency-Key": f"chaos-{producer}-{seq}"}
+        self._send_and_drop(body, params, key)
+        while True:
+            outcome, replayed = self._send(http, body, params, key)
+            if outcome in ("200", "202") or self._stop.is_set():
+                return Sent(producer, seq, self.events, outcome, replayed)
+            time.sleep(0.5)
+
+    def _send_and_drop(self, body: bytes, params: dict, headers: dict) -> None:
+        """The request goes out whole; the producer hangs up before (or while) the answer comes."""
+        host, port = self.url.removeprefix("http://").split(":")
+        query = "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
+        head = [
+            f"POST {self.path}{query} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {self.token}",
+            "Content-Type: application/x-ndjson", f"Content-Length: {len(body)}", "Connection: close",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall("\r\n".join(head).encode() + b"\r\n\r\n" + body)
+            time.sleep(random.uniform(0, 0.1))
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    sent: int = 0
+    ok_202: int = 0
+    ok_200: int = 0
+    refused: int = 0
+    no_answer: int = 0
+    errors: int = 0
+    committed: int = 0
+    lost_202: int = 0
+    lost_200: int = 0
+    duplicated: int = 0
+    replayed: int = 0
+    evidence: str = ""
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and self.lost_202 == 0 and self.lost_200 == 0 and self.duplicated == 0
+
+    def summary(self) -> dict:
+        return asdict(self) | {"passed": self.passed}
+
+
+def tally(load: Load, table_ids: list[str]) -> Figures:
+    counts = collections.Counter(table_ids)
+    figures = Figures(committed=len(counts), duplicated=sum(n - 1 for n in counts.values() if n > 1))
+    for sent in load.sent:
+        figures.sent += sent.events
+        figures.replayed += sent.events if sent.replayed else 0
+        if sent.outcome in ("200", "202"):
+            missing = sum(1 for i in range(sent.events) if load.event_id(sent.producer, sent.seq, i) not in counts)
+            if sent.outcome == "200":
+                figures.ok_200 += sent.events
+                figures.lost_200 += missing
+            else:
+                figures.ok_202 += sent.events
+                figures.lost_202 += missing
+        elif sent.outcome == "refused":
+            figures.refused += sent.events
+        elif sent.outcome == "no_answer":
+            figures.no_answer += sent.events
+        else:
+            figures.errors += sent.events
+    return figures
+
+
+# -- the scenarios --------------------------------------------------------------------------
+
+
+@dataclass
+class Chaos:
+    """What a scenario can reach: its stack, the servers, and its findings."""
+
+    stack: Stack
+    redis_server: RedisServer
+    spark_server: SparkServer | None
+    load: Load | None = None
+    evidence: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def pid_of(self, consumer: str) -> int:
+        # Writer and committer names are "<host>-<pid>-<random>".
+        return int(consumer.rsplit("-", 2)[1])
+
+    def proc_name(self, pid: int) -> str:
+        return next(name for name, proc in self.stack.procs.items() if proc.pid == pid)
+
+    def expect_backpressure(self) -> None:
+        refused = sum(1 for sent in self.load.sent if sent.outcome == "refused")
+        self.evidence.append(f"{refused} requests refused with 503 + Retry-After at the backlog cap")
+        if not refused:
+            self.problems.append("the backlog cap never pushed back during the outage")
+
+    def commits(self) -> int:
+        catalog = self.stack.catalog()
+        return len(catalog.load_table(TABLE).snapshots()) if catalog.table_exists(TABLE) else 0
+
+    def wait_commits(self, more: int, timeout_s: float = 60) -> None:
+        start = self.commits()
+        wait_until(lambda: self.commits() >= start + more, timeout_s=timeout_s, what=f"{more} more commits")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    inflict: Callable[[Chaos], None] | None
+    committers: int = 2  # started before the fault; 0: the scenario starts its own
+    drop_responses: bool = False
+    needs_spark_server: bool = False
+    # A scenario that runs its own stack and load instead of `inflict` on the standard ones.
+    runner: Callable[[Scenario, Path, RedisServer, str], Figures] | None = None
+
+
+def writer_killed_mid_job(chaos: Chaos) -> None:
+    stream = keys.input_stream_key("demo", keys.DEFAULT_PIPELINE)
+    for _ in range(2):
+        def busy_writer() -> str | None:
+            # A writer with entries read and not yet handed off is inside its Spark job.
+            for consumer in chaos.stack.redis.xpending(stream, keys.WRITER_GROUP)["consumers"]:
+                name = consumer["name"].decode()
+                if consumer["pending"] > 0 and chaos.pid_of(name) in {p.pid for p in chaos.stack.procs.values()}:
+                    return name
+            return None
+
+        consumer = wait_until(busy_writer, timeout_s=30, interval_s=0.02, what="a writer inside a Spark job")
+        time.sleep(random.uniform(0.05, 0.3))
+        name = chaos.proc_name(chaos.pid_of(consumer))
+        pending = next(c["pending"] for c in chaos.stack.redis.xpending(stream, keys.WRITER_GROUP)["consumers"] if c["name"].decode() == consumer)
+        chaos.stack.kill(name)
+        chaos.evidence.append(f"killed {name} holding {pending} requests")
+        chaos.stack.start("writer", name=name)
+        chaos.wait_commits(2)
+
+
+def committer_killed_at(point: str) -> Callable[[Chaos], None]:
+    def inflict(chaos: Chaos) -> None:
+        # The only committer leads, armed with the fault point; a normal one succeeds it.
+        doomed = chaos.stack.start("committer", name="doomed", env={faults.ENV: point})
+        code = doomed.wait(60)
+        chaos.stack.procs.pop("doomed")
+        if code != -signal.SIGKILL:
+            chaos.problems.append(f"the armed committer exited with {code}, not at its fault point")
+        chaos.evidence.append(f"leader killed itself at {point}")
+        chaos.stack.start("committer", name="committer-1")
+        chaos.wait_commits(2)
+    return inflict
+
+
+def committer_paused_past_lease(chaos: Chaos) -> None:
+    lease_key = keys.lease_key(*TABLE)
+    leader = wait_until(lambda: chaos.stack.redis.get(lease_key), what="a leader").decode()
+    pid = chaos.pid_of(leader)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: (held := chaos.stack.redis.get(lease_key)) and held.decode() != leader, timeout_s=30, what="a new leader")
+        chaos.wait_commits(3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    chaos.evidence.append(f"{chaos.proc_name(pid)} stopped past its {LEASE_S:.0f} s lease, another took over")
+    chaos.wait_commits(2)
+    table = chaos.stack.catalog().load_table(TABLE)
+    fences = [int(s.summary.additional_properties[keys.SUMMARY_FENCE]) for s in table.snapshots()]
+    if fences != sorted(fences):
+        chaos.problems.append(f"fences out of order in commit order: {fences}")
+
+
+def spark_stopped(chaos: Chaos) -> None:
+    chaos.wait_commits(1)
+    chaos.spark_server.stop()
+    time.sleep(20)
+    chaos.spark_server.start()
+    chaos.evidence.append("Spark Connect down for 20 s plus its restart")
+    chaos.wait_commits(2, timeout_s=120)
+    chaos.expect_backpressure()
+
+
+def redis_killed(chaos: Chaos) -> None:
+    chaos.wait_commits(1)
+    time.sleep(random.uniform(0, 1))
+    chaos.redis_server.kill(signal.SIGKILL)
+    time.sleep(3)
+    chaos.redis_server.start()
+    chaos.evidence.append("redis-server killed -9, restarted from its AOF after 3 s")
+    chaos.wait_commits(2, timeout_s=120)
+
+
+def catalog_unavailable(chaos: Chaos) -> None:
+    chaos.wait_commits(1)
+    path = chaos.stack.settings.resolved_catalog_uri().removeprefix("sqlite:///")
+    lock = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")
+        time.sleep(20)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    chaos.evidence.append("catalog locked (no commit possible) for 20 s")
+    chaos.wait_commits(2, timeout_s=120)
+    chaos.expect_backpressure()
+
+
+def idempotent_retries(chaos: Chaos) -> None:
+    time.sleep(15)
+    replayed = sum(1 for sent in chaos.load.sent if sent.replayed)
+    chaos.evidence.append(f"every request sent twice (response dropped, then retried with its key); {replayed} retries answered as replays")
+    if not replayed:
+        chaos.problems.append("no retry was answered as a replay: the dropped requests were never accepted")
+
+
+# -- one tenant's poison among other tenants' traffic ------------------------------------------
+
+GOOD_TENANTS = ("alpha", "beta")
+PHASE_S = 30.0  # each of: calm, then poisoned
+BROKEN_PIPELINE = {
+    # `size` of a string fails Spark's analysis: every job with these events fails, so each
+    # request must be isolated and fail alone before it goes to the DLQ.
+    "name": "broken", "source": {"http": {"path": "/broken"}},
+    "processors": [{"where": "size(level) > 0"}], "sinks": [{"table": "broken", "auto_create": True}],
+}
+
+
+class Poisoner:
+    """Tenant demo's producer of bad input, in turns: requests whose Spark job fails, events nested
+    past the depth limit among good ones, and keys that collide or differ only in case."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+
+    def start(self) -> Poisoner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _produce(self) -> None:
+        deep = b'{"msg":"deep","a":' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}"
+        bodies = [
+            ("/broken", b"\n".join(orjson.dumps({"level": f"l{i}"}) for i in range(20))),
+            ("/logs", deep + b'\n{"msg":"fine"}'),
+            ("/logs", b'{"dup":"a","dup":"b","Msg":"x","msg":"y"}'),
+        ]
+        headers = {"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/x-ndjson"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
+            while not self._stop.is_set():
+                path, body = bodies[self.requests % len(bodies)]
+                try:
+                    http.post(path, content=body)
+                except httpx.TransportError:
+                    pass
+                self.requests += 1
+                self._stop.wait(0.1)
+
+
+def p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+
+
+def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_remote: str) -> Figures:
+    """Tenants alpha and beta send steadily (half of their producers with wait=true) for PHASE_S
+    seconds, then PHASE_S more while tenant demo sends poison. Passes with nothing of alpha's and
+    beta's lost or duplicated, demo's poison in its DLQ, and alpha's and beta's wait=true p99 in
+    the poisoned phase within twice the calm phase's."""
+    from sqlmodel import Session
+
+    from service.core.db import get_engine
+    from service.tenancy.tenants import create_tenant, issue_token
+
+    started = time.monotonic()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    data_dir = base / scenario.name
+    data_dir.mkdir(parents=True)
+    stack = build_stack(data_dir, redis_server.url, spark_remote, client, roles=("api",), **CHAOS_SETTINGS)
+    problems: list[str] = []
+    evidence: list[str] = []
+    loads: dict[str, Load] = {}
+    try:
+        with Session(get_engine(stack.settings.resolved_database_url())) as session:
+            tokens = {name: issue_token(session, create_tenant(session, name))[1] for name in GOOD_TENANTS}
+        with stack.client() as http:
+            assert http.post("/v1/pipelines", json=BROKEN_PIPELINE).status_code == 201
+        stack.start("writer", name="writer-1")
+        stack.start("writer", name="writer-2")
+        stack.start("committer", name="committer-1")
+        loads = {name: Load(stack.url, producers=2, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
+        catalog = stack.catalog()
+        wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in GOOD_TENANTS), timeout_s=90, what="first commits")
+        calm_from = time.monotonic() + 5  # past the first jobs of each table
+        time.sleep(5 + PHASE_S)
+        poisoned_from = time.monotonic()
+        poisoner = Poisoner(stack.url).start()
+        time.sleep(PHASE_S)
+        poisoner.stop()
+        poisoned_to = time.monotonic()
+        for load in loads.values():
+            load.stop()
+
+        def latencies(start: float, end: float) -> list[float]:
+            return [sent.latency_s for load in loads.values() for sent in load.sent
+                    if sent.waited and sent.outcome == "200" and start <= sent.sent_at < end]
+
+        calm, poisoned = latencies(calm_from, poisoned_from), latencies(poisoned_from, poisoned_to)
+        evidence.append(
+            f"demo sent {poisoner.requests} poison requests; alpha+beta wait=true p99 {p99(calm):.2f} s calm "
+            f"({len(calm)} requests), {p99(poisoned):.2f} s poisoned ({len(poisoned)})"
+        )
+        if not calm or not poisoned:
+            problems.append("too few wait=true answers to compare")
+        elif p99(poisoned) > 2 * p99(calm):
+            problems.append(f"p99 with poison {p99(poisoned):.2f} s is over twice the calm {p99(calm):.2f} s")
+
+        def drained() -> bool:
+            backlogs = [int(stack.redis.get(keys.backlog_key(name)) or 0) for name in (*GOOD_TENANTS, "demo")]
+            return not any(backlogs)
+
+        try:
+            wait_until(drained, timeout_s=180, interval_s=0.5, what="every tenant's backlog to drain")
+        except AssertionError as exc:
+            problems.append(str(exc))
+        dead = [name for name, proc in stack.procs.items() if proc.poll() is not None]
+        if dead:
+            problems.append(f"processes died: {dead}")
+        dlq = catalog.load_table(("demo", keys.DLQ_TABLE)).scan().to_arrow() if catalog.table_exists(("demo", keys.DLQ_TABLE)) else None
+        dead_lettered = 0 if dlq is None else dlq.num_rows
+        evidence.append(f"{dead_lettered} of demo's events in its DLQ")
+        if not dead_lettered:
+            problems.append("no poison reached demo's DLQ")
+        figures = Figures()
+        for name, load in loads.items():
+            ids = catalog.load_table((name, "logs")).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+            tenant_figures = tally(load, ids)
+            for counted in ("sent", "ok_202", "ok_200", "refused", "no_answer", "errors", "committed", "lost_202", "lost_200", "duplicated"):
+                setattr(figures, counted, getattr(figures, counted) + getattr(tenant_figures, counted))
+    except Exception as exc:  # noqa: BLE001 - reported with the figures
+        problems.append(f"the scenario broke: {exc!r}")
+        figures = Figures()
+    finally:
+        for load in loads.values():
+            load.stop()
+        stack.stop()
+        client.close()
+    figures.evidence = "; ".join(evidence)
+    figures.problems = problems
+    figures.seconds = round(time.monotonic() - started, 1)
+    return figures
+
+
+SCENARIOS = [
+    Scenario("writer_killed_mid_job", "kill -9 a writer inside its Spark job (twice)", writer_killed_mid_job),
+    Scenario(
+        "committer_killed_before_commit", "kill -9 the leading committer just before the catalog commit",
+        committer_killed_at(faults.COMMITTER_BEFORE_CATALOG_COMMIT), committers=0,
+    ),
+    Scenario(
+        "committer_killed_after_commit", "kill -9 the leading committer just after the catalog commit",
+        committer_killed_at(faults.COMMITTER_AFTER_CATALOG_COMMIT), committers=0,
+    ),
+    Scenario("committer_paused_past_lease", "SIGSTOP the leader past its lease, then SIGCONT", committer_paused_past_lease),
+    Scenario("spark_stopped", "stop Spark Connect for 20 s, start it again", spark_stopped, needs_spark_server=True),
+    Scenario("redis_killed", "kill -9 redis-server, restart it from its AOF", redis_killed),
+    Scenario("catalog_unavailable", "catalog unavailable for 20 s", catalog_unavailable),
+    Scenario("idempotent_retries", "producers drop every response and retry with Idempotency-Key", idempotent_retries, drop_responses=True),
+    Scenario(
+        "poison_tenant", "tenant demo sends poison while alpha and beta send as usual; their latency must hold",
+        None, runner=run_poison_tenant,
+    ),
+]
+BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
+
+
+def drained(stack: Stack) -> bool:
+    backlog = int(stack.redis.get(keys.backlog_key("demo")) or 0)
+    return backlog == 0 and stack.redis.xlen(keys.commit_stream_key(*TABLE)) == 0
+
+
+def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server: SparkServer | None, spark_remote: str) -> Figures:
+    if scenario.runner is not None:
+        return scenario.runner(scenario, base, redis_server, spark_remote)
+    started = time.monotonic()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    data_dir = base / scenario.name
+    data_dir.mkdir(parents=True)
+    stack = build_stack(data_dir, redis_server.url, spark_remote, client, roles=("api",), **CHAOS_SETTINGS)
+    chaos = Chaos(stack, redis_server, spark_server)
+    try:
+        stack.start("writer", name="writer-1")
+        stack.start("writer", name="writer-2")
+        for i in range(1, scenario.committers + 1):
+            stack.start("committer", name=f"committer-{i}")
+        chaos.load = Load(stack.url, drop_responses=scenario.drop_responses).start()
+        try:
+            if scenario.committers:
+                wait_until(lambda: chaos.commits() > 0, timeout_s=90, what="the first commit")
+            else:
+                wait_until(lambda: stack.redis.xlen(keys.commit_stream_key(*TABLE)) > 0, timeout_s=90, what="files written")
+            scenario.inflict(chaos)
+            time.sleep(5)  # the load goes on after the fault healed
+        except Exception as exc:  # noqa: BLE001 - reported with the figures, which are still counted
+            chaos.problems.append(f"the scenario broke: {exc!r}")
+        finally:
+            chaos.load.stop()
+        try:
+            wait_until(lambda: drained(stack), timeout_s=180, interval_s=0.5, what="the backlog to drain")
+        except AssertionError as exc:
+            chaos.problems.append(str(exc))
+        dead = [name for name, proc in stack.procs.items() if proc.poll() is not None]
+        if dead:
+            chaos.problems.append(f"processes died: {dead}")
+        table = stack.catalog().load_table(TABLE)
+        ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    finally:
+        stack.stop()
+        client.close()
+    figures = tally(chaos.load, ids)
+    figures.evidence = "; ".join(chaos.evidence)
+    figures.problems = chaos.problems
+    figures.seconds = round(time.monotonic() - started, 1)
+    return figures
+
+
+def line(name: str, figures: Figures) -> str:
+    verdict = "PASS" if figures.passed else "FAIL"
+    return (
+        f"{verdict} {name:<31} sent {figures.sent:>6}  202 {figures.ok_202:>6}  200 {figures.ok_200:>6}  "
+        f"refused {figures.refused:>5}  no-answer {figures.no_answer:>4}  committed {figures.committed:>6}  "
+        f"lost {figures.lost_202 + figures.lost_200}  duplicated {figures.duplicated}  ({figures.seconds:.0f} s) {figures.evidence}"
+        + (f"  PROBLEMS: {figures.problems}" if figures.problems else "")
+    )
+
+
+def main(argv: list[str]) -> int:
+    names = argv or [scenario.name for scenario in SCENARIOS]
+    unknown = [name for name in names if name not in BY_NAME]
+    if unknown:
+        print(f"unknown scenarios {unknown}; choose from {list(BY_NAME)}", file=sys.stderr)
+        return 2
+    base = Path(tempfile.mkdtemp(prefix="calve-chaos-"))
+    print(f"chaos: working in {base}; starting redis-server and Spark Connect (~20 s)", flush=True)
+    redis_server = RedisServer(base / "redis").start()
+    spark_server = SparkServer(base / "spark").start()
+    results: dict[str, dict] = {}
+    try:
+        for name in names:
+            print(f"chaos: {name}: {BY_NAME[name].title}", flush=True)
+            figures = run(BY_NAME[name], base / "stacks", redis_server, spark_server, spark_server.remote)
+            print(line(name, figures), flush=True)
+            results[name] = figures.summary()
+    finally:
+        spark_server.stop()
+        redis_server.stop()
+    failed = [name for name, summary in results.items() if not summary["passed"]]
+    if not failed:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"chaos: {len(failed)} failed ({failed}); logs kept in {base}", flush=True)
+    print(json.dumps(results), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # python -m tests.chaos.scenarios
+    sys.exit(main(sys.argv[1:]))

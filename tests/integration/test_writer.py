@@ -1,0 +1,91 @@
+"""Writer failover: entries a crashed writer read but never acknowledged are written by another."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core import keys
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.spark
+
+
+def test_entries_of_a_dead_writer_are_reclaimed_and_written_once(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api",), CALVE_WRITER_CLAIM_IDLE_S="2")
+    stream = keys.input_stream_key("demo", "logs")
+    with stack.client() as http:
+        receipts = [http.post("/logs", json={"id": f"orphan-{i}"}).json()["receipt"] for i in range(5)]
+    # A writer that read the entries and died before its hand-off: they sit in its pending list.
+    stack.redis.xgroup_create(stream, keys.WRITER_GROUP, id="0", mkstream=True)
+    delivered = stack.redis.xreadgroup(keys.WRITER_GROUP, "dead-writer", {stream: ">"}, count=100)
+    assert len(delivered[0][1]) == 5
+    assert stack.redis.xpending(stream, keys.WRITER_GROUP)["pending"] == 5
+
+    stack.start("writer")
+    stack.start("committer")
+    with stack.client() as http:
+        wait_until(
+            lambda: all(http.get(f"/v1/receipts/{r}").json()["status"] == "committed" for r in receipts),
+            timeout_s=90, what="reclaimed entries committed",
+        )
+    assert sorted(row["id"] for row in stack.rows()) == [f"orphan-{i}" for i in range(5)]
+    assert stack.redis.xpending(stream, keys.WRITER_GROUP)["pending"] == 0
+    assert stack.redis.xlen(stream) == 0, "written entries are deleted from the input stream"
+
+
+def test_a_writer_that_lost_its_entries_cannot_hand_them_off(redis_client) -> None:  # noqa: ANN001
+    """Writer A's job outlives the claim idle time; B reclaims and settles first. A must not."""
+    from service.writer.hand_off import HandOffPlan, HandOffScript
+
+    stream, files = keys.input_stream_key("demo", "logs"), keys.commit_stream_key("demo", "logs")
+    redis_client.xgroup_create(stream, keys.WRITER_GROUP, id="0", mkstream=True)
+    ids = [redis_client.xadd(stream, {"receipt": f"r{i}", "events": "1", "body": b"{}"}).decode() for i in range(3)]
+    redis_client.xreadgroup(keys.WRITER_GROUP, "writer-a", {stream: ">"})
+    redis_client.xclaim(stream, keys.WRITER_GROUP, "writer-b", min_idle_time=0, message_ids=ids)
+    script = HandOffScript(redis_client)
+
+    def plan(writer: str) -> HandOffPlan:
+        return HandOffPlan(xadd=[(files, ["writer", writer])], hset=[(keys.receipt_key("demo", "r0"), ["status", "written"])])
+
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-a", ids, plan("a")) == 0
+    assert redis_client.xlen(files) == 0 and not redis_client.exists(keys.receipt_key("demo", "r0"))
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-b", ids, plan("b")) == 1
+    assert [entry[1][b"writer"] for entry in redis_client.xrange(files)] == [b"b"]
+    assert redis_client.xlen(stream) == 0 and redis_client.xpending(stream, keys.WRITER_GROUP)["pending"] == 0
+    # A's late second try (say after a retry) finds nothing of its own left either.
+    assert script.run(redis_client, stream, keys.WRITER_GROUP, "writer-a", ids, plan("a")) == 0
+    assert redis_client.xlen(files) == 1
+
+
+def test_backlog_counts_events_until_they_are_committed(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(roles=("api", "writer"))
+    with stack.client() as http:
+        receipt = http.post("/logs", json=[{"id": 1}, {"id": 2}, {"id": 3}]).json()["receipt"]
+        wait_until(lambda: http.get(f"/v1/receipts/{receipt}").json()["status"] == "written", what="written")
+        # Written but not committed (no committer runs): a catalog outage looks just like this.
+        assert int(stack.redis.get(keys.backlog_key("demo"))) == 3
+        stack.start("committer")
+        wait_until(lambda: http.get(f"/v1/receipts/{receipt}").json()["status"] == "committed", what="committed")
+    assert int(stack.redis.get(keys.backlog_key("demo"))) == 0
+
+
+def test_a_writer_exits_promptly_when_spark_is_already_gone(stack_factory, spark_server) -> None:  # noqa: ANN001
+    """Ctrl-C on `calve up` stops Spark and the writers together. pyspark's exit hook used to
+    retry releasing its session against the dead server, holding the writer for about a minute."""
+    import signal
+    import time
+
+    if spark_server is None:
+        pytest.skip("Spark Connect is external (CALVE_TEST_SPARK_REMOTE): this run cannot stop it")
+    stack = stack_factory(roles=("api", "writer", "committer"))
+    with stack.client() as http:
+        assert http.post("/logs?wait=true", json={"id": "before"}).status_code == 200  # the writer has a session
+    spark_server.stop()
+    try:
+        writer = stack.procs.pop("writer")
+        started = time.monotonic()
+        writer.send_signal(signal.SIGTERM)
+        writer.wait(60)
+        assert time.monotonic() - started < 10, f"the writer took {time.monotonic() - started:.0f} s to exit"
+    finally:
+        spark_server.start()

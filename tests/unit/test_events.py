@@ -1,0 +1,112 @@
+"""Body decoding and parsing, without Redis or Spark."""
+
+from __future__ import annotations
+
+import gzip
+import tracemalloc
+
+import orjson
+import pytest
+
+from service.api.events import decode_body, gunzip_bounded, parse_events
+from service.core.exceptions import BadRequestBody, BodyTooLarge
+
+
+def test_ndjson_keeps_one_object_per_line_and_skips_blank_lines() -> None:
+    parsed = parse_events(b'{"a":1}\n\n{"a":2}\r\n', "application/x-ndjson", 10)
+    assert parsed.events == 2
+    assert [orjson.loads(line) for line in parsed.ndjson.split(b"\n")] == [{"a": 1}, {"a": 2}]
+
+
+def test_json_array_and_object() -> None:
+    assert parse_events(b'[{"a":1},{"b":2}]', "application/json", 10).events == 2
+    assert parse_events(b'{"a":1}', "application/json; charset=utf-8", 10).events == 1
+
+
+def test_malformed_ndjson_names_the_line() -> None:
+    with pytest.raises(BadRequestBody, match="line 3"):
+        parse_events(b'{"a":1}\n{"a":2}\n{"a":\n', "application/x-ndjson", 10)
+
+
+def test_non_object_events_are_refused() -> None:
+    with pytest.raises(BadRequestBody, match="element 1"):
+        parse_events(b'[{"a":1}, 2]', "application/json", 10)
+    with pytest.raises(BadRequestBody, match="line 1"):
+        parse_events(b"[1,2]\n", "application/x-ndjson", 10)
+
+
+def test_event_count_limit() -> None:
+    with pytest.raises(BodyTooLarge, match="more than 2 events"):
+        parse_events(b'{"a":1}\n{"a":1}\n{"a":1}', "application/x-ndjson", 2)
+
+
+def test_unknown_encoding_and_content_type() -> None:
+    with pytest.raises(BadRequestBody, match="Content-Encoding"):
+        decode_body(b"x", "br", 100)
+    with pytest.raises(BadRequestBody, match="Content-Type"):
+        parse_events(b"x", "text/csv", 10)
+
+
+def test_gzip_round_trip_and_truncation() -> None:
+    body = b'{"a":1}\n' * 100
+    assert decode_body(gzip.compress(body), "gzip", 10_000) == body
+    with pytest.raises(BadRequestBody, match="truncated"):
+        gunzip_bounded(gzip.compress(body)[:-12], 10_000)
+
+
+def test_gzip_bomb_is_refused_with_bounded_memory() -> None:
+    bomb = gzip.compress(b"\0" * (200 * 1024 * 1024))  # 200 MiB of zeros, ~200 KiB compressed
+    limit = 1024 * 1024
+    tracemalloc.start()
+    with pytest.raises(BodyTooLarge, match="decompressed body exceeds"):
+        gunzip_bounded(bomb, limit)
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8 * limit, f"decompression peaked at {peak} bytes"
+
+
+def _deep(depth: int) -> bytes:
+    """An object nesting `depth` objects, itself included."""
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def test_events_nested_deeper_than_the_limit_are_set_aside_with_their_text() -> None:
+    from service.api.events import MAX_DEPTH, SET_ASIDE_MARK
+
+    body = b"\n".join([b'{"ok":1}', _deep(MAX_DEPTH + 1), _deep(MAX_DEPTH), _deep(3000)])
+    parsed = parse_events(body, "application/x-ndjson", 10)
+    lines = parsed.ndjson.split(b"\n")
+    assert parsed.events == 4 and parsed.set_aside == 2
+    assert [line.startswith(SET_ASIDE_MARK) for line in lines] == [False, True, False, True]
+    kept = orjson.loads(lines[1][1:])
+    assert kept["event"] == _deep(MAX_DEPTH + 1).decode() and f"more than {MAX_DEPTH} levels" in kept["reason"]
+    assert orjson.loads(lines[3][1:])["event"].startswith('{"a":{"a":')
+
+
+def test_a_json_array_sets_aside_the_same_events_as_ndjson() -> None:
+    from service.api.events import MAX_DEPTH
+
+    events = [b'{"ok":1}', _deep(MAX_DEPTH + 1), _deep(MAX_DEPTH), _deep(300)]
+    as_array = parse_events(b"[" + b",".join(events) + b"]", "application/json", 10)
+    as_lines = parse_events(b"\n".join(events), "application/x-ndjson", 10)
+    assert as_array.ndjson == as_lines.ndjson and as_array.set_aside == 2
+
+
+def test_duplicate_keys_keep_the_last_value_in_both_body_kinds() -> None:
+    ndjson = parse_events(b'{"dup":"first","n":{"k":1,"k":2},"dup":"second"}', "application/x-ndjson", 10)
+    array = parse_events(b'[{"dup":"first","n":{"k":1,"k":2},"dup":"second"}]', "application/json", 10)
+    assert ndjson.ndjson == array.ndjson == b'{"dup":"second","n":{"k":2}}'
+
+
+def test_a_json_body_nested_beyond_the_parser_is_a_400_naming_the_limit() -> None:
+    with pytest.raises(BadRequestBody, match="nesting deeper than"):
+        parse_events(_deep(3000), "application/json", 10)
+
+
+def test_replayed_dlq_events_are_checked_like_intake() -> None:
+    from service.api.events import SET_ASIDE_MARK, normalize_events
+
+    parsed = normalize_events([b'{"a":1,"a":2}', _deep(40), b"not json", b"[1]"])
+    lines = parsed.ndjson.split(b"\n")
+    assert lines[0] == b'{"a":2}'
+    assert all(line.startswith(SET_ASIDE_MARK) for line in lines[1:]) and parsed.set_aside == 3
