@@ -52,6 +52,9 @@ from tests.harness import (
 
 TABLE = ("demo", "logs")
 LEASE_S = 3.0
+# How long Spark Connect and the catalog stay down: long enough for the backlog cap to push back
+# under this load (it fills in about a second), short enough to keep `make test` near 10 minutes.
+OUTAGE_S = float(os.environ.get("CALVE_CHAOS_OUTAGE_S", "10"))
 CHAOS_SETTINGS = {
     "CALVE_LEASE_S": str(LEASE_S),
     "CALVE_WRITER_CLAIM_IDLE_S": "4",
@@ -326,9 +329,9 @@ def committer_paused_past_lease(chaos: Chaos) -> None:
 def spark_stopped(chaos: Chaos) -> None:
     chaos.wait_commits(1)
     chaos.spark_server.stop()
-    time.sleep(20)
+    time.sleep(OUTAGE_S)
     chaos.spark_server.start()
-    chaos.evidence.append("Spark Connect down for 20 s plus its restart")
+    chaos.evidence.append(f"Spark Connect down for {OUTAGE_S:g} s plus its restart")
     chaos.wait_commits(2, timeout_s=120)
     chaos.expect_backpressure()
 
@@ -349,17 +352,17 @@ def catalog_unavailable(chaos: Chaos) -> None:
     lock = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:
         lock.execute("BEGIN EXCLUSIVE")
-        time.sleep(20)
+        time.sleep(OUTAGE_S)
     finally:
         lock.execute("ROLLBACK")
         lock.close()
-    chaos.evidence.append("catalog locked (no commit possible) for 20 s")
+    chaos.evidence.append(f"catalog locked (no commit possible) for {OUTAGE_S:g} s")
     chaos.wait_commits(2, timeout_s=120)
     chaos.expect_backpressure()
 
 
 def idempotent_retries(chaos: Chaos) -> None:
-    time.sleep(15)
+    time.sleep(10)
     replayed = sum(1 for sent in chaos.load.sent if sent.replayed)
     chaos.evidence.append(f"every request sent twice (response dropped, then retried with its key); {replayed} retries answered as replays")
     if not replayed:
@@ -369,7 +372,7 @@ def idempotent_retries(chaos: Chaos) -> None:
 # -- one tenant's poison among other tenants' traffic ------------------------------------------
 
 GOOD_TENANTS = ("alpha", "beta")
-PHASE_S = 30.0  # each of: calm, then poisoned
+PHASE_S = 20.0  # each of: calm, then poisoned
 BROKEN_PIPELINE = {
     # `size` of a string fails Spark's analysis: every job with these events fails, so each
     # request must be isolated and fail alone before it goes to the DLQ.
