@@ -40,7 +40,7 @@ from service.protocol.stream_ids import text
 from service.writer.batches import Batch
 from service.writer.files import delete_files, list_data_files
 from service.writer.hand_off import HandOffPlan, HandOffScript
-from service.writer.spark_errors import is_spark_outage
+from service.writer.spark_errors import is_deterministic, is_spark_outage
 from service.writer.tables import TableResolver
 from spark_jobs.pipeline_job import (
     DLQ_SCHEMA,
@@ -241,7 +241,9 @@ class Writer:
             # make the whole batch's plan fail. Halving isolates the requests that fail alone.
             return batch.halves()
         batch.failures += 1
-        if batch.failures < MAX_JOB_ATTEMPTS:
+        # A plan Spark cannot analyse fails the same way every time: one failure alone settles
+        # it. Anything else (a task failure, a lost executor) may pass, so it gets a second try.
+        if batch.failures < MAX_JOB_ATTEMPTS and not is_deterministic(exc):
             return [batch]
         self.dead_letter(batch, f"the Spark job failed {batch.failures} times with this request alone: {reason}")
         return []

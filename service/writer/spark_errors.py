@@ -4,7 +4,7 @@ job (count it against the batch)."""
 from __future__ import annotations
 
 import grpc
-from pyspark.errors import PySparkException
+from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
 # Errors that say the Spark Connect server (or this client's session on it) is gone, not that the
@@ -22,3 +22,9 @@ def is_spark_outage(exc: BaseException) -> bool:
     if isinstance(exc, PySparkException) and (exc.getErrorClass() or "").startswith(OUTAGE_ERROR_CLASSES):
         return True
     return isinstance(exc, (PySparkException, grpc.RpcError)) and any(text in str(exc) for text in OUTAGE_MESSAGES)
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """Spark refused the job's plan (an analysis error: a type mismatch, an unresolved field): the
+    same request fails the same way on every attempt."""
+    return isinstance(exc, AnalysisException)

@@ -382,12 +382,15 @@ BROKEN_PIPELINE = {
 
 
 class Poisoner:
-    """Tenant demo's producer of bad input, in turns: requests whose Spark job fails, events nested
-    past the depth limit among good ones, and keys that collide or differ only in case."""
+    """Tenant demo's producer: good requests until `poison` is set, then bad input in turns:
+    requests whose Spark job fails, events nested past the depth limit among good ones, and keys
+    that collide or differ only in case. Sending good requests first keeps the two halves of the
+    run alike but for the poison (a third tenant's ordinary traffic costs the others too)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.requests = 0
+        self.poison = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, daemon=True)
 
@@ -407,14 +410,15 @@ class Poisoner:
             ("/logs", b'{"dup":"a","dup":"b","Msg":"x","msg":"y"}'),
         ]
         headers = {"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/x-ndjson"}
+        good = b"\n".join(orjson.dumps({"msg": f"good {i}"}) for i in range(20))
         with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
             while not self._stop.is_set():
-                path, body = bodies[self.requests % len(bodies)]
+                path, body = bodies[self.requests % len(bodies)] if self.poison.is_set() else ("/logs", good)
                 try:
                     http.post(path, content=body)
                 except httpx.TransportError:
                     pass
-                self.requests += 1
+                self.requests += self.poison.is_set()
                 self._stop.wait(0.1)
 
 
@@ -450,13 +454,14 @@ def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer,
         stack.start("writer", name="writer-1")
         stack.start("writer", name="writer-2")
         stack.start("committer", name="committer-1")
-        loads = {name: Load(stack.url, producers=2, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
+        loads = {name: Load(stack.url, producers=4, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
+        poisoner = Poisoner(stack.url).start()
         catalog = stack.catalog()
-        wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in GOOD_TENANTS), timeout_s=90, what="first commits")
+        wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in (*GOOD_TENANTS, "demo")), timeout_s=90, what="first commits")
         calm_from = time.monotonic() + 5  # past the first jobs of each table
         time.sleep(5 + PHASE_S)
         poisoned_from = time.monotonic()
-        poisoner = Poisoner(stack.url).start()
+        poisoner.poison.set()
         time.sleep(PHASE_S)
         poisoner.stop()
         poisoned_to = time.monotonic()
