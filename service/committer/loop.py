@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 
+import orjson
 import redis
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
@@ -29,7 +30,7 @@ from tenacity import (
 
 from service.committer.leases import TableLease
 from service.committer.receipts import ReceiptPublisher
-from service.committer.state import CommitPlan, CommitSchedule
+from service.committer.state import CommitPlan, CommitSchedule, UpkeepSchedule
 from service.core import faults, keys, metrics
 from service.core.config import Settings
 from service.core.exceptions import LeadershipLost
@@ -37,6 +38,7 @@ from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import ensure_commit_properties, load_table
+from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots
 from service.iceberg.watermark import calve_snapshots, watermark
 from service.protocol.commit_entry import PendingFiles
 from service.protocol.stream_ids import parse_id, text
@@ -58,6 +60,8 @@ class Committer:
         self.catalog = catalog
         self.name = name or consumer_name()
         self.schedule = CommitSchedule(settings.commit_interval_s)
+        self.upkeep_schedule = UpkeepSchedule(settings.upkeep_interval_s)
+        self.expiry = ExpiryPolicy(settings.snapshot_max_age_s, settings.snapshot_max_count, settings.snapshot_min_count)
         self.leases: dict[str, TableLease] = {}
         self.publisher = ReceiptPublisher(client)
 
@@ -91,9 +95,12 @@ class Committer:
             if lease is None:
                 continue
             now = time.monotonic()
+            tenant, table = keys.split_member(member)
+            if self.upkeep_schedule.is_upkeep_due(member, now):
+                self.upkeep(tenant, table, lease)
+                self.upkeep_schedule.record_upkeep(member, now)
             if not self.schedule.is_commit_due(member, now):
                 continue
-            tenant, table = keys.split_member(member)
             try:
                 if self.commit_table(tenant, table, lease, member):
                     self.schedule.record_commit(member, now)
@@ -104,6 +111,34 @@ class Committer:
                 metrics.COMMIT_FAILURES.labels(tenant, table, "error").inc()
                 log.exception("committer: commit of %s failed; will retry", member)
                 self.schedule.record_commit(member, now)  # back off one interval
+
+    def upkeep(self, tenant: str, table_name: str, lease: TableLease) -> None:
+        """Expire what the table's policy lets go; only its leader does, between its commits."""
+        started = time.perf_counter()
+        try:
+            table = load_table(self.catalog, tenant, table_name)
+            if table is None or not lease.held():
+                return
+            result = expire_snapshots(table, self.expiry)
+        except Exception as exc:  # noqa: BLE001 - upkeep failing must not stop commits; next interval retries
+            metrics.UPKEEP_RUNS.labels("expire", "failed").inc()
+            log.warning("upkeep: expiring snapshots of %s.%s failed (%s); will retry", tenant, table_name, exc)
+            self._record_upkeep(tenant, table_name, "expire", {"outcome": "failed", "error": str(exc)[:500]})
+            return
+        metrics.UPKEEP_RUNS.labels("expire", "ok").inc()
+        metrics.UPKEEP_SECONDS.labels("expire").observe(time.perf_counter() - started)
+        metrics.SNAPSHOTS_EXPIRED.labels(tenant, table_name).inc(len(result.expired))
+        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(result.files_deleted)
+        if result.expired:
+            log.info("upkeep: %s.%s expired %d snapshots, deleted %d files", tenant, table_name, len(result.expired), result.files_deleted)
+        self._record_upkeep(tenant, table_name, "expire", {
+            "outcome": "ok", "snapshots_expired": len(result.expired), "files_deleted": result.files_deleted,
+            "seconds": round(result.seconds, 3),
+        })
+
+    def _record_upkeep(self, tenant: str, table_name: str, task: str, outcome: dict) -> None:
+        # The last run of each task, for GET /v1/tables/{name} (health).
+        self.client.hset(keys.upkeep_key(tenant, table_name), task, orjson.dumps(outcome | {"at_ms": int(time.time() * 1000)}))
 
     def lease(self, member: str) -> TableLease | None:
         """This committer's lease on the table, renewed, or None when another committer leads."""
@@ -222,9 +257,10 @@ class Committer:
         snapshots = list(reversed(calve_snapshots(table)))
         for entry_id, fields in raw:
             entry = PendingFiles.from_fields(entry_id, fields)
+            # The oldest snapshot still kept stands in for one that expiry removed meanwhile.
             holder = next(
-                s for s in snapshots
-                if parse_id(s.summary.additional_properties[keys.SUMMARY_WATERMARK]) >= parse_id(entry.entry_id)
+                (s for s in snapshots if parse_id(s.summary.additional_properties[keys.SUMMARY_WATERMARK]) >= parse_id(entry.entry_id)),
+                snapshots[0],
             )
             self.publisher.mark_committed(tenant, table_name, holder.snapshot_id, entry.rows_by_receipt)
         self.client.xtrim(stream, minid=next_id(text(raw[-1][0])))

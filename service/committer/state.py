@@ -72,3 +72,19 @@ class CommitSchedule:
 
     def record_commit(self, table: str, now: float) -> None:
         self.last_commit[table] = now
+
+
+@dataclass
+class UpkeepSchedule:
+    """Upkeep of a table at most once per interval; the first time it leads a table, a committer
+    waits one interval (a table that changes leader often is not expired at every change)."""
+
+    interval_s: float
+    last_run: dict[str, float] = field(default_factory=dict)
+
+    def is_upkeep_due(self, table: str, now: float) -> bool:
+        last = self.last_run.setdefault(table, now)
+        return now - last >= self.interval_s
+
+    def record_upkeep(self, table: str, now: float) -> None:
+        self.last_run[table] = now

@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     commit_max_entries: int = 500
     commit_retries: int = 8
     lease_s: float = 10.0
+    # Table upkeep, by each table's leader every upkeep_interval_s: snapshots older than
+    # snapshot_max_age_s, or beyond the newest snapshot_max_count, are expired (never the newest
+    # snapshot_min_count), and the files only they referenced deleted.
+    upkeep_interval_s: float = Field(default=60.0, gt=0)
+    snapshot_max_age_s: float = Field(default=3600.0, gt=0)
+    snapshot_max_count: int = Field(default=100, ge=1)
+    snapshot_min_count: int = Field(default=5, ge=1)
     shutdown_grace_s: float = 30.0
 
     @property

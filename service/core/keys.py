@@ -73,6 +73,11 @@ def lease_key(tenant: str, table: str) -> str:
     return f"{_tag(tenant)}:lease:{table}"
 
 
+def upkeep_key(tenant: str, table: str) -> str:
+    """Hash: the last run of each upkeep task of the table (JSON per task)."""
+    return f"{_tag(tenant)}:upkeep:{table}"
+
+
 def fence_key(tenant: str, table: str) -> str:
     return f"{_tag(tenant)}:fence:{table}"
 

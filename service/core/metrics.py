@@ -38,6 +38,14 @@ FILES_PER_COMMIT = Histogram(
     "calve_files_per_commit", "Data files in one Iceberg commit", ["tenant", "table"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+UPKEEP_RUNS = Counter("calve_upkeep_runs", "Runs of a table upkeep task", ["task", "outcome"])
+UPKEEP_SECONDS = Histogram(
+    "calve_upkeep_duration_seconds", "Duration of one table upkeep task", ["task"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 64),
+)
+SNAPSHOTS_EXPIRED = Counter("calve_snapshots_expired", "Snapshots expired by upkeep", ["tenant", "table"])
+UPKEEP_FILES_DELETED = Counter(
+    "calve_upkeep_files_deleted", "Files (data, manifests, manifest lists) deleted because only expired snapshots referenced them", ["tenant", "table"]
+)
 COMMIT_FAILURES = Counter("calve_commit_failures", "Commit attempts that failed", ["tenant", "table", "reason"])
 
 

@@ -1,4 +1,4 @@
-"""Appending the Parquet files Spark wrote to a table, in one fast append per commit."""
+"""Appending the Parquet files Spark wrote to a table, in one append snapshot per commit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from service.iceberg import private
 
 
 def append_files(transaction: Transaction, files: list[str], snapshot_properties: dict[str, str]) -> None:
-    """Append Parquet files (written by Spark, so without field ids) in one fast append.
+    """Append Parquet files (written by Spark, so without field ids) in one append snapshot.
 
     pyiceberg's `add_files` derives each file's partition from its column statistics, which works
     for order-preserving transforms only. For bucket partitions the writer made every file hold
@@ -33,7 +33,10 @@ def append_files(transaction: Transaction, files: list[str], snapshot_properties
     if transaction.table_metadata.name_mapping() is None:
         transaction.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema().name_mapping.model_dump_json()})
     data_files = [_data_file(transaction, path) for path in files]
-    with transaction.update_snapshot(snapshot_properties=snapshot_properties).fast_append() as append:
+    producer = transaction.update_snapshot(snapshot_properties=snapshot_properties)
+    # As add_files does: a merge append when the table merges manifests (Calve's tables do).
+    merging = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED, "false") == "true"
+    with (producer.merge_append() if merging else producer.fast_append()) as append:
         for data_file in data_files:
             append.append_data_file(data_file)
 

@@ -46,8 +46,14 @@ CATALOG_NAME = "calve"
 # bypass the watermark check and commit files a rival leader already committed, so Calve turns
 # it off and handles conflicts itself (reload, re-filter, retry).
 COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+# Every commit merges small manifests into larger ones (pyiceberg's merge append), so a table's
+# manifest count stays bounded however many commits it has had; without it each fast append adds
+# one manifest forever, and every later commit and scan reads them all.
+MANIFEST_MERGE_PROPERTIES = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "20"}
+# What Calve's committer needs of a table, whoever created it.
+REQUIRED_PROPERTIES = {COMMIT_RETRIES_PROPERTY: "0", **MANIFEST_MERGE_PROPERTIES}
 TABLE_PROPERTIES = {
-    COMMIT_RETRIES_PROPERTY: "0",
+    **REQUIRED_PROPERTIES,
     # Keep the metadata directory bounded: one JSON file per commit otherwise piles up forever.
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "50",
@@ -144,9 +150,11 @@ def create_table_once(catalog: Catalog, tenant: str, table: str, schema, partiti
 
 
 def ensure_commit_properties(table: Table) -> Table:
-    """Make a table created elsewhere safe for Calve's committer (see TABLE_PROPERTIES)."""
-    if table.properties.get(COMMIT_RETRIES_PROPERTY) == "0":
+    """Make a table created elsewhere (or by an older Calve) safe for Calve's committer (see
+    REQUIRED_PROPERTIES)."""
+    missing = {key: value for key, value in REQUIRED_PROPERTIES.items() if table.properties.get(key) != value}
+    if not missing:
         return table
     with table.transaction() as transaction:
-        transaction.set_properties({COMMIT_RETRIES_PROPERTY: "0"})
+        transaction.set_properties(missing)
     return table

@@ -1,0 +1,131 @@
+"""Keeping a streamed-to table healthy: snapshot expiry, and deleting the files only expired
+snapshots referenced. Manifests are merged at commit time (TABLE_PROPERTIES in catalog.py), and
+old metadata.json versions deleted after each commit, so neither grows with the commit count.
+
+Only the table's leader runs these (see the package docstring): an expiry is a metadata commit
+like any other, compare-and-swap on the table, and it never removes
+- the current snapshot, the newest snapshot carrying Calve's watermark (recovery reads it) and
+  every snapshot between the two,
+- branch heads and tagged snapshots,
+- snapshots a caller protects (the change feed's readers, when they come),
+- the newest `min_snapshots`, whatever their age.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from pyiceberg.io import FileIO
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+
+from service.iceberg.watermark import calve_snapshots
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpiryPolicy:
+    """How much history a table keeps: snapshots younger than `max_age_s`, at most `max_snapshots`
+    of them, and never fewer than `min_snapshots`."""
+
+    max_age_s: float
+    max_snapshots: int
+    min_snapshots: int = 5
+
+
+@dataclass
+class ExpiryResult:
+    expired: list[int] = field(default_factory=list)
+    files_deleted: int = 0
+    seconds: float = 0.0
+
+
+def snapshots_to_expire(metadata: TableMetadata, policy: ExpiryPolicy, now_ms: int, protected: set[int] = frozenset()) -> list[int]:
+    """The snapshots the policy lets go, oldest first (no I/O)."""
+    keep = set(protected) | {
+        ref.snapshot_id for ref in metadata.refs.values() if ref.snapshot_ref_type in (SnapshotRefType.BRANCH, SnapshotRefType.TAG)
+    }
+    if metadata.current_snapshot_id is not None:
+        keep.add(metadata.current_snapshot_id)
+    newest_first = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
+    cutoff_ms = now_ms - int(policy.max_age_s * 1000)
+    expire = [
+        snapshot.snapshot_id
+        for rank, snapshot in enumerate(newest_first)
+        if rank >= policy.min_snapshots
+        and (rank >= policy.max_snapshots or snapshot.timestamp_ms < cutoff_ms)
+        and snapshot.snapshot_id not in keep
+    ]
+    return list(reversed(expire))
+
+
+def expire_snapshots(table: Table, policy: ExpiryPolicy, protected: set[int] = frozenset()) -> ExpiryResult:
+    """Expire what the policy lets go (one catalog commit), then delete the manifest lists,
+    manifests and data files that only the expired snapshots referenced."""
+    started = time.monotonic()
+    protected = set(protected) | watermark_path(table)
+    expired = snapshots_to_expire(table.metadata, policy, int(time.time() * 1000), protected)
+    if not expired:
+        return ExpiryResult(seconds=time.monotonic() - started)
+    before = list(table.metadata.snapshots)
+    table.maintenance.expire_snapshots().by_ids(expired).commit()
+    gone = {snapshot.snapshot_id for snapshot in before} - {snapshot.snapshot_id for snapshot in table.metadata.snapshots}
+    kept = [snapshot for snapshot in table.metadata.snapshots]
+    deleted = delete_unreferenced(table.io, [s for s in before if s.snapshot_id in gone], kept)
+    return ExpiryResult(sorted(gone), deleted, time.monotonic() - started)
+
+
+def watermark_path(table: Table) -> set[int]:
+    """The current snapshot's ancestry down to the newest snapshot carrying Calve's watermark:
+    recovery reads the watermark by walking that ancestry, and expiring a snapshot in between
+    would cut the walk short."""
+    holders = calve_snapshots(table)
+    if not holders:
+        return set()
+    path, snapshot = set(), table.current_snapshot()
+    while snapshot is not None:
+        path.add(snapshot.snapshot_id)
+        if snapshot.snapshot_id == holders[0].snapshot_id or snapshot.parent_snapshot_id is None:
+            break
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return path
+
+
+def _referenced(io: FileIO, snapshots: list[Snapshot], read: dict[str, list[str]]) -> tuple[set[str], set[str], set[str]]:
+    """(manifest lists, manifests, data and delete files) the snapshots reference; each manifest is
+    read once (`read` caches its file paths across calls)."""
+    lists, manifests, files = set(), set(), set()
+    for snapshot in snapshots:
+        lists.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            manifests.add(manifest.manifest_path)
+            if manifest.manifest_path not in read:
+                read[manifest.manifest_path] = [
+                    entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=False)
+                ]
+            files.update(read[manifest.manifest_path])
+    return lists, manifests, files
+
+
+def delete_unreferenced(io: FileIO, expired: list[Snapshot], kept: list[Snapshot]) -> int:
+    """Delete what `expired` referenced and `kept` does not; the count deleted. A file already
+    gone (deleted by an earlier run that stopped halfway) is not an error."""
+    read: dict[str, list[str]] = {}
+    kept_lists, kept_manifests, kept_files = _referenced(io, kept, read)
+    old_lists, old_manifests, old_files = _referenced(io, expired, read)
+    doomed = (old_files - kept_files) | (old_manifests - kept_manifests) | (old_lists - kept_lists)
+    deleted = 0
+    for path in sorted(doomed):
+        try:
+            io.delete(path)
+            deleted += 1
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("upkeep: could not delete %s (%s); orphan removal will retry", path, exc)
+    return deleted

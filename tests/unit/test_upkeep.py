@@ -1,0 +1,90 @@
+"""Table upkeep against a real Iceberg table (SQLite catalog, files on disk): what expiry lets go,
+what it keeps, the files it deletes, and the manifests merged at commit time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.expressions import EqualTo
+
+from service.core import keys
+from service.iceberg.appends import append_files
+from service.iceberg.catalog import create_table_once, get_catalog
+from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots, snapshots_to_expire
+from service.iceberg.watermark import watermark
+
+
+@pytest.fixture
+def table(tmp_path: Path):  # noqa: ANN201
+    catalog = get_catalog.__wrapped__(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
+    return create_table_once(catalog, "acme", "events", pa.schema([pa.field("id", pa.string())]))
+
+
+def commit(table, tmp_path: Path, n: int) -> None:  # noqa: ANN001
+    """One committer-style commit of one small file, with the watermark n-0."""
+    path = tmp_path / f"part-{n}.parquet"
+    pq.write_table(pa.table({"id": [f"e{n}"]}), path)
+    with table.transaction() as transaction:
+        append_files(transaction, [path.as_uri()], {keys.SUMMARY_WATERMARK: f"{n}-0"})
+
+
+def files_under(table, kind: str) -> int:  # noqa: ANN001
+    root = Path(table.location().removeprefix("file://")) / "metadata"
+    return sum(1 for path in root.iterdir() if kind in path.name)
+
+
+def test_expiry_keeps_the_newest_within_the_policy_and_what_is_protected(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n in range(1, 13):
+        commit(table, tmp_path, n)
+    snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
+    now_ms = snapshots[-1].timestamp_ms
+    by_count = snapshots_to_expire(table.metadata, ExpiryPolicy(max_age_s=3600, max_snapshots=5, min_snapshots=2), now_ms)
+    assert by_count == [s.snapshot_id for s in snapshots[:7]], "the oldest beyond the newest five, oldest first"
+    protected = {snapshots[0].snapshot_id}
+    assert snapshots[0].snapshot_id not in snapshots_to_expire(
+        table.metadata, ExpiryPolicy(max_age_s=3600, max_snapshots=5), now_ms, protected
+    )
+    # Everything is older than the age limit here, but the newest min_snapshots always stay.
+    by_age = snapshots_to_expire(table.metadata, ExpiryPolicy(max_age_s=0.001, max_snapshots=100, min_snapshots=3), now_ms + 10_000)
+    assert by_age == [s.snapshot_id for s in snapshots[:9]]
+
+
+def test_expiry_bounds_history_and_deletes_only_what_expired_snapshots_alone_referenced(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n in range(1, 31):
+        commit(table, tmp_path, n)
+    rows_before = sorted(table.scan().to_arrow().column("id").to_pylist())
+    lists_before = files_under(table, "snap-")
+    assert len(table.current_snapshot().manifests(table.io)) <= 20, "manifests are merged at commit time"
+
+    result = expire_snapshots(table, ExpiryPolicy(max_age_s=3600, max_snapshots=10, min_snapshots=2))
+    assert len(result.expired) == 20 and len(table.metadata.snapshots) == 10
+    assert len(table.metadata.snapshot_log) == 10, "the snapshot log is bounded with them"
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == rows_before, "every row is still read"
+    assert watermark(table) == "30-0"
+    assert files_under(table, "snap-") == lists_before - 20, "the expired snapshots' manifest lists are gone"
+    assert all(Path(p.removeprefix("file://")).exists() for p in table.inspect.data_files().column("file_path").to_pylist())
+
+    # A delete (the DLQ purge's kind) leaves a data file that only older snapshots reference: once
+    # they expire, the file goes too.
+    doomed = next(p for p in table.inspect.data_files().column("file_path").to_pylist() if p.endswith("part-3.parquet"))
+    table.delete(EqualTo("id", "e3"))
+    commit(table, tmp_path, 31)
+    expire_snapshots(table, ExpiryPolicy(max_age_s=3600, max_snapshots=1, min_snapshots=1))
+    assert not Path(doomed.removeprefix("file://")).exists()
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == sorted({*rows_before, "e31"} - {"e3"})
+
+
+def test_the_watermark_snapshot_survives_expiry_when_newer_snapshots_carry_none(table, tmp_path: Path) -> None:  # noqa: ANN001
+    commit(table, tmp_path, 1)
+    first = table.current_snapshot().snapshot_id
+    commit(table, tmp_path, 2)
+    for n in range(3):
+        table.append(pa.table({"id": [f"other{n}"]}))  # snapshots without a watermark on top (another writer's)
+        time.sleep(0.002)
+    result = expire_snapshots(table, ExpiryPolicy(max_age_s=3600, max_snapshots=1, min_snapshots=1))
+    assert result.expired == [first], "the holder of the watermark and every snapshot above it stay"
+    assert watermark(table) == "2-0", "recovery still finds the last committed entry"
