@@ -12,7 +12,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from service.core.keys import COMMITTED_CHANNEL, receipt_key
-from service.protocol.receipts import COMMITTED, Receipt, parse_receipt
+from service.protocol.receipts import COMMITTED, FAILED, Receipt, parse_receipt
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ReceiptWaiter:
                 waiter.set()
 
     async def wait(self, tenant: str, receipt_id: str, timeout_s: float) -> Receipt | None:
-        """The receipt once committed, or its latest state when `timeout_s` passes."""
+        """The receipt once committed (or failed), or its latest state when `timeout_s` passes."""
         event = asyncio.Event()
         self._waiting.setdefault(receipt_id, set()).add(event)
         deadline = time.monotonic() + timeout_s
@@ -86,7 +86,7 @@ class ReceiptWaiter:
                     # deadline the caller answers with what was last known (accepted).
                     log.warning("receipt %s: Redis unavailable while waiting (%s)", receipt_id, exc)
                 else:
-                    if receipt is None or receipt.status == COMMITTED:
+                    if receipt is None or receipt.status in (COMMITTED, FAILED):
                         return receipt
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

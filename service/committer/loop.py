@@ -37,7 +37,11 @@ from service.core.exceptions import LeadershipLost
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.appends import append_files
-from service.iceberg.catalog import ensure_commit_properties, load_table
+from service.iceberg.catalog import (
+    CATALOG_UNAVAILABLE,
+    ensure_commit_properties,
+    load_table,
+)
 from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots
 from service.iceberg.watermark import calve_snapshots, watermark
 from service.protocol.commit_entry import PendingFiles
@@ -46,6 +50,8 @@ from service.protocol.stream_ids import parse_id, text
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+# Commit failures that say nothing about the entries: the catalog unreachable or busy, conflicts.
+TRANSIENT: tuple[type[Exception], ...] = (*CATALOG_UNAVAILABLE, CommitFailedException)
 
 
 def next_id(entry_id: str) -> str:
@@ -104,13 +110,44 @@ class Committer:
             try:
                 if self.commit_table(tenant, table, lease, member):
                     self.schedule.record_commit(member, now)
+                self.schedule.record_success(member)
             except LeadershipLost:
                 log.warning("committer %s lost the lease of %s before committing", self.name, member)
                 self.leases.pop(member, None)
+            except TRANSIENT as exc:  # the catalog is away or busy: nothing is wrong with the entries
+                metrics.COMMIT_FAILURES.labels(tenant, table, "unavailable").inc()
+                log.warning("committer: commit of %s failed (%s); will retry", member, exc)
+                self.schedule.record_commit(member, now)  # back off one interval
             except Exception:  # noqa: BLE001 - one table's failure must not stop the others
                 metrics.COMMIT_FAILURES.labels(tenant, table, "error").inc()
                 log.exception("committer: commit of %s failed; will retry", member)
                 self.schedule.record_commit(member, now)  # back off one interval
+                if self.schedule.record_failure(member) >= self.settings.commit_max_failures:
+                    self.schedule.record_success(member)
+                    self.isolate_stuck(tenant, table, lease)
+
+    def isolate_stuck(self, tenant: str, table_name: str, lease: TableLease) -> None:
+        """The table's commits kept failing for a cause that does not pass: commit its pending
+        entries one at a time, and park each that fails alone on the dead commit stream (its
+        receipts failed with the reason), so the entries after it commit again."""
+        planned = self.plan(tenant, table_name)
+        if planned is None:
+            return
+        table, plan = planned
+        stream = keys.commit_stream_key(tenant, table_name)
+        for entry in plan.entries:
+            try:
+                self.apply(tenant, table_name, table, CommitPlan([entry]), lease)
+            except (LeadershipLost, *TRANSIENT):
+                raise
+            except Exception as exc:  # noqa: BLE001 - this entry's own failure: park it
+                reason = f"commit failed alone after {self.settings.commit_max_failures} failed commits: {exc}"[:1000]
+                raw = self.client.xrange(stream, min=entry.entry_id, max=entry.entry_id)
+                if raw:
+                    failed = self.publisher.dead_letter(tenant, table_name, entry.entry_id, raw[0][1], reason)
+                    metrics.DEAD_COMMIT_ENTRIES.labels(tenant, table_name).inc()
+                    log.error("committer: parked entry %s of %s.%s (%d receipts failed): %s", entry.entry_id, tenant, table_name, len(failed), reason)
+            table = self.catalog.load_table((tenant, table_name))
 
     def upkeep(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Expire what the table's policy lets go; only its leader does, between its commits."""

@@ -1,4 +1,5 @@
-"""The committer's side of receipts: mark them committed and announce the ones that completed."""
+"""The committer's side of receipts: mark them committed (or failed) and announce the ones that
+settled."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import time
 import orjson
 import redis
 
-from service.core.keys import COMMITTED_CHANNEL, backlog_key, receipt_key
-from service.protocol.scripts import MARK_COMMITTED
+from service.core.keys import (
+    COMMITTED_CHANNEL,
+    backlog_key,
+    commit_stream_key,
+    dead_commit_stream_key,
+    receipt_key,
+)
+from service.protocol import commit_entry
+from service.protocol.scripts import MARK_COMMITTED, MARK_FAILED
 
 
 class ReceiptPublisher:
@@ -17,6 +25,7 @@ class ReceiptPublisher:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._mark = client.register_script(MARK_COMMITTED)
+        self._fail = client.register_script(MARK_FAILED)
 
     def mark_committed(self, tenant: str, table: str, snapshot_id: int, rows_by_receipt: dict[str, int]) -> list[str]:
         now = f"{time.time():.3f}"
@@ -32,3 +41,20 @@ class ReceiptPublisher:
         if completed:
             self._client.publish(COMMITTED_CHANNEL, orjson.dumps(completed))
         return completed
+
+    def dead_letter(self, tenant: str, table: str, entry_id: str, fields: dict[bytes, bytes], reason: str) -> list[str]:
+        """Park a commit-stream entry that can never be committed on the table's dead commit stream
+        with the reason, and fail its receipts, in one transaction; returns the receipts failed."""
+        receipts = list(orjson.loads(fields[commit_entry.RECEIPTS.encode()]))
+        now = f"{time.time():.3f}"
+        pipe = self._client.pipeline(transaction=True)
+        parked = {**fields, commit_entry.DEAD_REASON.encode(): reason.encode(), commit_entry.DEAD_AT.encode(): now.encode(),
+                  commit_entry.DEAD_ENTRY.encode(): entry_id.encode()}
+        pipe.xadd(dead_commit_stream_key(tenant, table), parked)
+        pipe.xdel(commit_stream_key(tenant, table), entry_id)
+        for receipt_id in receipts:
+            self._fail(keys=[receipt_key(tenant, receipt_id), backlog_key(tenant)], args=[reason, now], client=pipe)
+        failed = [receipt_id for receipt_id, done in zip(receipts, pipe.execute()[2:]) if done]
+        if failed:
+            self._client.publish(COMMITTED_CHANNEL, orjson.dumps(failed))
+        return failed

@@ -60,6 +60,14 @@ class CommitSchedule:
     interval_s: float
     last_commit: dict[str, float] = field(default_factory=dict)
     intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
+    failures: dict[str, int] = field(default_factory=dict)  # commits failed in a row, not for a passing cause
+
+    def record_failure(self, table: str) -> int:
+        self.failures[table] = self.failures.get(table, 0) + 1
+        return self.failures[table]
+
+    def record_success(self, table: str) -> None:
+        self.failures.pop(table, None)
 
     def is_commit_due(self, table: str, now: float) -> bool:
         return now - self.last_commit.get(table, float("-inf")) >= self.intervals.get(table, self.interval_s)

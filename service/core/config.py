@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     commit_interval_s: float = Field(default=1.0, gt=0)
     commit_max_entries: int = 500
     commit_retries: int = 8
+    # A table whose commits fail this many times in a row (not for an unreachable catalog or a
+    # conflict) has its pending entries committed one by one; those failing alone are parked.
+    commit_max_failures: int = Field(default=5, ge=1)
     lease_s: float = 10.0
     # Table upkeep, by each table's leader every upkeep_interval_s: snapshots older than
     # snapshot_max_age_s, or beyond the newest snapshot_max_count, are expired (never the newest

@@ -51,6 +51,11 @@ def commit_stream_key(tenant: str, table: str) -> str:
     return f"{_tag(tenant)}:files:{table}"
 
 
+def dead_commit_stream_key(tenant: str, table: str) -> str:
+    """Commit-stream entries the committer gave up on (a commit of them can never succeed)."""
+    return f"{_tag(tenant)}:dead-files:{table}"
+
+
 def receipt_key(tenant: str, receipt: str) -> str:
     return f"{_tag(tenant)}:receipt:{receipt}"
 

@@ -46,6 +46,9 @@ SNAPSHOTS_EXPIRED = Counter("calve_snapshots_expired", "Snapshots expired by upk
 UPKEEP_FILES_DELETED = Counter(
     "calve_upkeep_files_deleted", "Files (data, manifests, manifest lists) deleted because only expired snapshots referenced them", ["tenant", "table"]
 )
+DEAD_COMMIT_ENTRIES = Counter(
+    "calve_dead_commit_entries", "Commit-stream entries parked because a commit of them can never succeed", ["tenant", "table"]
+)
 COMMIT_FAILURES = Counter("calve_commit_failures", "Commit attempts that failed", ["tenant", "table", "reason"])
 
 

@@ -19,6 +19,10 @@ ROWS = "rows"
 WRITER = "writer"
 DLQ_DELETES = "dlq_deletes"  # on the DLQ table's stream: dlq_ids to remove in the same commit
 COMMIT_INTERVAL = "commit_interval_s"  # the sink's commit interval, when its pipeline sets one
+# Added when the committer parks an entry on the table's dead commit stream.
+DEAD_REASON = "dead_reason"
+DEAD_AT = "dead_at"
+DEAD_ENTRY = "dead_entry"  # the entry's id on the commit stream
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from service.core.keys import DLQ_TABLE
 BUFFERED = "buffered"  # in Redis (api)
 WRITTEN = "written"  # in data files, not yet committed (writer)
 COMMITTED = "committed"  # every table of the request committed (committer), or nothing to commit
+FAILED = "failed"  # a commit of its files can never succeed: they are parked on the table's dead commit stream
 
 # Field names of the receipt hash; the Lua scripts in scripts.py take them from here.
 STATUS = "status"
@@ -25,6 +26,7 @@ CREATED_AT = "created_at"
 TABLES = "tables"  # how many tables the request's events went to (the DLQ included)
 WRITTEN_AT = "written_at"
 COMMITTED_AT = "committed_at"
+ERROR = "error"  # why the receipt failed
 WRITTEN_PREFIX = "written:"  # written:<table> = rows
 COMMITTED_PREFIX = "committed:"  # committed:<table> = "<snapshot id>:<rows>"
 
@@ -48,6 +50,7 @@ class Receipt:
     pipeline: str
     created_at: float
     tables: dict[str, dict] = field(default_factory=dict)
+    error: str | None = None
     written_at: float | None = None
     committed_at: float | None = None
 
@@ -64,6 +67,8 @@ class Receipt:
             # Events of the request that went to the tenant's DLQ table instead (with their reasons).
             "dlq_events": self.tables.get(DLQ_TABLE, {}).get("rows", 0),
         }
+        if self.error:
+            body["error"] = self.error
         return body
 
 
@@ -87,6 +92,7 @@ def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Recei
         pipeline=fields.get(PIPELINE, ""),
         created_at=float(fields.get(CREATED_AT, 0)),
         tables=tables,
+        error=fields.get(ERROR),
         written_at=float(fields[WRITTEN_AT]) if WRITTEN_AT in fields else None,
         committed_at=float(fields[COMMITTED_AT]) if COMMITTED_AT in fields else None,
     )

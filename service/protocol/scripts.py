@@ -16,7 +16,7 @@ _FIELDS = {
     "status": receipts.STATUS, "events": receipts.EVENTS, "pipeline": receipts.PIPELINE,
     "created_at": receipts.CREATED_AT, "tables": receipts.TABLES, "committed_at": receipts.COMMITTED_AT,
     "committed_prefix": receipts.COMMITTED_PREFIX, "committed_prefix_len": str(len(receipts.COMMITTED_PREFIX)),
-    "buffered": receipts.BUFFERED, "committed": receipts.COMMITTED,
+    "buffered": receipts.BUFFERED, "committed": receipts.COMMITTED, "failed": receipts.FAILED, "error": receipts.ERROR,
 }
 
 
@@ -80,7 +80,8 @@ return 1
 MARK_COMMITTED = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], '$committed_prefix' .. ARGV[1], ARGV[2])
-if redis.call('HGET', KEYS[1], '$status') == '$committed' then return 0 end
+local status = redis.call('HGET', KEYS[1], '$status')
+if status == '$committed' or status == '$failed' then return 0 end
 local expected = tonumber(redis.call('HGET', KEYS[1], '$tables') or '0')
 local done = 0
 for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -92,4 +93,16 @@ if done >= expected then
   return 1
 end
 return 0
+""")
+
+# The committer gives up on a commit-stream entry that can never be committed: each of its receipts
+# not settled yet becomes failed with the reason and leaves the tenant's backlog (KEYS[2]). A later
+# commit of the receipt's other tables (or of this entry, retried by hand) records its snapshot but
+# leaves the status failed: the producer was told. ARGV: reason, failed_at.
+MARK_FAILED = _lua("""
+local status = redis.call('HGET', KEYS[1], '$status')
+if status == false or status == '$committed' or status == '$failed' then return 0 end
+redis.call('HSET', KEYS[1], '$status', '$failed', '$error', ARGV[1], '$committed_at', ARGV[2])
+redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], '$events') or '0'))
+return 1
 """)

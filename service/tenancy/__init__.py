@@ -1,0 +1,1 @@
+"""Tenants, tokens and principals, per-tenant limits, and the one rule for names."""

@@ -245,7 +245,8 @@ class Writer:
         # it. Anything else (a task failure, a lost executor) may pass, so it gets a second try.
         if batch.failures < MAX_JOB_ATTEMPTS and not is_deterministic(exc):
             return [batch]
-        self.dead_letter(batch, f"the Spark job failed {batch.failures} times with this request alone: {reason}")
+        attempts = f"{batch.failures} attempt{'s' if batch.failures != 1 else ''}"
+        self.dead_letter(batch, f"the Spark job failed with this request alone ({attempts}): {reason}")
         return []
 
     def handle(self, batch: Batch) -> list[FilesWritten]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+import orjson
 import pytest
 
 from service.committer.leases import TableLease
@@ -162,3 +163,41 @@ def test_upkeep_bounds_snapshots_while_committers_are_killed_and_restarted(stack
         )
     assert health["upkeep"]["expire"]["outcome"] == "ok", health
     assert health["data_files"] >= 1 and health["manifests"] >= 1 and health["metadata_bytes"] > 0
+
+
+def test_an_entry_whose_commit_can_never_succeed_is_parked_and_the_next_ones_commit(stack_factory, tmp_path) -> None:  # noqa: ANN001
+    """A data file vanishes between the writer's hand-off and the commit (moved away here, as a
+    lost disk or a wrong lifecycle rule would): the entry fails every commit, is parked with its
+    reason, its receipt fails, and the table's later entries commit. Put back and retried, the
+    rows are committed once."""
+    import shutil
+
+    stack = stack_factory(roles=("api", "writer"), CALVE_COMMIT_MAX_FAILURES="2")
+    first = post_batches(stack, batches=1, per_batch=10, prefix="lost")
+    wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", first[0]), "status") == b"written", what="first written")
+    later = post_batches(stack, batches=2, per_batch=10, prefix="later")
+    wait_until(lambda: all(stack.redis.hget(keys.receipt_key("demo", r), "status") == b"written" for r in later), what="written")
+    (_entry_id, fields), = stack.redis.xrange(keys.commit_stream_key("demo", "logs"), count=1)
+    moved = []
+    for path in orjson.loads(fields[b"files"]):
+        local = path.removeprefix("file://")
+        moved.append((local, shutil.move(local, tmp_path / f"away-{len(moved)}.parquet")))
+
+    stack.start("committer")
+    with stack.client() as http:
+        failed = wait_until(lambda: (r := http.get(f"/v1/receipts/{first[0]}").json())["status"] == "failed" and r, timeout_s=60, what="parked")
+        wait_until(lambda: all_committed(stack, later), timeout_s=60, what="the later entries committed")
+        assert "commit failed alone" in failed["error"]
+        dead = http.get("/v1/tables/logs/dead-commits").json()["entries"]
+        assert len(dead) == 1 and dead[0]["rows_by_receipt"] == {first[0]: 10}
+        assert int(stack.redis.get(keys.backlog_key("demo"))) == 0, "a failed receipt leaves the backlog"
+        assert sorted(row["id"].split("-")[0] for row in stack.rows()) == ["later"] * 20
+
+        for local, away in moved:
+            shutil.move(away, local)
+        assert http.post(f"/v1/tables/logs/dead-commits/{dead[0]['id']}/retry").status_code == 200
+        wait_until(lambda: len(stack.rows()) == 30, timeout_s=60, what="the retried entry committed")
+        assert http.get("/v1/tables/logs/dead-commits").json()["entries"] == []
+        assert http.get(f"/v1/receipts/{first[0]}").json()["status"] == "failed", "its producer was told; it stays failed"
+        assert http.delete(f"/v1/tables/logs/dead-commits/{dead[0]['id']}").status_code == 404
+    assert_exactly_once(stack, expected=30)

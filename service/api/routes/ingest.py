@@ -30,7 +30,7 @@ from service.core import metrics
 from service.core.config import Settings
 from service.pipelines.spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
 from service.pipelines.store import PipelineRecord, find_by_path
-from service.protocol.receipts import COMMITTED
+from service.protocol.receipts import COMMITTED, FAILED
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import Principal
 
@@ -52,15 +52,17 @@ EVENTS_BODY = {
 class IngestAnswer(BaseModel):
     receipt: str
     events: int
-    status: str = Field(description="buffered (202) or committed (200)")
+    status: str = Field(description="buffered (202), committed (200) or failed (500)")
     tables: dict[str, dict] | None = Field(None, description="with wait=true: rows and snapshot per table")
     dlq_events: int | None = Field(None, description="with wait=true: events that went to the DLQ")
+    detail: str | None = Field(None, description="failed: why the events could not be committed")
 
 
 @router.post(
     "/{path:path}", status_code=status.HTTP_202_ACCEPTED, response_model=IngestAnswer, openapi_extra=EVENTS_BODY,
     responses={
         200: {"model": IngestAnswer, "description": "with wait=true: every event is committed (or in the DLQ)"},
+        500: {"model": IngestAnswer, "description": "with wait=true: a commit of the events can never succeed (detail says why)"},
         **error_responses(*AUTH_ERRORS, 400, 404, 405, 408, 413, 422, 429, 503),
     },
 )
@@ -168,10 +170,13 @@ async def _answer(
     receipt = await waiter.wait(tenant, receipt_id, wait_s) if (wait or replay) else None
     if receipt is not None:
         answer.update(events=receipt.events, status=receipt.status)
-    if receipt is None or receipt.status != COMMITTED:
+    if receipt is None or receipt.status not in (COMMITTED, FAILED):
         return JSONResponse(answer, status_code=status.HTTP_202_ACCEPTED, headers=headers)
     answer["tables"] = receipt.tables
     answer["dlq_events"] = receipt.public()["dlq_events"]
+    if receipt.status == FAILED:
+        answer["detail"] = receipt.error
+        return JSONResponse(answer, status_code=status.HTTP_500_INTERNAL_SERVER_ERROR, headers=headers)
     return JSONResponse(answer, status_code=status.HTTP_200_OK, headers=headers)
 
 

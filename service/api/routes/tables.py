@@ -1,18 +1,28 @@
-"""GET /v1/tables, /v1/tables/{name}, /v1/tables/{name}/rows."""
+"""GET /v1/tables, /v1/tables/{name} (with health), /v1/tables/{name}/rows, and the dead commit
+entries of a table."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import orjson
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.table import Table
 
-from service.api.deps import CatalogDep, ReadPrincipal, RedisDep, TableName
+from service.api.deps import (
+    AdminPrincipal,
+    CatalogDep,
+    ReadPrincipal,
+    RedisDep,
+    TableName,
+)
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
 from service.iceberg.catalog import load_table
+from service.protocol import commit_entry
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
 RECENT_SNAPSHOTS = 10
@@ -95,3 +105,55 @@ def preview_rows(
     # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
     content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
     return Response(content, media_type="application/json")
+
+
+# -- commit-stream entries the committer gave up on ---------------------------------------------
+
+# A Redis stream id: two unsigned 64-bit numbers; 19 digits always fit (20 may not).
+EntryId = Annotated[str, Path(pattern=r"^[0-9]{1,19}-[0-9]{1,19}$", description="id of a dead commit entry")]
+DEAD_FIELDS = (commit_entry.DEAD_REASON, commit_entry.DEAD_AT, commit_entry.DEAD_ENTRY)
+
+
+def _dead_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> dict:
+    get = lambda name: fields.get(name.encode(), b"").decode()  # noqa: E731
+    return {
+        "id": entry_id.decode(),
+        "reason": get(commit_entry.DEAD_REASON),
+        "failed_at": float(get(commit_entry.DEAD_AT) or 0),
+        "commit_entry": get(commit_entry.DEAD_ENTRY),
+        "files": orjson.loads(get(commit_entry.FILES) or "[]"),
+        "rows_by_receipt": orjson.loads(get(commit_entry.RECEIPTS) or "{}"),
+    }
+
+
+@router.get("/{name}/dead-commits", responses=error_responses(422))
+async def list_dead_commits(name: TableName, principal: ReadPrincipal, client: RedisDep) -> dict:
+    """Files whose commit can never succeed (a file gone, a schema the table refuses), with why;
+    their receipts are failed. Retry one once its cause is fixed, or discard it."""
+    raw = await client.xrange(keys.dead_commit_stream_key(principal.tenant, name), count=1000)
+    return {"entries": [_dead_entry(entry_id, fields) for entry_id, fields in raw]}
+
+
+@router.post("/{name}/dead-commits/{entry_id}/retry", responses=error_responses(404, 422))
+async def retry_dead_commit(name: TableName, entry_id: EntryId, principal: AdminPrincipal, client: RedisDep) -> dict:
+    """Put the entry back on the table's commit stream: the leader commits it with the next ones.
+    Its receipts stay failed (their producers were told); the rows are committed."""
+    dead = keys.dead_commit_stream_key(principal.tenant, name)
+    raw = await client.xrange(dead, min=entry_id, max=entry_id)
+    if not raw:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead commit entry {entry_id!r} of table {name!r}")
+    fields = {key: value for key, value in raw[0][1].items() if key.decode() not in DEAD_FIELDS}
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.xadd(keys.commit_stream_key(principal.tenant, name), fields)
+        pipe.xdel(dead, entry_id)
+        new_id, _deleted = await pipe.execute()
+    await client.sadd(keys.TABLES, keys.member(principal.tenant, name))
+    return {"retried": entry_id, "commit_entry": new_id.decode()}
+
+
+@router.delete("/{name}/dead-commits/{entry_id}", responses=error_responses(404, 422))
+async def discard_dead_commit(name: TableName, entry_id: EntryId, principal: AdminPrincipal, client: RedisDep) -> dict:
+    """Forget the entry; its files are never committed."""
+    if not await client.xdel(keys.dead_commit_stream_key(principal.tenant, name), entry_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead commit entry {entry_id!r} of table {name!r}")
+    return {"discarded": entry_id}
