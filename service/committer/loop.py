@@ -42,8 +42,9 @@ from service.iceberg.catalog import (
     ensure_commit_properties,
     load_table,
 )
-from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots
+from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots, remove_orphans
 from service.iceberg.watermark import calve_snapshots, watermark
+from service.protocol import commit_entry
 from service.protocol.commit_entry import PendingFiles
 from service.protocol.stream_ids import parse_id, text
 
@@ -67,6 +68,7 @@ class Committer:
         self.name = name or consumer_name()
         self.schedule = CommitSchedule(settings.commit_interval_s)
         self.upkeep_schedule = UpkeepSchedule(settings.upkeep_interval_s)
+        self.orphan_schedule = UpkeepSchedule(settings.orphan_interval_s)
         self.expiry = ExpiryPolicy(settings.snapshot_max_age_s, settings.snapshot_max_count, settings.snapshot_min_count)
         self.leases: dict[str, TableLease] = {}
         self.publisher = ReceiptPublisher(client)
@@ -105,6 +107,9 @@ class Committer:
             if self.upkeep_schedule.is_upkeep_due(member, now):
                 self.upkeep(tenant, table, lease)
                 self.upkeep_schedule.record_upkeep(member, now)
+            if self.orphan_schedule.is_upkeep_due(member, now):
+                self.remove_orphans(tenant, table, lease)
+                self.orphan_schedule.record_upkeep(member, now)
             if not self.schedule.is_commit_due(member, now):
                 continue
             try:
@@ -171,6 +176,33 @@ class Committer:
         self._record_upkeep(tenant, table_name, "expire", {
             "outcome": "ok", "snapshots_expired": len(result.expired), "files_deleted": result.files_deleted,
             "seconds": round(result.seconds, 3),
+        })
+
+    def remove_orphans(self, tenant: str, table_name: str, lease: TableLease) -> None:
+        """Delete what nothing references: not the table's snapshots, and not the entries waiting
+        on its commit stream or parked on its dead commit stream."""
+        started = time.perf_counter()
+        try:
+            table = load_table(self.catalog, tenant, table_name)
+            if table is None or not lease.held():
+                return
+            waiting = set()
+            for stream in (keys.commit_stream_key(tenant, table_name), keys.dead_commit_stream_key(tenant, table_name)):
+                for _entry_id, fields in self.client.xrange(stream):
+                    waiting.update(orjson.loads(fields[commit_entry.FILES.encode()]))
+            deleted = remove_orphans(table, self.settings.orphan_min_age_s, waiting)
+        except Exception as exc:  # noqa: BLE001 - upkeep failing must not stop commits; next interval retries
+            metrics.UPKEEP_RUNS.labels("orphans", "failed").inc()
+            log.warning("upkeep: removing orphans of %s.%s failed (%s); will retry", tenant, table_name, exc)
+            self._record_upkeep(tenant, table_name, "orphans", {"outcome": "failed", "error": str(exc)[:500]})
+            return
+        metrics.UPKEEP_RUNS.labels("orphans", "ok").inc()
+        metrics.UPKEEP_SECONDS.labels("orphans").observe(time.perf_counter() - started)
+        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(deleted)
+        if deleted:
+            log.info("upkeep: %s.%s: removed %d orphan files", tenant, table_name, deleted)
+        self._record_upkeep(tenant, table_name, "orphans", {
+            "outcome": "ok", "files_deleted": deleted, "seconds": round(time.perf_counter() - started, 3),
         })
 
     def _record_upkeep(self, tenant: str, table_name: str, task: str, outcome: dict) -> None:

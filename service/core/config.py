@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     snapshot_max_age_s: float = Field(default=3600.0, gt=0)
     snapshot_max_count: int = Field(default=100, ge=1)
     snapshot_min_count: int = Field(default=5, ge=1)
+    # Every orphan_interval_s, files in a table's data location that nothing references and that
+    # are older than orphan_min_age_s are deleted.
+    orphan_interval_s: float = Field(default=3600.0, gt=0)
+    orphan_min_age_s: float = Field(default=24 * 3600.0, ge=0)
     shutdown_grace_s: float = 30.0
 
     @property

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
@@ -128,4 +129,34 @@ def delete_unreferenced(io: FileIO, expired: list[Snapshot], kept: list[Snapshot
             pass
         except OSError as exc:
             log.warning("upkeep: could not delete %s (%s); orphan removal will retry", path, exc)
+    return deleted
+
+
+def remove_orphans(table: Table, min_age_s: float, protected: set[str] = frozenset()) -> int:
+    """Delete files under the table's data location that no snapshot references, that are older
+    than `min_age_s`, and that the caller does not protect (files handed off and not committed
+    yet, or parked on the dead commit stream): leftovers of superseded hand-offs, crashed writers,
+    failed jobs, and Spark's `.crc` and `_SUCCESS` side files. The age keeps a file a writer is
+    still writing, or has just handed off, safe."""
+    data_location = f"{table.location().rstrip('/')}/data"
+    filesystem, root = pafs.FileSystem.from_uri(data_location)
+    if filesystem.get_file_info(root).type == pafs.FileType.NotFound:
+        return 0
+    scheme = data_location[: len(data_location) - len(root)] if data_location.endswith(root) else ""
+    referenced = set(table.inspect.all_files().column("file_path").to_pylist()) if table.metadata.snapshots else set()
+    keep = referenced | set(protected)
+    cutoff = time.time() - min_age_s
+    deleted = 0
+    for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if not info.is_file or info.mtime is None or info.mtime.timestamp() >= cutoff:
+            continue
+        if f"{scheme}{info.path}" in keep:
+            continue
+        try:
+            filesystem.delete_file(info.path)
+            deleted += 1
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("upkeep: could not delete orphan %s (%s)", info.path, exc)
     return deleted

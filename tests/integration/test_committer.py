@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -200,4 +201,20 @@ def test_an_entry_whose_commit_can_never_succeed_is_parked_and_the_next_ones_com
         assert http.get("/v1/tables/logs/dead-commits").json()["entries"] == []
         assert http.get(f"/v1/receipts/{first[0]}").json()["status"] == "failed", "its producer was told; it stays failed"
         assert http.delete(f"/v1/tables/logs/dead-commits/{dead[0]['id']}").status_code == 404
+    assert_exactly_once(stack, expected=30)
+
+
+def test_the_leader_removes_orphans_and_keeps_every_committed_row(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(CALVE_ORPHAN_INTERVAL_S="1", CALVE_ORPHAN_MIN_AGE_S="3")
+    receipts = post_batches(stack, batches=3, per_batch=10, prefix="o")
+    wait_until(lambda: all_committed(stack, receipts), timeout_s=60, what="committed")
+    data = Path(stack.catalog().load_table(("demo", "logs")).location().removeprefix("file://")) / "data"
+    orphan = data / "batch-of-a-crashed-writer" / "part-00000.parquet"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"not committed")
+    side_files = [path for path in data.rglob("*") if path.is_file() and not path.name.endswith(".parquet")]
+    assert side_files, "Spark leaves _SUCCESS and .crc files beside the data"
+    wait_until(lambda: not orphan.exists() and not any(path.exists() for path in side_files), timeout_s=30, what="orphans removed")
+    with stack.client() as http:
+        assert http.get("/v1/tables/logs").json()["health"]["upkeep"]["orphans"]["outcome"] == "ok"
     assert_exactly_once(stack, expected=30)

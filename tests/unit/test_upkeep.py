@@ -88,3 +88,31 @@ def test_the_watermark_snapshot_survives_expiry_when_newer_snapshots_carry_none(
     result = expire_snapshots(table, ExpiryPolicy(max_age_s=3600, max_snapshots=1, min_snapshots=1))
     assert result.expired == [first], "the holder of the watermark and every snapshot above it stay"
     assert watermark(table) == "2-0", "recovery still finds the last committed entry"
+
+
+def test_orphans_older_than_the_safety_age_go_and_the_rest_stay(table, tmp_path: Path) -> None:  # noqa: ANN001
+    import os
+
+    from service.iceberg.upkeep import remove_orphans
+
+    data = Path(table.location().removeprefix("file://")) / "data"
+    committed = data / "batch-committed" / "part-0.parquet"
+    committed.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["kept"]}), committed)
+    with table.transaction() as transaction:
+        append_files(transaction, [committed.as_uri()], {keys.SUMMARY_WATERMARK: "1-0"})
+    leftovers = data / "batch-superseded"
+    leftovers.mkdir()
+    old = [leftovers / "part-0.parquet", leftovers / "_SUCCESS", leftovers / ".part-0.parquet.crc"]
+    young, waiting = data / "batch-writing" / "part-0.parquet", data / "batch-handed-off" / "part-0.parquet"
+    for path in (*old, young, waiting):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x")
+    day_ago = time.time() - 2 * 24 * 3600
+    for path in (*old, waiting, committed):
+        os.utime(path, (day_ago, day_ago))
+
+    deleted = remove_orphans(table, min_age_s=24 * 3600, protected={waiting.as_uri()})
+    assert deleted == 3 and not any(path.exists() for path in old)
+    assert committed.exists() and young.exists() and waiting.exists()
+    assert table.scan().to_arrow().column("id").to_pylist() == ["kept"]
