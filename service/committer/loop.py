@@ -51,6 +51,7 @@ from service.protocol.stream_ids import parse_id, text
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+ISOLATE_AT_MOST = 20  # entries committed one at a time per isolation of a stuck table
 # Commit failures that say nothing about the entries: the catalog unreachable or busy, conflicts.
 TRANSIENT: tuple[type[Exception], ...] = (*CATALOG_UNAVAILABLE, CommitFailedException)
 
@@ -140,7 +141,10 @@ class Committer:
             return
         table, plan = planned
         stream = keys.commit_stream_key(tenant, table_name)
-        for entry in plan.entries:
+        # Bounded, as this runs in the loop every table shares: after the first entry parked (or
+        # ISOLATE_AT_MOST committed alone) the table goes back to committing in batches, and a
+        # second bad entry is found the same way later.
+        for entry in plan.entries[:ISOLATE_AT_MOST]:
             try:
                 self.apply(tenant, table_name, table, CommitPlan([entry]), lease)
             except (LeadershipLost, *TRANSIENT):
@@ -152,6 +156,7 @@ class Committer:
                     failed = self.publisher.dead_letter(tenant, table_name, entry.entry_id, raw[0][1], reason)
                     metrics.DEAD_COMMIT_ENTRIES.labels(tenant, table_name).inc()
                     log.error("committer: parked entry %s of %s.%s (%d receipts failed): %s", entry.entry_id, tenant, table_name, len(failed), reason)
+                return
             table = self.catalog.load_table((tenant, table_name))
 
     def upkeep(self, tenant: str, table_name: str, lease: TableLease) -> None:
