@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import orjson
 import redis
@@ -161,54 +162,48 @@ class Committer:
 
     def upkeep(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Expire what the table's policy lets go; only its leader does, between its commits."""
-        started = time.perf_counter()
-        try:
-            table = load_table(self.catalog, tenant, table_name)
-            if table is None or not lease.held():
-                return
-            result = expire_snapshots(table, self.expiry)
-        except Exception as exc:  # noqa: BLE001 - upkeep failing must not stop commits; next interval retries
-            metrics.UPKEEP_RUNS.labels("expire", "failed").inc()
-            log.warning("upkeep: expiring snapshots of %s.%s failed (%s); will retry", tenant, table_name, exc)
-            self._record_upkeep(tenant, table_name, "expire", {"outcome": "failed", "error": str(exc)[:500]})
-            return
-        metrics.UPKEEP_RUNS.labels("expire", "ok").inc()
-        metrics.UPKEEP_SECONDS.labels("expire").observe(time.perf_counter() - started)
-        metrics.SNAPSHOTS_EXPIRED.labels(tenant, table_name).inc(len(result.expired))
-        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(result.files_deleted)
-        if result.expired:
-            log.info("upkeep: %s.%s expired %d snapshots, deleted %d files", tenant, table_name, len(result.expired), result.files_deleted)
-        self._record_upkeep(tenant, table_name, "expire", {
-            "outcome": "ok", "snapshots_expired": len(result.expired), "files_deleted": result.files_deleted,
-            "seconds": round(result.seconds, 3),
-        })
+        self._run_upkeep("expire", tenant, table_name, lease, self._expire)
 
     def remove_orphans(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Delete what nothing references: not the table's snapshots, and not the entries waiting
         on its commit stream or parked on its dead commit stream."""
+        self._run_upkeep("orphans", tenant, table_name, lease, self._orphans)
+
+    def _expire(self, tenant: str, table_name: str, table: Table) -> dict[str, int]:
+        result = expire_snapshots(table, self.expiry)
+        metrics.SNAPSHOTS_EXPIRED.labels(tenant, table_name).inc(len(result.expired))
+        return {"snapshots_expired": len(result.expired), "files_deleted": result.files_deleted}
+
+    def _orphans(self, tenant: str, table_name: str, table: Table) -> dict[str, int]:
+        waiting: set[str] = set()
+        for stream in (keys.commit_stream_key(tenant, table_name), keys.dead_commit_stream_key(tenant, table_name)):
+            for _entry_id, fields in self.client.xrange(stream):
+                waiting.update(orjson.loads(fields[commit_entry.FILES.encode()]))
+        return {"files_deleted": remove_orphans(table, self.settings.orphan_min_age_s, waiting)}
+
+    def _run_upkeep(
+        self, task: str, tenant: str, table_name: str, lease: TableLease, work: Callable[[str, str, Table], dict[str, int]],
+    ) -> None:
+        """One upkeep task on a table this committer leads, counted, timed and recorded for the
+        table's health; a failure is logged and retried next interval, never stops the commits."""
         started = time.perf_counter()
         try:
             table = load_table(self.catalog, tenant, table_name)
             if table is None or not lease.held():
                 return
-            waiting = set()
-            for stream in (keys.commit_stream_key(tenant, table_name), keys.dead_commit_stream_key(tenant, table_name)):
-                for _entry_id, fields in self.client.xrange(stream):
-                    waiting.update(orjson.loads(fields[commit_entry.FILES.encode()]))
-            deleted = remove_orphans(table, self.settings.orphan_min_age_s, waiting)
+            counts = work(tenant, table_name, table)
         except Exception as exc:  # noqa: BLE001 - upkeep failing must not stop commits; next interval retries
-            metrics.UPKEEP_RUNS.labels("orphans", "failed").inc()
-            log.warning("upkeep: removing orphans of %s.%s failed (%s); will retry", tenant, table_name, exc)
-            self._record_upkeep(tenant, table_name, "orphans", {"outcome": "failed", "error": str(exc)[:500]})
+            metrics.UPKEEP_RUNS.labels(task, "failed").inc()
+            log.warning("upkeep %s of %s.%s failed (%s); will retry", task, tenant, table_name, exc)
+            self._record_upkeep(tenant, table_name, task, {"outcome": "failed", "error": str(exc)[:500]})
             return
-        metrics.UPKEEP_RUNS.labels("orphans", "ok").inc()
-        metrics.UPKEEP_SECONDS.labels("orphans").observe(time.perf_counter() - started)
-        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(deleted)
-        if deleted:
-            log.info("upkeep: %s.%s: removed %d orphan files", tenant, table_name, deleted)
-        self._record_upkeep(tenant, table_name, "orphans", {
-            "outcome": "ok", "files_deleted": deleted, "seconds": round(time.perf_counter() - started, 3),
-        })
+        seconds = time.perf_counter() - started
+        metrics.UPKEEP_RUNS.labels(task, "ok").inc()
+        metrics.UPKEEP_SECONDS.labels(task).observe(seconds)
+        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(counts.get("files_deleted", 0))
+        if any(counts.values()):
+            log.info("upkeep %s of %s.%s: %s", task, tenant, table_name, counts)
+        self._record_upkeep(tenant, table_name, task, {"outcome": "ok", **counts, "seconds": round(seconds, 3)})
 
     def _record_upkeep(self, tenant: str, table_name: str, task: str, outcome: dict) -> None:
         # The last run of each task, for GET /v1/tables/{name} (health).
