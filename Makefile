@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench chaos system-deps clean
+.PHONY: run test bench bench-upsert soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -21,11 +21,21 @@ system-deps:
 run: $(STAMP) system-deps
 	$(VENV)/bin/calve up
 
+# Two pytest workers (each with its own redis-server and Spark Connect server); a test file runs
+# whole on one of them, so the fault suite's scenarios still run one after another.
 test: $(STAMP) system-deps
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP) system-deps
 	$(PY) -m tests.bench.ingest_bench
+
+# Row changes against a 1,000,000-row table partitioned by day (BENCH_ROWS, BENCH_SECONDS).
+bench-upsert: $(STAMP) system-deps
+	$(PY) -m tests.bench.upsert_bench
+
+# Thousands of commits under wait=true load with upkeep on; SOAK_COMMITS (3600) sets how many.
+soak: $(STAMP) system-deps
+	$(PY) -m tests.bench.soak
 
 # The fault suite on its own Redis and Spark Connect; `make test` runs it too (pytest -m chaos).
 chaos: $(STAMP) system-deps

@@ -35,7 +35,18 @@ TABLE = "_calve_table"
 REASON = "_calve_reason"
 BODY = "_calve_body"
 SIZE = "_calve_size"
+OP = "_calve_op"  # row changes: I, U or D
+SEQ = "_calve_seq"  # row changes: the event's place in the batch (request, then line)
 INTERNAL = "_calve_"
+# An event's place: its request's index in the batch times LINE_SLOTS plus its line (a request
+# holds at most max_events_per_request events, well below).
+LINE_SLOTS = 1 << 24
+# Row changes: what an event's operation says, case-insensitively (anything else goes to the DLQ).
+OPERATIONS = {
+    "insert": "I", "i": "I", "c": "I", "create": "I", "r": "I", "index": "I",
+    "update": "U", "u": "U",
+    "delete": "D", "d": "D",
+}
 MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
 # An event the api set aside for the DLQ: "!" + {"reason": ..., "event": <original text>}
 # (= service.ingest.SET_ASIDE_MARK; spark_jobs imports nothing of service).
@@ -64,6 +75,17 @@ class Target:
     partition: list[tuple[str, str]]  # (source column, transform)
     directory: str
     target_file_size: int | None = None  # bytes; approximate (see rows_per_file)
+    changes: ChangeSpec | None = None  # row changes by key instead of appends
+
+
+@dataclass(frozen=True)
+class ChangeSpec:
+    """How a sink's events change rows: the operation expression (None: every event inserts), the
+    identifier columns, and upsert (an update of a missing key inserts it)."""
+
+    operation: str | None
+    keys: tuple[str, ...]
+    upsert: bool
 
 
 @dataclass
@@ -72,6 +94,7 @@ class Output:
 
     directory: str
     rows_by_receipt: dict[str, int] = field(default_factory=dict)
+    changes: ChangeSpec | None = None  # row changes to apply (not data files)
 
 
 @dataclass
@@ -86,13 +109,15 @@ Resolver = Callable[[str, object, DataFrame], "Target | str | None"]
 
 
 def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) -> DataFrame:
-    """One row per event: its request's receipt and its original JSON text."""
+    """One row per event: its request's receipt, its original JSON text and its place in the batch."""
     arrow = pa.table({
         RECEIPT: pa.array(receipts, type=pa.string()),
         BODY: pa.array(bodies, type=pa.large_binary()).cast(pa.large_string()),
+        SEQ: pa.array([index * LINE_SLOTS for index in range(len(bodies))], type=pa.int64()),
     })
     frame = spark.createDataFrame(arrow)
-    return frame.select(RECEIPT, F.explode(F.split(F.col(BODY), "\n")).alias(EVENT)).where(F.length(EVENT) > 0)
+    lines = frame.select(RECEIPT, SEQ, F.posexplode(F.split(F.col(BODY), "\n")).alias("_calve_line", EVENT))
+    return lines.select(RECEIPT, EVENT, (F.col(SEQ) + F.col("_calve_line")).alias(SEQ)).where(F.length(EVENT) > 0)
 
 
 def has_set_aside(body: bytes) -> bool:
@@ -115,8 +140,8 @@ def infer_event_schema(spark: SparkSession, events: DataFrame) -> T.StructType:
 
 
 def parse(events: DataFrame, schema: T.StructType) -> DataFrame:
-    parsed = events.select(RECEIPT, EVENT, F.from_json(EVENT, schema).alias("_calve_e"))
-    return parsed.select(RECEIPT, EVENT, *[F.col("_calve_e").getField(f.name).alias(f.name) for f in schema.fields])
+    parsed = events.select(RECEIPT, EVENT, SEQ, F.from_json(EVENT, schema).alias("_calve_e"))
+    return parsed.select(RECEIPT, EVENT, SEQ, *[F.col("_calve_e").getField(f.name).alias(f.name) for f in schema.fields])
 
 
 def referenced_paths(expression: str) -> set[tuple[str, ...]]:
@@ -248,9 +273,8 @@ class PipelineJob:
         if any(has_set_aside(body) for body in bodies):
             self._to_dlq(set_aside_rows(events), F.col(REASON))
             events = events.where(~F.startswith(EVENT, F.lit(SET_ASIDE_MARK)))
-        if self.known_schema is not None:
-            schema = shadow_type(from_arrow_schema(self.known_schema))
-        else:
+        schema = self._known_parse_schema()
+        if schema is None:
             schema = infer_event_schema(self.spark, events)
         frame = apply_routes(apply_processors(parse(events, schema), self.definition.processors), self.definition.routes)
         frame = frame.cache()
@@ -258,6 +282,21 @@ class PipelineJob:
             return self._write(frame)
         finally:
             frame.unpersist()
+
+    def _known_parse_schema(self) -> T.StructType | None:
+        """The table's schema to parse with, plus the top-level fields an operation expression
+        reads (as strings); None when the batch's types must be inferred."""
+        if self.known_schema is None:
+            return None
+        schema = shadow_type(from_arrow_schema(self.known_schema))
+        for sink in self.definition.sinks:
+            for path in referenced_paths(sink.operation) if getattr(sink, "operation", None) else ():
+                if path[0] in schema.fieldNames():
+                    continue
+                if len(path) > 1:
+                    return None  # a nested field outside the table: infer its type
+                schema = schema.add(path[0], T.StringType())
+        return schema
 
     def _write(self, frame: DataFrame) -> JobResult:
         result = JobResult()
@@ -281,6 +320,8 @@ class PipelineJob:
                 if isinstance(target, str):
                     self._to_dlq(bound, F.lit(target))
                     continue
+                if target.changes is not None:
+                    bound = with_operation(bound, target.changes.operation)
                 converted = self._convert(bound, target)
                 written.append((name, converted, target))
                 counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE)))
@@ -288,7 +329,13 @@ class PipelineJob:
         for name, converted, target in written:
             by_receipt = counts.get(name, {})
             good = {receipt: n for receipt, (n, _bad) in by_receipt.items() if n}
-            if good:
+            if good and target.changes is not None:
+                # Row changes are applied later, in commit order, against the table as it is then
+                # (spark_jobs/changes_job.py): here they are only kept, in the table's types.
+                changes = converted.where(F.col(REASON).isNull()).select(*target.schema.names, OP, SEQ, RECEIPT)
+                changes.write.mode("error").option("compression", "zstd").parquet(target.directory)
+                result.tables[name] = Output(target.directory, good, target.changes)
+            elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
                 result.tables[name] = Output(target.directory, good)
             if any(bad for _n, bad in by_receipt.values()):
@@ -309,6 +356,9 @@ class PipelineJob:
         """Rows in the table's types, with a REASON for those that must go to the DLQ instead."""
         source_types = {f.name: f.dataType for f in rows.schema.fields}
         target_fields = from_arrow_schema(target.schema).fields
+        keys = set(target.changes.keys) if target.changes is not None else set()
+        # A delete needs only the row's key: the table's other required fields may be absent.
+        not_delete = F.col(OP) != F.lit("D") if keys else F.lit(True)
         columns, reasons, present = [], [], []
         for column in target_fields:
             if column.name in source_types:
@@ -317,13 +367,24 @@ class PipelineJob:
             else:
                 converted = coerce(F.lit(None), T.NullType(), column.dataType)
             columns.append(converted.value.alias(column.name))
-            if column.name in target.required:
-                reasons.append(F.when(F.col(column.name).isNull() if column.name in source_types else F.lit(True),
-                                      F.lit(f"missing required field {column.name!r}")))
+            missing = F.col(column.name).isNull() if column.name in source_types else F.lit(True)
+            if column.name in keys:
+                reasons.append(F.when(missing, F.lit(f"missing identifier field {column.name!r}")))
                 reasons.append(F.when(~converted.ok, F.lit(f"field {column.name!r} cannot be converted to {column.dataType.simpleString()}")))
+            elif column.name in target.required:
+                reasons.append(F.when(not_delete & missing, F.lit(f"missing required field {column.name!r}")))
+                reasons.append(F.when(not_delete & ~converted.ok,
+                                      F.lit(f"field {column.name!r} cannot be converted to {column.dataType.simpleString()}")))
         matches_nothing = ~reduce(lambda a, b: a | b, present) if present else F.lit(True)
         reasons.insert(0, F.when(matches_nothing, F.lit(f"no field of the event matches a column of table {target.name!r}")))
-        return rows.select(RECEIPT, EVENT, TABLE, *columns, F.coalesce(*reasons).alias(REASON))
+        extra = [SEQ]
+        if keys:
+            reasons.insert(0, F.when(F.col(OP).isNull(), F.concat(
+                F.lit("operation "), F.coalesce(F.concat(F.lit("'"), F.col(OP_VALUE), F.lit("'")), F.lit("null")),
+                F.lit(" is not insert, update or delete"),
+            )))
+            extra.append(OP)
+        return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON))
 
     def _counts(self, counted: list[DataFrame]) -> dict[str, dict[str, tuple[int, int]]]:
         """Rows per table and receipt to write and to send to the DLQ: one Spark action for all tables."""
@@ -343,35 +404,8 @@ class PipelineJob:
         return counts
 
     def _write_table(self, good: DataFrame, target: Target) -> None:
-        data = good.select(*[
-            declared_not_null(F.col(f.name), from_arrow_schema(pa.schema([f]))[0].dataType).alias(f.name)
-            if f.name in target.required else F.col(f.name)
-            for f in target.schema
-        ])
-        writer_options = {"compression": "zstd"}
         rows, json_bytes = self.json_bytes.get(target.name, (0, 0))
-        per_file = rows_per_file(target.target_file_size, rows, json_bytes)
-        if per_file:
-            writer_options["maxRecordsPerFile"] = str(per_file)
-            if not target.partition:
-                data = data.repartition(max(1, -(-rows // per_file)))
-        if not target.partition:
-            data.write.mode("error").options(**writer_options).parquet(target.directory)
-            return
-        types = {f.name: f.dataType for f in from_arrow_schema(target.schema).fields}
-        keys = []
-        for index, (source, transform) in enumerate(target.partition):
-            name = f"{INTERNAL}p{index}"
-            if transform.startswith("truncate["):
-                value = _truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
-            elif transform.startswith("bucket["):
-                value = bucket(F.col(source), types[source], int(transform[len("bucket["):-1]))
-            else:
-                value = partition_value(F.col(source), transform)
-            data = data.withColumn(name, value)
-            keys.append(name)
-        # One task per partition value, so each value is one file; the source column stays in it.
-        data.repartition(*keys).write.mode("error").options(**writer_options).partitionBy(*keys).parquet(target.directory)
+        write_data_files(good, target, rows, rows_per_file(target.target_file_size, rows, json_bytes))
 
     def _to_dlq(self, rows: DataFrame, reason: Column) -> None:
         table = F.col(TABLE) if TABLE in rows.columns else F.lit(None).cast("string")
@@ -433,8 +467,54 @@ def inferred_table_schema(rows: DataFrame) -> pa.Schema | None:
     return to_arrow_schema(schema) if schema.fields else pa.schema([])
 
 
-def new_directory(location: str) -> str:
-    return f"{location.rstrip('/')}/data/batch-{uuid.uuid4().hex}"
+def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: int | None = None) -> None:
+    """The table's data files of `good` (in the table's types) under target.directory: one file
+    per partition value for a partitioned table, `per_file` rows per file at most when given."""
+    data = good.select(*[
+        declared_not_null(F.col(f.name), from_arrow_schema(pa.schema([f]))[0].dataType).alias(f.name)
+        if f.name in target.required else F.col(f.name)
+        for f in target.schema
+    ])
+    writer_options = {"compression": "zstd"}
+    if per_file:
+        writer_options["maxRecordsPerFile"] = str(per_file)
+        if not target.partition:
+            data = data.repartition(max(1, -(-rows // per_file)))
+    if not target.partition:
+        data.write.mode("error").options(**writer_options).parquet(target.directory)
+        return
+    types = {f.name: f.dataType for f in from_arrow_schema(target.schema).fields}
+    keys = []
+    for index, (source, transform) in enumerate(target.partition):
+        name = f"{INTERNAL}p{index}"
+        if transform.startswith("truncate["):
+            value = _truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
+        elif transform.startswith("bucket["):
+            value = bucket(F.col(source), types[source], int(transform[len("bucket["):-1]))
+        else:
+            value = partition_value(F.col(source), transform)
+        data = data.withColumn(name, value)
+        keys.append(name)
+    # One task per partition value, so each value is one file; the source column stays in it.
+    data.repartition(*keys).write.mode("error").options(**writer_options).partitionBy(*keys).parquet(target.directory)
+
+
+OP_VALUE = "_calve_op_value"
+
+
+def with_operation(rows: DataFrame, operation: str | None) -> DataFrame:
+    """The rows with OP (I, U or D; NULL for a value that names no operation) and OP_VALUE (the
+    expression's own value, for the DLQ reason). No operation expression: every event inserts."""
+    if operation is None:
+        return rows.withColumns({OP: F.lit("I"), OP_VALUE: F.lit("insert")})
+    rows = _with_fields(rows, [operation])
+    value = F.expr(operation).cast("string")
+    mapping = F.create_map(*[F.lit(part) for pair in OPERATIONS.items() for part in pair])
+    return rows.withColumn(OP_VALUE, value).withColumn(OP, mapping[F.lower(F.trim(F.col(OP_VALUE)))])
+
+
+def new_directory(location: str, kind: str = "batch") -> str:
+    return f"{location.rstrip('/')}/data/{kind}-{uuid.uuid4().hex}"
 
 
 NARROW_LIMITS = {pa.int32(): 2**31 - 1, pa.float32(): 3.4e38}

@@ -202,3 +202,21 @@ def assert_exactly_once(stack: Stack, expected: int) -> None:
     table = stack.catalog().load_table(("demo", "logs"))
     paths = table.inspect.files().column("file_path").to_pylist()
     assert len(paths) == len(set(paths)), "a data file was committed twice"
+
+
+def duckdb_rows(table) -> list[dict]:  # noqa: ANN001 - a pyiceberg Table
+    """The table as DuckDB's iceberg extension reads it (from its metadata file, no catalog)."""
+    import glob
+
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    connection = duckdb.connect()
+    # The extensions come as PyPI wheels (INSTALL would download them): avro first, iceberg needs it.
+    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+        (path,) = glob.glob(str(Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"))
+        connection.execute(f"LOAD '{path}'")
+    result = connection.execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location])
+    names = [column[0] for column in result.description]
+    return [dict(zip(names, row)) for row in result.fetchall()]

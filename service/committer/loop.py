@@ -34,7 +34,7 @@ from service.committer.receipts import ReceiptPublisher
 from service.committer.state import CommitPlan, CommitSchedule, UpkeepSchedule
 from service.core import faults, keys, metrics
 from service.core.config import Settings
-from service.core.exceptions import LeadershipLost
+from service.core.exceptions import ChangesFailed, ChangesNotApplied, LeadershipLost
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.appends import append_files
@@ -43,11 +43,28 @@ from service.iceberg.catalog import (
     ensure_commit_properties,
     load_table,
 )
-from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots, remove_orphans
+from service.iceberg.compaction import CompactionPolicy, plan_compaction
+from service.iceberg.rewrites import (
+    FilesNotLive,
+    Rewritten,
+    live_data_files,
+    overwrite_files,
+    replace_files,
+)
+from service.iceberg.upkeep import (
+    ExpiryPolicy,
+    expire_snapshots,
+    merge_manifests,
+    remove_orphans,
+)
 from service.iceberg.watermark import calve_snapshots, watermark
-from service.protocol import commit_entry
+from service.protocol import changes, commit_entry
+from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import PendingFiles
-from service.protocol.stream_ids import parse_id, text
+from service.protocol.compaction import CompactionRequest
+from service.protocol.stream_ids import id_after, parse_id, text
+from service.protocol.upkeep import record_upkeep
+from service.writer.files import delete_files
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +89,7 @@ class Committer:
         self.upkeep_schedule = UpkeepSchedule(settings.upkeep_interval_s)
         self.orphan_schedule = UpkeepSchedule(settings.orphan_interval_s)
         self.expiry = ExpiryPolicy(settings.snapshot_max_age_s, settings.snapshot_max_count, settings.snapshot_min_count)
+        self.compaction = CompactionPolicy.from_settings(settings)
         self.leases: dict[str, TableLease] = {}
         self.publisher = ReceiptPublisher(client)
 
@@ -100,12 +118,15 @@ class Committer:
                 log.exception("committer: final commit of %s failed; the next leader will commit it", member)
 
     def tick(self) -> None:
+        asked = {text(m) for m in self.client.smembers(keys.MAINTENANCE)}
         for member in sorted(text(m) for m in self.client.smembers(keys.TABLES)):
             lease = self.lease(member)
             if lease is None:
                 continue
             now = time.monotonic()
             tenant, table = keys.split_member(member)
+            if member in asked:
+                self.maintain(tenant, table, lease)
             if self.upkeep_schedule.is_upkeep_due(member, now):
                 self.upkeep(tenant, table, lease)
                 self.upkeep_schedule.record_upkeep(member, now)
@@ -146,11 +167,17 @@ class Committer:
         # ISOLATE_AT_MOST committed alone) the table goes back to committing in batches, and a
         # second bad entry is found the same way later.
         for entry in plan.entries[:ISOLATE_AT_MOST]:
+            if entry.is_changes:
+                return  # applied by a writer, not committed alone: retried until it applies
             try:
                 self.apply(tenant, table_name, table, CommitPlan([entry]), lease)
             except (LeadershipLost, *TRANSIENT):
                 raise
             except Exception as exc:  # noqa: BLE001 - this entry's own failure: park it
+                if entry.is_rewrite:  # optional work: dropped, not parked
+                    self.drop_rewrite(tenant, table_name, entry, exc)
+                    table = self.catalog.load_table((tenant, table_name))
+                    continue
                 reason = f"commit failed alone after {self.settings.commit_max_failures} failed commits: {exc}"[:1000]
                 raw = self.client.xrange(stream, min=entry.entry_id, max=entry.entry_id)
                 if raw:
@@ -160,9 +187,28 @@ class Committer:
                 return
             table = self.catalog.load_table((tenant, table_name))
 
+    def maintain(self, tenant: str, table_name: str, lease: TableLease) -> None:
+        """Run the upkeep tasks asked for by hand (POST /v1/tables/{name}/maintenance) now; each
+        task's record carries the request's id, which the api waits for."""
+        key = keys.maintenance_key(tenant, table_name)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(key)
+        pipe.delete(key)
+        pipe.srem(keys.MAINTENANCE, keys.member(tenant, table_name))
+        asked = {text(task): text(request) for task, request in pipe.execute()[0].items()}
+        work = {
+            "expire": self._expire, "orphans": self._orphans, "manifests": self._merge_manifests,
+            "compact": lambda t, n, table: self._request_compaction(t, n, table, asked["compact"]),
+        }
+        for task in ("manifests", "expire", "compact", "orphans"):  # compaction plans on merged manifests
+            if task in asked:
+                self._run_upkeep(task, tenant, table_name, lease, work[task], asked[task])
+
     def upkeep(self, tenant: str, table_name: str, lease: TableLease) -> None:
-        """Expire what the table's policy lets go; only its leader does, between its commits."""
+        """Expire what the table's policy lets go, and ask for a compaction where small files
+        piled up; only its leader does, between its commits."""
         self._run_upkeep("expire", tenant, table_name, lease, self._expire)
+        self._run_upkeep("compact", tenant, table_name, lease, self._request_compaction)
 
     def remove_orphans(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Delete what nothing references: not the table's snapshots, and not the entries waiting
@@ -174,6 +220,31 @@ class Committer:
         metrics.SNAPSHOTS_EXPIRED.labels(tenant, table_name).inc(len(result.expired))
         return {"snapshots_expired": len(result.expired), "files_deleted": result.files_deleted}
 
+    def _request_compaction(self, tenant: str, table_name: str, table: Table, asked: str | None = None) -> dict | None:
+        """Plan a compaction and hand it to the writers (who run it on Spark); its rewrite comes
+        back on the commit stream. One at a time per table. Asked for by hand (`asked`: the
+        request's id), any partition with two small files qualifies, and the outcome is recorded
+        even when there is nothing to do; otherwise None means nothing to record."""
+        if self.client.exists(keys.compacting_key(tenant, table_name)):
+            return {"outcome": "busy", "detail": "a compaction of this table is already running"} if asked else None
+        policy = self.compaction.for_table(table)
+        if asked:
+            policy = CompactionPolicy(policy.target_file_bytes, 2, policy.max_bytes)
+        groups = plan_compaction(live_data_files(table).values(), policy, table.spec().spec_id) if table.current_snapshot() else []
+        if not groups:
+            return {"outcome": "ok", "requested_files": 0, "detail": "no partition holds two small files"} if asked else None
+        request = CompactionRequest(tenant, table_name, asked or uuid.uuid4().hex, [
+            ([file.file_path for file in group.files], group.outputs) for group in groups
+        ])
+        if not self.client.set(keys.compacting_key(tenant, table_name), request.request, nx=True, ex=int(self.settings.compact_timeout_s)):
+            return None
+        self.client.rpush(keys.COMPACTIONS, request.to_json())
+        log.info("upkeep: asked for a compaction of %d files of %s.%s (%d partitions)", len(request.files), tenant, table_name, len(groups))
+        return {"requested_files": len(request.files), "partitions": len(groups), "outcome": "requested", "request": request.request}
+
+    def _merge_manifests(self, _tenant: str, _table_name: str, table: Table) -> dict[str, int]:
+        return {"manifests_merged": merge_manifests(table)}
+
     def _orphans(self, tenant: str, table_name: str, table: Table) -> dict[str, int]:
         waiting: set[str] = set()
         for stream in (keys.commit_stream_key(tenant, table_name), keys.dead_commit_stream_key(tenant, table_name)):
@@ -182,7 +253,8 @@ class Committer:
         return {"files_deleted": remove_orphans(table, self.settings.orphan_min_age_s, waiting)}
 
     def _run_upkeep(
-        self, task: str, tenant: str, table_name: str, lease: TableLease, work: Callable[[str, str, Table], dict[str, int]],
+        self, task: str, tenant: str, table_name: str, lease: TableLease, work: Callable[[str, str, Table], dict | None],
+        asked: str | None = None,
     ) -> None:
         """One upkeep task on a table this committer leads, counted, timed and recorded for the
         table's health; a failure is logged and retried next interval, never stops the commits."""
@@ -191,23 +263,24 @@ class Committer:
             table = load_table(self.catalog, tenant, table_name)
             if table is None or not lease.held():
                 return
-            counts = work(tenant, table_name, table)
+            record = work(tenant, table_name, table)
         except Exception as exc:  # noqa: BLE001 - upkeep failing must not stop commits; next interval retries
             metrics.UPKEEP_RUNS.labels(task, "failed").inc()
             log.warning("upkeep %s of %s.%s failed (%s); will retry", task, tenant, table_name, exc)
-            self._record_upkeep(tenant, table_name, task, {"outcome": "failed", "error": str(exc)[:500]})
+            self._record_upkeep(tenant, table_name, task, {"outcome": "failed", "error": str(exc)[:500], "request": asked})
             return
         seconds = time.perf_counter() - started
         metrics.UPKEEP_RUNS.labels(task, "ok").inc()
         metrics.UPKEEP_SECONDS.labels(task).observe(seconds)
-        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(counts.get("files_deleted", 0))
-        if any(counts.values()):
-            log.info("upkeep %s of %s.%s: %s", task, tenant, table_name, counts)
-        self._record_upkeep(tenant, table_name, task, {"outcome": "ok", **counts, "seconds": round(seconds, 3)})
+        if record is None:
+            return
+        metrics.UPKEEP_FILES_DELETED.labels(tenant, table_name).inc(record.get("files_deleted", 0))
+        if any(record.values()) or asked:
+            log.info("upkeep %s of %s.%s: %s", task, tenant, table_name, record)
+        self._record_upkeep(tenant, table_name, task, {"outcome": "ok", "request": asked, **record, "seconds": round(seconds, 3)})
 
     def _record_upkeep(self, tenant: str, table_name: str, task: str, outcome: dict) -> None:
-        # The last run of each task, for GET /v1/tables/{name} (health).
-        self.client.hset(keys.upkeep_key(tenant, table_name), task, orjson.dumps(outcome | {"at_ms": int(time.time() * 1000)}))
+        record_upkeep(self.client, tenant, table_name, task, outcome)
 
     def lease(self, member: str) -> TableLease | None:
         """This committer's lease on the table, renewed, or None when another committer leads."""
@@ -243,7 +316,92 @@ class Committer:
         table, plan = planned
         if member is not None:
             self.schedule.set_interval(member, plan.commit_interval_s)
-        return self.apply(tenant, table_name, table, plan, lease)
+        segments = plan.segments()
+        committed = False
+        for index, segment in enumerate(segments):
+            if index:
+                table = self.catalog.load_table((tenant, table_name))
+            if segment.changes:
+                done = self.commit_changes(tenant, table_name, table, segment, lease)
+                if done is None:
+                    break  # being applied: the entries after it wait their turn (order is the point)
+                committed |= done
+                continue
+            if segment.rewrite is None:
+                committed |= self.apply(tenant, table_name, table, segment, lease)
+                continue
+            try:
+                committed |= self.apply(tenant, table_name, table, segment, lease)
+            except (LeadershipLost, *TRANSIENT):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a rewrite is optional work: never let it block the table
+                self.drop_rewrite(tenant, table_name, segment.rewrite, exc)
+        return committed
+
+    def commit_changes(self, tenant: str, table_name: str, table: Table, segment: CommitPlan, lease: TableLease) -> bool | None:
+        """Row changes: ask a writer to apply them against the table as it is now, then commit its
+        answer as one overwrite if the table is still there. None while the answer is awaited."""
+        key = keys.applying_key(tenant, table_name)
+        state = self.client.hgetall(key)
+        current = table.metadata.current_snapshot_id
+        request = ApplyRequest.from_json(state[changes.REQUEST.encode()]) if changes.REQUEST.encode() in state else None
+        if request is None or request.entries[0][0] != segment.entries[0].entry_id:
+            self._ask_apply(tenant, table_name, segment, current)
+            return None
+        raw = state.get(changes.RESULT.encode())
+        if raw is None:
+            return None
+        result = ApplyResult.from_json(raw)
+        if result.request != request.request:
+            return None
+        if result.error:
+            self.client.delete(key)
+            raise ChangesFailed(result.error)
+        covered = CommitPlan([e for e in segment.entries if not id_after(e.entry_id, request.last_entry)], applied=result)
+        try:
+            if result.base_snapshot != current:
+                raise ChangesNotApplied(f"snapshot {current} is not {result.base_snapshot}, which they were applied to")
+            committed = self.apply(tenant, table_name, table, covered, lease)
+        except (ChangesNotApplied, FilesNotLive) as exc:
+            metrics.CHANGES_REAPPLIED.labels(tenant, table_name).inc()
+            log.info("committer: %s.%s moved while its changes were applied (%s); applying them again", tenant, table_name, exc)
+            committed = False
+        self.client.delete(key)
+        if not committed:  # the table moved since the request (or a rival leader committed them)
+            delete_files(result.adds)
+            return False
+        delete_files(covered.files)  # the change files: applied and committed
+        return True
+
+    def _ask_apply(self, tenant: str, table_name: str, segment: CommitPlan, current: int | None) -> None:
+        first = segment.entries[0]
+        request = ApplyRequest(tenant, table_name, uuid.uuid4().hex, current,
+                               [(entry.entry_id, entry.files) for entry in segment.entries], first.keys, first.upsert)
+        key = keys.applying_key(tenant, table_name)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.hset(key, changes.REQUEST, request.to_json())
+        pipe.expire(key, int(self.settings.apply_timeout_s))
+        pipe.rpush(keys.APPLIES, request.to_json())
+        pipe.execute()
+
+    def drop_rewrite(self, tenant: str, table_name: str, entry: PendingFiles, exc: Exception) -> None:
+        """A rewrite that cannot be committed (the files it replaces changed meanwhile, or it is
+        broken): take it off the stream, then delete its files (a crash in between leaves them
+        to orphan removal). The rows stay as they are; upkeep plans again from the table as it is."""
+        self.client.xdel(keys.commit_stream_key(tenant, table_name), entry.entry_id)
+        delete_files(entry.files)
+        self._rewrite_settled(tenant, table_name, entry)
+        metrics.COMPACTIONS_DROPPED.labels(tenant, table_name).inc()
+        log.warning("committer: dropped the compaction %s of %s.%s: %s", entry.entry_id, tenant, table_name, exc)
+        self._record_upkeep(tenant, table_name, "compact", {
+            "outcome": "dropped", "error": str(exc)[:500], "request": entry.request,
+        })
+
+    def _rewrite_settled(self, tenant: str, table_name: str, entry: PendingFiles) -> None:
+        marker = keys.compacting_key(tenant, table_name)
+        if entry.request and text(self.client.get(marker) or b"") == entry.request:
+            self.client.delete(marker)
 
     def plan(self, tenant: str, table_name: str) -> tuple[Table, CommitPlan] | None:
         """The table as it is now and the entries after its watermark (None when nothing is pending)."""
@@ -266,12 +424,13 @@ class Committer:
             retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(self.settings.commit_retries),
             wait=wait_exponential(multiplier=0.05, max=2.0), reraise=True,
         )
+        rewritten = None
         for attempt in retrying:
             with attempt:
                 if not lease.held():
                     raise LeadershipLost(f"{tenant}.{table_name}")
                 try:
-                    self._commit(table, plan, lease)
+                    rewritten = self._commit(table, plan, lease)
                 except CommitFailedException:
                     metrics.COMMIT_FAILURES.labels(tenant, table_name, "conflict").inc()
                     # Someone else changed the table (possibly a stale leader that committed some
@@ -285,18 +444,39 @@ class Committer:
 
         fault_point(faults.COMMITTER_AFTER_CATALOG_COMMIT)
         snapshot = table.current_snapshot()
-        metrics.COMMIT_SECONDS.labels(tenant, table_name).observe(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        metrics.COMMIT_SECONDS.labels(tenant, table_name).observe(seconds)
         metrics.FILES_PER_COMMIT.labels(tenant, table_name).observe(len(plan.files))
         metrics.EVENTS_COMMITTED.labels(tenant, table_name).inc(plan.rows)
-        log.info(
-            "committed %s.%s snapshot %d: %d files, %d rows, watermark %s",
-            tenant, table_name, snapshot.snapshot_id, len(plan.files), plan.rows, plan.watermark,
-        )
-        self.publisher.mark_committed(tenant, table_name, snapshot.snapshot_id, plan.rows_by_receipt())
+        if rewritten is not None:
+            self._compaction_committed(tenant, table_name, plan.rewrite, rewritten, snapshot.snapshot_id)
+        else:
+            log.info(
+                "committed %s.%s snapshot %d: %d files, %d rows, watermark %s, in %.3f s",
+                tenant, table_name, snapshot.snapshot_id, len(plan.files), plan.rows, plan.watermark, seconds,
+            )
+        counts = plan.applied.counts if plan.applied is not None else None
+        self.publisher.mark_committed(tenant, table_name, snapshot.snapshot_id, plan.rows_by_receipt(), counts)
         self.client.xtrim(keys.commit_stream_key(tenant, table_name), minid=next_id(plan.watermark))
         return True
 
-    def _commit(self, table: Table, plan: CommitPlan, lease: TableLease) -> None:
+    def _compaction_committed(self, tenant: str, table_name: str, entry: PendingFiles, rewritten: Rewritten, snapshot_id: int) -> None:
+        self._rewrite_settled(tenant, table_name, entry)
+        metrics.COMPACTION_FILES.labels(tenant, table_name, "removed").inc(rewritten.files_removed)
+        metrics.COMPACTION_FILES.labels(tenant, table_name, "added").inc(rewritten.files_added)
+        metrics.COMPACTION_BYTES.labels(tenant, table_name).inc(rewritten.bytes_removed)
+        log.info(
+            "compacted %s.%s snapshot %d: %d files (%d bytes) into %d (%d bytes), %d rows",
+            tenant, table_name, snapshot_id, rewritten.files_removed, rewritten.bytes_removed,
+            rewritten.files_added, rewritten.bytes_added, rewritten.rows,
+        )
+        self._record_upkeep(tenant, table_name, "compact", {
+            "outcome": "ok", "request": entry.request, "snapshot_id": snapshot_id, "files_rewritten": rewritten.files_removed,
+            "files_written": rewritten.files_added, "bytes_rewritten": rewritten.bytes_removed, "bytes_written": rewritten.bytes_added,
+            "rows": rewritten.rows,
+        })
+
+    def _commit(self, table: Table, plan: CommitPlan, lease: TableLease) -> Rewritten | None:
         fault_point(faults.COMMITTER_BEFORE_CATALOG_COMMIT)
         summary = {
             keys.SUMMARY_COMMIT_ID: uuid.uuid4().hex,
@@ -304,12 +484,24 @@ class Committer:
             keys.SUMMARY_FENCE: str(lease.fence),
             keys.SUMMARY_COMMITTER: self.name,
         }
+        if plan.rewrite is not None:
+            with table.transaction() as transaction:
+                return replace_files(table, transaction, plan.rewrite.removes, plan.rewrite.files, summary)
+        if plan.changes:
+            # Only a writer's answer computed against this very snapshot may be committed; a plan
+            # rebuilt after a conflict has none, and goes back to be applied again.
+            if plan.applied is None or plan.applied.base_snapshot != table.metadata.current_snapshot_id:
+                raise ChangesNotApplied("the table moved since the changes were applied")
+            with table.transaction() as transaction:
+                overwrite_files(table, transaction, plan.applied.removes, plan.applied.adds, summary)
+            return None
         with table.transaction() as transaction:
             if plan.deletes:
                 # A DLQ replay: its entries leave the DLQ in the same catalog commit that adds this
                 # batch's DLQ files (the append, last, carries the watermark).
                 transaction.delete(In(keys.DLQ_ID, plan.deletes))
             append_files(transaction, plan.files, summary)
+        return None
 
     def acknowledge_committed(self, tenant: str, table_name: str, table: Table) -> None:
         """Announce and drop entries the table already holds but whose receipts were not published.

@@ -16,6 +16,7 @@ from service.core.keys import (
     receipt_key,
 )
 from service.protocol import commit_entry
+from service.protocol.receipts import CHANGES_PREFIX
 from service.protocol.scripts import MARK_COMMITTED, MARK_FAILED
 
 
@@ -27,17 +28,24 @@ class ReceiptPublisher:
         self._mark = client.register_script(MARK_COMMITTED)
         self._fail = client.register_script(MARK_FAILED)
 
-    def mark_committed(self, tenant: str, table: str, snapshot_id: int, rows_by_receipt: dict[str, int]) -> list[str]:
+    def mark_committed(
+        self, tenant: str, table: str, snapshot_id: int, rows_by_receipt: dict[str, int],
+        changes: dict[str, dict[str, int]] | None = None,
+    ) -> list[str]:
+        """`changes`: row changes' effects per receipt (inserted, updated, deleted, noop)."""
         now = f"{time.time():.3f}"
         pipe = self._client.pipeline(transaction=False)
         ids = list(rows_by_receipt)
+        for receipt_id, counts in (changes or {}).items():
+            if receipt_id in rows_by_receipt:
+                pipe.hset(receipt_key(tenant, receipt_id), f"{CHANGES_PREFIX}{table}", orjson.dumps(counts))
         for receipt_id in ids:
             self._mark(
                 keys=[receipt_key(tenant, receipt_id), backlog_key(tenant)],
                 args=[table, f"{snapshot_id}:{rows_by_receipt[receipt_id]}", now],
                 client=pipe,
             )
-        completed = [receipt_id for receipt_id, done in zip(ids, pipe.execute()) if done]
+        completed = [receipt_id for receipt_id, done in zip(ids, pipe.execute()[-len(ids):] if ids else []) if done]
         if completed:
             self._client.publish(COMMITTED_CHANNEL, orjson.dumps(completed))
         return completed

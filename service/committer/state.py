@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from service.protocol.changes import ApplyResult
 from service.protocol.commit_entry import PendingFiles
 from service.protocol.stream_ids import id_after
 
@@ -13,6 +14,7 @@ class CommitPlan:
     """What one Iceberg commit covers: every pending entry after the table's watermark."""
 
     entries: list[PendingFiles]
+    applied: ApplyResult | None = None  # row changes: a writer's answer, to commit as one overwrite
 
     @classmethod
     def after(cls, entries: list[PendingFiles], watermark: str) -> "CommitPlan":
@@ -44,6 +46,32 @@ class CommitPlan:
     def commit_interval_s(self) -> float | None:
         intervals = [entry.commit_interval_s for entry in self.entries if entry.commit_interval_s]
         return min(intervals) if intervals else None
+
+    def segments(self) -> list[CommitPlan]:
+        """The plan as the snapshots it takes, in stream order: each run of appends is one
+        snapshot, each rewrite one of its own (it commits only while the files it replaces are
+        live), each run of row changes of the same key one (applied together, then committed)."""
+        segments: list[CommitPlan] = []
+        for entry in self.entries:
+            last = segments[-1].entries[-1] if segments else None
+            joins = last is not None and not entry.is_rewrite and not last.is_rewrite and last.is_changes == entry.is_changes and (
+                not entry.is_changes or (last.keys, last.upsert) == (entry.keys, entry.upsert)
+            )
+            if joins:
+                segments[-1].entries.append(entry)
+            else:
+                segments.append(CommitPlan([entry]))
+        return segments
+
+    @property
+    def changes(self) -> bool:
+        """A run of row changes, committed once a writer applied them."""
+        return bool(self.entries) and self.entries[0].is_changes
+
+    @property
+    def rewrite(self) -> PendingFiles | None:
+        """The rewrite this plan commits (a segment holding one), else None."""
+        return self.entries[0] if len(self.entries) == 1 and self.entries[0].is_rewrite else None
 
     def rows_by_receipt(self) -> dict[str, int]:
         merged: dict[str, int] = {}

@@ -75,6 +75,18 @@ class Settings(BaseSettings):
     snapshot_max_age_s: float = Field(default=3600.0, gt=0)
     snapshot_max_count: int = Field(default=100, ge=1)
     snapshot_min_count: int = Field(default=5, ge=1)
+    # Compaction, planned with the other upkeep: a partition holding compact_min_files small files
+    # (below 3/4 of the target size), or small files adding up to the target, is rewritten by a
+    # writer's Spark job into files near the target (a table's write.target-file-size-bytes, set
+    # from its sink's target_file_size, wins over compact_target_file_bytes); at most
+    # compact_max_bytes per request. A request not answered within compact_timeout_s is planned again.
+    compact_target_file_bytes: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
+    compact_min_files: int = Field(default=10, ge=2)
+    compact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024)
+    compact_timeout_s: float = Field(default=900.0, gt=0)
+    # Row changes wait for a writer to apply them; a request not answered within apply_timeout_s
+    # (its writer crashed) is asked again.
+    apply_timeout_s: float = Field(default=300.0, gt=0)
     # Every orphan_interval_s, files in a table's data location that nothing references and that
     # are older than orphan_min_age_s are deleted.
     orphan_interval_s: float = Field(default=3600.0, gt=0)

@@ -31,3 +31,11 @@ class AlreadyExists(CalveError):
 
 class NotFound(CalveError):
     """No such thing for this tenant (also what another tenant's things look like)."""
+
+
+class ChangesNotApplied(Exception):
+    """Row changes whose application no longer fits the table (it moved since): apply them again."""
+
+
+class ChangesFailed(Exception):
+    """A writer could not apply a table's row changes (the reason is the message)."""

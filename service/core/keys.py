@@ -17,6 +17,9 @@ AUTH_CHANNEL = f"{PREFIX}:auth-changed"  # pub/sub: a token was revoked or a ten
 PIPELINES_CHANNEL = f"{PREFIX}:pipelines-changed"  # pub/sub: a pipeline was created, replaced or deleted
 
 WRITER_GROUP = "writers"
+MAINTENANCE = f"{PREFIX}:maintenance"  # set of "tenant/table" with upkeep asked for by hand
+APPLIES = f"{PREFIX}:applies"  # list: requests to apply row changes (JSON), leaders push, writers pop
+COMPACTIONS = f"{PREFIX}:compactions"  # list: compaction requests (JSON), leaders push, writers pop
 
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"
@@ -81,6 +84,21 @@ def lease_key(tenant: str, table: str) -> str:
 def upkeep_key(tenant: str, table: str) -> str:
     """Hash: the last run of each upkeep task of the table (JSON per task)."""
     return f"{_tag(tenant)}:upkeep:{table}"
+
+
+def maintenance_key(tenant: str, table: str) -> str:
+    """Hash: upkeep task -> id of the request that asked for it now (POST .../maintenance)."""
+    return f"{_tag(tenant)}:maintenance:{table}"
+
+
+def applying_key(tenant: str, table: str) -> str:
+    """Hash: the table's row changes being applied now: `request` and, once done, `result` (JSON)."""
+    return f"{_tag(tenant)}:applying:{table}"
+
+
+def compacting_key(tenant: str, table: str) -> str:
+    """Set (with a time limit) while a compaction of the table is requested or running: its id."""
+    return f"{_tag(tenant)}:compacting:{table}"
 
 
 def fence_key(tenant: str, table: str) -> str:

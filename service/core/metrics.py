@@ -46,6 +46,16 @@ SNAPSHOTS_EXPIRED = Counter("calve_snapshots_expired", "Snapshots expired by upk
 UPKEEP_FILES_DELETED = Counter(
     "calve_upkeep_files_deleted", "Files (data, manifests, manifest lists) deleted because only expired snapshots referenced them", ["tenant", "table"]
 )
+COMPACTION_FILES = Counter(
+    "calve_compaction_files", "Data files a committed compaction removed (small) and added (merged)", ["tenant", "table", "direction"]
+)
+COMPACTION_BYTES = Counter("calve_compaction_bytes", "Bytes of the small files committed compactions replaced", ["tenant", "table"])
+COMPACTIONS_DROPPED = Counter(
+    "calve_compactions_dropped", "Compactions not committed (their files changed meanwhile, or the rewrite failed)", ["tenant", "table"]
+)
+CHANGES_REAPPLIED = Counter(
+    "calve_changes_reapplied", "Row changes applied again because the table moved while they were applied", ["tenant", "table"]
+)
 DEAD_COMMIT_ENTRIES = Counter(
     "calve_dead_commit_entries", "Commit-stream entries parked because a commit of them can never succeed", ["tenant", "table"]
 )

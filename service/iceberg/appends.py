@@ -30,18 +30,25 @@ def append_files(transaction: Transaction, files: list[str], snapshot_properties
         # duplicates would make each commit slower than the last.
         transaction.add_files(files, snapshot_properties=snapshot_properties, check_duplicate_files=False)
         return
-    if transaction.table_metadata.name_mapping() is None:
-        transaction.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema().name_mapping.model_dump_json()})
-    data_files = [_data_file(transaction, path) for path in files]
+    ensure_name_mapping(transaction)
+    data_files = [data_file(transaction, path) for path in files]
     producer = transaction.update_snapshot(snapshot_properties=snapshot_properties)
     # As add_files does: a merge append when the table merges manifests (Calve's tables do).
     merging = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED, "false") == "true"
     with (producer.merge_append() if merging else producer.fast_append()) as append:
-        for data_file in data_files:
-            append.append_data_file(data_file)
+        for written in data_files:
+            append.append_data_file(written)
 
 
-def _data_file(transaction: Transaction, path: str) -> DataFile:
+def ensure_name_mapping(transaction: Transaction) -> None:
+    """Spark writes Parquet without field ids: readers find columns by the table's name mapping."""
+    if transaction.table_metadata.name_mapping() is None:
+        transaction.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema().name_mapping.model_dump_json()})
+
+
+def data_file(transaction: Transaction, path: str) -> DataFile:
+    """The table's DataFile for a Parquet file: statistics from its footer, partition from its
+    statistics (order-preserving transforms) or its values (bucket)."""
     metadata = transaction.table_metadata
     schema = metadata.schema()
     input_file = private.table_io(transaction).new_input(path)

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
+    CommitFailedException,
     NamespaceAlreadyExistsError,
     NoSuchTableError,
     ServiceUnavailableError,
@@ -32,6 +33,7 @@ from sqlalchemy.exc import (
     OperationalError,
 )
 from tenacity import (
+    Retrying,
     retry,
     retry_if_exception_type,
     stop_after_attempt,
@@ -158,3 +160,33 @@ def ensure_commit_properties(table: Table) -> Table:
     with table.transaction() as transaction:
         transaction.set_properties(missing)
     return table
+
+
+def set_table_properties(catalog: Catalog, table: Table, wanted: dict[str, str]) -> Table:
+    """Give the table these properties (a no-op when it has them); a conflicting commit (the
+    leader committing meanwhile) is retried on the reloaded table."""
+    retrying = Retrying(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(CATALOG_INIT_ATTEMPTS),
+                        wait=wait_incrementing(start=0.05, increment=0.05), reraise=True)
+    for attempt in retrying:
+        with attempt:
+            changed = {key: value for key, value in wanted.items() if table.properties.get(key) != value}
+            if not changed:
+                return table
+            try:
+                with table.transaction() as transaction:
+                    transaction.set_properties(changed)
+            except CommitFailedException:
+                table = catalog.load_table(table.name())
+                raise
+    return table
+
+
+def set_identifier_fields(catalog: Catalog, table: Table, names: list[str]) -> Table:
+    """Declare the columns that identify a row (a table Calve creates for row changes); another
+    writer doing the same at once makes one of the two commits conflict, and the loser finds it done."""
+    try:
+        with table.update_schema() as update:
+            update.set_identifier_fields(*names)
+    except CommitFailedException:
+        pass
+    return catalog.load_table(table.name())

@@ -24,7 +24,10 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
-from service.iceberg.watermark import calve_snapshots
+from service.core import keys
+from service.iceberg import private
+from service.iceberg.compaction import TARGET_FILE_SIZE_PROPERTY
+from service.iceberg.watermark import calve_snapshots, watermark
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,38 @@ class ExpiryPolicy:
     max_age_s: float
     max_snapshots: int
     min_snapshots: int = 5
+
+    def for_table(self, table: Table) -> ExpiryPolicy:
+        """The table's own policy where its properties set one (a sink's snapshot_max_age and
+        snapshot_max_count; Iceberg's own history.expire.* properties), this one elsewhere."""
+        properties = table.properties
+        age_ms = _positive(properties.get(MAX_AGE_PROPERTY))
+        count = _positive(properties.get(MAX_COUNT_PROPERTY))
+        keep = _positive(properties.get(MIN_COUNT_PROPERTY))
+        return ExpiryPolicy(
+            age_ms / 1000 if age_ms else self.max_age_s, count or self.max_snapshots, keep or self.min_snapshots,
+        )
+
+
+MAX_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"  # Iceberg's
+MIN_COUNT_PROPERTY = "history.expire.min-snapshots-to-keep"  # Iceberg's
+MAX_COUNT_PROPERTY = "calve.expire.max-snapshots"  # Iceberg has no count limit of its own
+
+
+def _positive(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
+
+
+def sink_properties(target_file_size: int | None, max_age_s: float | None, max_count: int | None) -> dict[str, str]:
+    """The table properties a sink's upkeep settings become (read back by the table's leader)."""
+    properties = {}
+    if target_file_size:
+        properties[TARGET_FILE_SIZE_PROPERTY] = str(target_file_size)
+    if max_age_s:
+        properties[MAX_AGE_PROPERTY] = str(int(max_age_s * 1000))
+    if max_count:
+        properties[MAX_COUNT_PROPERTY] = str(max_count)
+    return properties
 
 
 @dataclass
@@ -70,7 +105,7 @@ def expire_snapshots(table: Table, policy: ExpiryPolicy, protected: set[int] = f
     manifests and data files that only the expired snapshots referenced."""
     started = time.monotonic()
     protected = set(protected) | watermark_path(table)
-    expired = snapshots_to_expire(table.metadata, policy, int(time.time() * 1000), protected)
+    expired = snapshots_to_expire(table.metadata, policy.for_table(table), int(time.time() * 1000), protected)
     if not expired:
         return ExpiryResult(seconds=time.monotonic() - started)
     before = list(table.metadata.snapshots)
@@ -160,3 +195,18 @@ def remove_orphans(table: Table, min_age_s: float, protected: set[str] = frozens
         except OSError as exc:
             log.warning("upkeep: could not delete orphan %s (%s)", info.path, exc)
     return deleted
+
+
+def merge_manifests(table: Table) -> int:
+    """Merge the current snapshot's manifests (a `replace` snapshot carrying the watermark on);
+    the manifests it had, or 0 when there was nothing to merge. Commits merge as they go; this is
+    for a table another writer left with many, or by hand."""
+    snapshot = table.current_snapshot()
+    manifests = len(snapshot.manifests(table.io)) if snapshot is not None else 0
+    if manifests < 2:
+        return 0
+    mark = watermark(table)
+    properties = {keys.SUMMARY_WATERMARK: mark} if calve_snapshots(table) else {}
+    with table.transaction() as transaction, private.merge_manifests_producer(transaction, properties):
+        pass
+    return manifests

@@ -20,7 +20,13 @@ A definition is YAML or JSON:
           partition_spec: [{column: ts, transform: day}]
         schema_evolution: false
         commit_interval: 5            # seconds
-        target_file_size: 134217728   # bytes
+        target_file_size: 134217728   # bytes (compaction's target too)
+        snapshot_max_age: 86400       # seconds of snapshots kept (time travel)
+        snapshot_max_count: 500
+      - table: customers              # row-level changes instead of appends (copy-on-write)
+        operation: "op"               # a Spark SQL expression: insert|i|c|r|index|create, update|u, delete|d
+        identifier_columns: [id]      # the row's key (required columns): the table's identifier fields
+        mode: upsert                  # or append (default): an update of a missing key is then a no-op
 
 Expressions are parsed with sqlglot's Spark dialect and may call only the functions in
 ALLOWED_FUNCTIONS: ones that read the event (and the clock) and cannot fail or flood on purpose.
@@ -34,7 +40,7 @@ MAX_EXPRESSION_LENGTH characters nested at most MAX_EXPRESSION_DEPTH parentheses
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import sqlglot
 from pydantic import (
@@ -122,6 +128,7 @@ TIME_TRANSFORMS = ("year", "month", "day", "hour")
 INTERNAL_PREFIX = "_calve"  # the job's own columns (receipt, event text, routes): never the user's
 MAX_BUCKETS = 2**31 - 1
 MAX_FILE_SIZE = 2**34  # 16 GiB
+MAX_IDENTIFIER_COLUMNS = 8
 MIN_FILE_SIZE = 2**20  # 1 MiB
 
 _PRIMITIVES: dict[str, IcebergType] = {
@@ -454,6 +461,17 @@ class Sink(_Strict):
     schema_evolution: bool = False
     commit_interval: float | None = Field(default=None, gt=0, le=3600, description="seconds between commits")
     target_file_size: int | None = Field(default=None, ge=MIN_FILE_SIZE, le=MAX_FILE_SIZE, description="bytes")
+    snapshot_max_age: float | None = Field(default=None, gt=0, le=365 * 86400, description="seconds of history the table keeps")
+    snapshot_max_count: int | None = Field(default=None, ge=1, le=100_000, description="snapshots the table keeps at most")
+    # Row-level changes (copy-on-write): see OPERATIONS.
+    operation: Expression | None = Field(default=None, description="Spark SQL expression: each event's operation (insert, update, delete)")
+    identifier_columns: list[str] | None = Field(default=None, min_length=1, max_length=MAX_IDENTIFIER_COLUMNS, description="the row's key")
+    mode: Literal["append", "upsert"] = Field(default="append", description="upsert: every event replaces the row with its key")
+
+    @property
+    def row_changes(self) -> bool:
+        """Events change rows by key (copy-on-write) instead of being appended."""
+        return self.operation is not None or self.mode == "upsert"
 
     @field_validator("table")
     @classmethod
@@ -510,6 +528,41 @@ class PipelineDefinition(_Strict):
             except ValueError as exc:
                 raise SpecError(f"routes.{name}", str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _row_changes(self) -> PipelineDefinition:
+        for index, sink in enumerate(self.sinks):
+            where = f"sinks[{index}]"
+            if sink.operation is not None:
+                try:
+                    check_expression(sink.operation)
+                except ValueError as exc:
+                    raise SpecError(f"{where}.operation", str(exc)) from None
+            if sink.identifier_columns is None:
+                if sink.row_changes and sink.auto_create:
+                    raise SpecError(f"{where}.identifier_columns", "required with operation or mode: upsert when the sink may "
+                                    "create the table (they become its identifier fields)")
+                continue
+            if not sink.row_changes:
+                raise SpecError(f"{where}.identifier_columns", "only meaningful with operation or mode: upsert")
+            names = sink.identifier_columns
+            if len(set(names)) != len(names):
+                raise SpecError(f"{where}.identifier_columns", f"a column is named twice: {names}")
+            for name in names:
+                if not is_valid_name(name):
+                    raise SpecError(f"{where}.identifier_columns", f"invalid column name {name!r}: use {RULE}")
+            if sink.schema_ is not None:
+                columns = {column.name: column for column in sink.schema_.columns}
+                for name in names:
+                    column = columns.get(name)
+                    if column is None:
+                        raise SpecError(f"{where}.identifier_columns", f"no column {name!r} in the schema")
+                    if not column.required:
+                        raise SpecError(f"{where}.identifier_columns", f"column {name!r} must be required: true to identify rows")
+                    if not isinstance(column.iceberg_type(), PrimitiveType) or isinstance(column.iceberg_type(), (FloatType, DoubleType)):
+                        raise SpecError(f"{where}.identifier_columns", f"column {name!r} is {column.type}; an identifier must be a "
+                                        "primitive type other than float and double")
+        return self
 
     @model_validator(mode="after")
     def _sink_routes_exist(self) -> PipelineDefinition:

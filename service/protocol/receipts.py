@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
+
 from service.core.keys import DLQ_TABLE
 
 # Statuses.
@@ -29,6 +31,7 @@ COMMITTED_AT = "committed_at"
 ERROR = "error"  # why the receipt failed
 WRITTEN_PREFIX = "written:"  # written:<table> = rows
 COMMITTED_PREFIX = "committed:"  # committed:<table> = "<snapshot id>:<rows>"
+CHANGES_PREFIX = "changes:"  # changes:<table> = JSON {inserted, updated, deleted, noop} (row changes)
 
 
 def written_fields(rows_by_table: dict[str, int], now: str) -> list[str]:
@@ -85,6 +88,8 @@ def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Recei
             entry = tables.setdefault(name[len(COMMITTED_PREFIX):], {})
             entry["snapshot_id"] = int(snapshot_id)
             entry["rows"] = int(rows)
+        elif name.startswith(CHANGES_PREFIX):
+            tables.setdefault(name[len(CHANGES_PREFIX):], {})["changes"] = orjson.loads(value)
     return Receipt(
         id=receipt_id,
         status=fields.get(STATUS, BUFFERED),

@@ -2,7 +2,8 @@
 
 Loop: read a batch from every input stream through the `writers` consumer group, run one Spark
 job per pipeline, then in one Redis transaction record the files on the table's commit stream,
-mark the receipts written and acknowledge (and delete) the input entries. A crash anywhere before
+mark the receipts written and acknowledge (and delete) the input entries. Between rounds, run a
+compaction a table's leader asked for (compaction.py). A crash anywhere before
 that transaction leaves the entries pending; another writer reclaims them after they idle.
 """
 
@@ -38,9 +39,15 @@ from service.protocol.input_entry import InputEntry
 from service.protocol.receipts import written_fields
 from service.protocol.stream_ids import text
 from service.writer.batches import Batch
+from service.writer.changes import ChangeApplier, changes_fields
+from service.writer.compaction import Compactor
 from service.writer.files import delete_files, list_data_files
 from service.writer.hand_off import HandOffPlan, HandOffScript
-from service.writer.spark_errors import is_deterministic, is_spark_outage
+from service.writer.spark_errors import (
+    is_deterministic,
+    is_spark_outage,
+    is_transport_error,
+)
 from service.writer.tables import TableResolver
 from spark_jobs.pipeline_job import (
     DLQ_SCHEMA,
@@ -82,6 +89,8 @@ class Writer:
         self.tables = TableResolver(catalog)
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
+        self.compactor = Compactor(client, catalog, settings.spark_remote, self.name)
+        self.applier = ChangeApplier(client, catalog, settings.spark_remote, self.name)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -201,6 +210,12 @@ class Writer:
         deadline = time.monotonic() + min(RETRY_BUDGET_MAX_S, max(RETRY_BUDGET_MIN_S, spent * RETRY_SHARE))
         while self._retries and time.monotonic() < deadline and not stop.is_set():
             self._write(self._retries.popleft(), stop)
+        # Then the row changes leaders wait for (their tables wait too), and at most one
+        # compaction a table's leader asked for (a bounded Spark job).
+        while not stop.is_set() and not self._outages and self.applier.run_one():
+            pass
+        if not stop.is_set() and not self._outages:
+            self.compactor.run_one()
 
     def _write(self, batch: Batch, stop: threading.Event) -> None:
         try:
@@ -225,6 +240,17 @@ class Writer:
         # Shutting down meanwhile leaves the entries pending for the next writer to reclaim.
         stop.wait(min(BACKOFF_MAX_S, 0.5 * 2 ** min(self._outages, 6)))
 
+    def _spark_unreachable(self) -> bool:
+        """Whether Spark Connect fails a trivial query right now: a broken exchange while the
+        server stops (a cancelled stream, a reset connection) looks like any other transport
+        error, and must not send the request to the DLQ. Asked only before dead-lettering (one
+        query per request that failed alone), not at each halving."""
+        try:
+            spark_session(self.settings.spark_remote).range(1).collect()
+        except Exception:  # noqa: BLE001 - any failure of the probe means the server is not serving
+            return True
+        return False
+
     def _after_job_failure(self, batch: Batch, exc: Exception) -> list[Batch]:
         """What is left to try of a batch whose job failed (Spark refused it, a task failed, or
         anything else went wrong while writing it)."""
@@ -244,6 +270,12 @@ class Writer:
         # A plan Spark cannot analyse fails the same way every time: one failure alone settles
         # it. Anything else (a task failure, a lost executor) may pass, so it gets a second try.
         if batch.failures < MAX_JOB_ATTEMPTS and not is_deterministic(exc):
+            return [batch]
+        if is_transport_error(exc) and self._spark_unreachable():
+            # Not the request's fault after all: the server stopped under it. Kept, not counted.
+            batch.failures -= 1
+            self._outages += 1
+            log.warning("writer: Spark Connect stopped serving under a job of %s/%s; kept for a retry", batch.tenant, batch.pipeline)
             return [batch]
         attempts = f"{batch.failures} attempt{'s' if batch.failures != 1 else ''}"
         self.dead_letter(batch, f"the Spark job failed with this request alone ({attempts}): {reason}")
@@ -267,7 +299,7 @@ class Writer:
         intervals = self._commit_intervals(record.definition)
         written = [
             FilesWritten(batch.tenant, table, list_data_files(output.directory), output.rows_by_receipt,
-                         commit_interval_s=intervals.get(table))
+                         commit_interval_s=intervals.get(table), **changes_fields(output.changes))
             for table, output in result.tables.items()
         ]
         replayed = [(entry.receipt, dlq_id) for entry in batch.entries for dlq_id in entry.replays]

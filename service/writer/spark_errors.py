@@ -24,6 +24,15 @@ def is_spark_outage(exc: BaseException) -> bool:
     return isinstance(exc, (PySparkException, grpc.RpcError)) and any(text in str(exc) for text in OUTAGE_MESSAGES)
 
 
+def is_transport_error(exc: BaseException) -> bool:
+    """A broken gRPC exchange rather than an error Spark answered (which names an error class):
+    an outage or the batch's own (a message too deep to decode), which only a probe of the server
+    tells apart."""
+    if isinstance(exc, grpc.RpcError):
+        return True
+    return isinstance(exc, SparkConnectGrpcException) and not exc.getErrorClass()
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """Spark refused the job's plan (an analysis error: a type mismatch, an unresolved field): the
     same request fails the same way on every attempt."""

@@ -11,12 +11,19 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame
 
 from service.core import keys
-from service.iceberg.catalog import create_table_once, load_table
+from service.iceberg.catalog import (
+    create_table_once,
+    load_table,
+    set_identifier_fields,
+    set_table_properties,
+)
 from service.iceberg.schema import evolve_schema
+from service.iceberg.upkeep import sink_properties
 from service.pipelines.spec import PipelineDefinition, Sink
 from service.tenancy.names import RULE, is_valid_name
 from spark_jobs.pipeline_job import (
     DLQ_SCHEMA,
+    ChangeSpec,
     Target,
     inferred_table_schema,
     needed_widenings,
@@ -57,6 +64,7 @@ class TableResolver:
         if table is None:
             if not sink.auto_create:
                 return f"table {name!r} does not exist and the sink may not create it (auto_create is false)"
+            identifiers = sink.identifier_columns or []
             if sink.schema_ is not None:
                 schema = sink.schema_.iceberg_schema()
                 table = create_table_once(self.catalog, tenant, name, schema, sink.schema_.iceberg_partition_spec(schema))
@@ -66,7 +74,14 @@ class TableResolver:
                     return None
                 if not inferred.names:
                     return f"no field of the events has a value to create table {name!r} from"
+                absent = [key for key in identifiers if key not in inferred.names]
+                if absent:
+                    return f"no event has identifier field {absent[0]!r} to create table {name!r} with"
+                # Identifier fields must be required: events without them go to the DLQ.
+                inferred = pa.schema([field.with_nullable(field.name not in identifiers) for field in inferred])
                 table = create_table_once(self.catalog, tenant, name, inferred)
+            if identifiers and not table.schema().identifier_field_ids:
+                table = set_identifier_fields(self.catalog, table, identifiers)
             log.info("created table %s.%s", tenant, name)
         if sink.schema_evolution:
             incoming = inferred_table_schema(rows)
@@ -76,12 +91,24 @@ class TableResolver:
             table = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows))
             if table.schema().schema_id != before:
                 log.info("evolved %s.%s: %s", tenant, name, table.schema())
+        # Upkeep (planned by the table's leader) reads the sink's settings from the table.
+        table = set_table_properties(self.catalog, table, sink_properties(sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count))
         schema = table.schema()
+        changes = None
+        if sink.row_changes:
+            identifiers = tuple(sink.identifier_columns or [schema.find_column_name(i) for i in schema.identifier_field_ids])
+            if not identifiers:
+                return f"table {name!r} has no identifier fields: set identifier_columns in the sink to say which columns identify a row"
+            absent = [key for key in identifiers if key not in schema.column_names]
+            if absent:
+                return f"table {name!r} has no column {absent[0]!r} (identifier_columns)"
+            changes = ChangeSpec(sink.operation, identifiers, sink.mode == "upsert")
         return Target(
             name=name,
             schema=schema.as_arrow(),
             required=frozenset(f.name for f in schema.fields if f.required),
             partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields],
-            directory=new_directory(table.location()),
+            directory=new_directory(table.location(), "changes" if changes is not None else "batch"),
             target_file_size=sink.target_file_size,
+            changes=changes,
         )

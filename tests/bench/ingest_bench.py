@@ -60,7 +60,7 @@ def say(message: str) -> None:
 
 
 def start_stack(data_dir: Path, port: int) -> subprocess.Popen:
-    env = dict(os.environ, CALVE_DATA_DIR=str(data_dir), CALVE_PORT=str(port), CALVE_BOOTSTRAP_TOKEN=TOKEN, CALVE_LOG_LEVEL="WARNING")
+    env = {"CALVE_LOG_LEVEL": "WARNING", **os.environ, "CALVE_DATA_DIR": str(data_dir), "CALVE_PORT": str(port), "CALVE_BOOTSTRAP_TOKEN": TOKEN}
     log = open(data_dir / "calve-up.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240

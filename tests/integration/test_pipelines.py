@@ -327,6 +327,7 @@ def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
     with stack.client() as http:
         body = b"\n".join(orjson.dumps(e) for e in events)
         assert http.post("/sized?wait=true&timeout=120", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
+    assert stack.catalog().load_table(("demo", "sized")).properties["write.target-file-size-bytes"] == str(1024 * 1024)
     sized = stack.catalog().load_table(("demo", "sized")).inspect.files().to_pylist()
     assert len(sized) == 2, [f["record_count"] for f in sized]
     assert sum(f["record_count"] for f in sized) == 20_000

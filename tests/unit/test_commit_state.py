@@ -58,3 +58,23 @@ def test_a_tables_own_commit_interval_comes_from_its_pending_entries() -> None:
     schedule.set_interval("t", CommitPlan([streamed("4-0", None)]).commit_interval_s)
     assert schedule.is_commit_due("t", now=101.0), "back to the default once the pipeline sets none"
     assert CommitPlan([streamed("5-0", None)]).deletes == []
+
+
+def rewrite(entry_id: str) -> PendingFiles:
+    return PendingFiles(entry_id, [f"file://{entry_id}-merged.parquet"], {}, removes=["file://a.parquet"], operation="replace")
+
+
+def test_a_rewrite_is_a_snapshot_of_its_own_between_the_appends_around_it() -> None:
+    plan = CommitPlan([entry("1-0"), entry("2-0"), rewrite("3-0"), entry("4-0"), rewrite("5-0"), rewrite("6-0")])
+    segments = plan.segments()
+    assert [[e.entry_id for e in s.entries] for s in segments] == [["1-0", "2-0"], ["3-0"], ["4-0"], ["5-0"], ["6-0"]]
+    assert [s.rewrite is not None for s in segments] == [False, True, False, True, True]
+    assert segments[1].watermark == "3-0", "a rewrite's snapshot carries the watermark past it"
+
+
+def test_a_rewrite_entry_survives_the_stream_encoding() -> None:
+    written = FilesWritten("t", "logs", ["file://m.parquet"], {}, removes=["file://a.parquet"], operation="replace", request="q1")
+    fields = written.to_fields("w")
+    read = PendingFiles.from_fields("7-0", {k.encode(): v.encode() for k, v in zip(fields[::2], fields[1::2])})
+    assert (read.is_rewrite, read.removes, read.files, read.request) == (True, ["file://a.parquet"], ["file://m.parquet"], "q1")
+    assert not PendingFiles.from_fields("8-0", {b"files": b"[]", b"receipts": b"{}"}).is_rewrite

@@ -57,3 +57,36 @@ def test_a_definition_has_a_bounded_number_of_processors_refused_quickly() -> No
     assert refused.value.detail()[0]["field"] == "processors"
     assert f"at most {MAX_PROCESSORS}" in refused.value.detail()[0]["error"]
     assert time.monotonic() - started < 1.0, "refused by its length, before each processor is checked"
+
+
+ROW_CHANGE_CASES = [
+    ({"operation": "op", "auto_create": True}, "sinks[0].identifier_columns", "required with operation"),
+    ({"identifier_columns": ["id"]}, "sinks[0].identifier_columns", "only meaningful with operation"),
+    ({"mode": "upsert", "identifier_columns": ["id", "id"]}, "sinks[0].identifier_columns", "named twice"),
+    ({"operation": "raise_error('x')", "identifier_columns": ["id"]}, "sinks[0].operation", "raise_error() is not allowed"),
+    ({"operation": "op", "identifier_columns": ["id"], "schema": {"columns": [{"name": "id", "type": "long"}]}},
+     "sinks[0].identifier_columns", "must be required"),
+    ({"operation": "op", "identifier_columns": ["x"], "schema": {"columns": [{"name": "id", "type": "long", "required": True}]}},
+     "sinks[0].identifier_columns", "no column 'x'"),
+    ({"mode": "upsert", "identifier_columns": ["v"], "schema": {"columns": [{"name": "v", "type": "double", "required": True}]}},
+     "sinks[0].identifier_columns", "other than float and double"),
+    ({"mode": "merge"}, "sinks[0].mode", "'append' or 'upsert'"),
+]
+
+
+@pytest.mark.parametrize(("sink", "where", "message"), ROW_CHANGE_CASES)
+def test_row_change_settings_are_checked_field_by_field(sink: dict, where: str, message: str) -> None:
+    with pytest.raises(DefinitionInvalid) as caught:
+        parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [{"table": "t", **sink}]})
+    (error,) = caught.value.detail()
+    assert error["field"] == where and message in error["error"], error
+
+
+def test_row_change_settings_that_fit_are_accepted() -> None:
+    sink = parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [{
+        "table": "t", "operation": "lower(op)", "identifier_columns": ["id"], "auto_create": True,
+        "schema": {"columns": [{"name": "id", "type": "long", "required": True}]},
+    }]}).sinks[0]
+    assert sink.row_changes and sink.mode == "append"
+    existing = parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [{"table": "t", "mode": "upsert"}]}).sinks[0]
+    assert existing.row_changes and existing.identifier_columns is None, "an existing table's identifier fields serve"

@@ -14,7 +14,19 @@ from pyiceberg.expressions import EqualTo
 from service.core import keys
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import create_table_once, get_catalog
-from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots, snapshots_to_expire
+from service.iceberg.compaction import CompactionPolicy, plan_compaction
+from service.iceberg.rewrites import (
+    FilesNotLive,
+    RowsChanged,
+    live_data_files,
+    replace_files,
+)
+from service.iceberg.upkeep import (
+    ExpiryPolicy,
+    expire_snapshots,
+    sink_properties,
+    snapshots_to_expire,
+)
 from service.iceberg.watermark import watermark
 
 
@@ -116,3 +128,54 @@ def test_orphans_older_than_the_safety_age_go_and_the_rest_stay(table, tmp_path:
     assert deleted == 3 and not any(path.exists() for path in old)
     assert committed.exists() and young.exists() and waiting.exists()
     assert table.scan().to_arrow().column("id").to_pylist() == ["kept"]
+
+
+def test_compaction_plans_a_partition_once_it_holds_enough_small_files(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n in range(1, 13):
+        commit(table, tmp_path, n)
+    files = list(live_data_files(table).values())
+    one_file = files[0].file_size_in_bytes
+    policy = CompactionPolicy(target_file_bytes=1024 * 1024, min_files=10, max_bytes=1024 * 1024)
+    (group,) = plan_compaction(files, policy)
+    assert len(group.files) == 12 and group.outputs == 1
+    assert plan_compaction(files, CompactionPolicy(1024 * 1024, min_files=13, max_bytes=1024 * 1024)) == [], "too few small files"
+    # Small files adding up to a whole target file qualify however few they are.
+    (whole,) = plan_compaction(files, CompactionPolicy(one_file * 3, min_files=100, max_bytes=1024 * 1024))
+    assert whole.outputs == 4
+    # A request rewrites at most max_bytes.
+    (bounded,) = plan_compaction(files, CompactionPolicy(1024 * 1024, min_files=2, max_bytes=one_file * 5))
+    assert len(bounded.files) == 5
+
+
+def test_a_replace_keeps_the_rows_and_refuses_files_no_longer_live(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n in range(1, 5):
+        commit(table, tmp_path, n)
+    before = sorted(table.scan().to_arrow().column("id").to_pylist())
+    small = sorted(live_data_files(table))
+    merged = tmp_path / "merged.parquet"
+    pq.write_table(pa.concat_tables([pq.read_table(path.removeprefix("file://")) for path in small]), merged)
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, small, [merged.as_uri()], {keys.SUMMARY_WATERMARK: "9-0"})
+    assert (done.files_removed, done.files_added, done.rows) == (4, 1, 4)
+    assert table.current_snapshot().summary.operation.value == "replace"
+    assert watermark(table) == "9-0"
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == before
+    assert sorted(live_data_files(table)) == [merged.as_uri()]
+
+    again = tmp_path / "again.parquet"
+    pq.write_table(pq.read_table(merged), again)
+    with pytest.raises(FilesNotLive), table.transaction() as transaction:
+        replace_files(table, transaction, small, [again.as_uri()], {})
+    fewer = tmp_path / "fewer.parquet"
+    pq.write_table(pq.read_table(merged).slice(0, 3), fewer)
+    with pytest.raises(RowsChanged), table.transaction() as transaction:
+        replace_files(table, transaction, [merged.as_uri()], [fewer.as_uri()], {})
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == before
+
+
+def test_a_table_keeps_its_own_expiry_policy_from_its_sink(table) -> None:  # noqa: ANN001
+    default = ExpiryPolicy(max_age_s=3600, max_snapshots=100, min_snapshots=5)
+    assert default.for_table(table) == default
+    with table.transaction() as transaction:
+        transaction.set_properties(sink_properties(None, max_age_s=86400, max_count=500))
+    assert default.for_table(table) == ExpiryPolicy(max_age_s=86400, max_snapshots=500, min_snapshots=5)

@@ -1,14 +1,18 @@
-"""GET /v1/tables, /v1/tables/{name} (with health), /v1/tables/{name}/rows, and the dead commit
-entries of a table."""
+"""GET /v1/tables, /v1/tables/{name} (with health), /v1/tables/{name}/rows, upkeep by hand
+(POST /v1/tables/{name}/maintenance), and the dead commit entries of a table."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import time
+import uuid
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.table import Table
 
@@ -17,11 +21,13 @@ from service.api.deps import (
     CatalogDep,
     ReadPrincipal,
     RedisDep,
+    SettingsDep,
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
 from service.iceberg.catalog import load_table
+from service.iceberg.compaction import SMALL_FILE_RATIO, CompactionPolicy
 from service.protocol import commit_entry
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
@@ -44,18 +50,16 @@ def list_tables(principal: ReadPrincipal, catalog: CatalogDep) -> dict:
     return {"tables": sorted(identifier[-1] for identifier in identifiers)}
 
 
-SMALL_FILE_BYTES = 32 * 1024 * 1024  # a data file below this is one compaction would merge
-
-
-def health(table: Table) -> dict:
+def health(table: Table, policy: CompactionPolicy) -> dict:
     """How the table is keeping: files, snapshots, manifests and metadata size."""
     snapshot = table.current_snapshot()
     sizes = table.inspect.data_files().column("file_size_in_bytes").to_pylist() if snapshot else []
     metadata_bytes = len(table.io.new_input(table.metadata_location))
+    small = policy.for_table(table).target_file_bytes * SMALL_FILE_RATIO  # what compaction would merge
     return {
         "data_files": len(sizes),
         "avg_file_bytes": int(sum(sizes) / len(sizes)) if sizes else 0,
-        "small_files": sum(1 for size in sizes if size < SMALL_FILE_BYTES),
+        "small_files": sum(1 for size in sizes if size < small),
         "snapshots": len(table.metadata.snapshots),
         "manifests": len(snapshot.manifests(table.io)) if snapshot else 0,
         "metadata_bytes": metadata_bytes,
@@ -63,7 +67,7 @@ def health(table: Table) -> dict:
     }
 
 
-def _describe(catalog: CatalogDep, tenant: str, name: str) -> dict:
+def _describe(catalog: CatalogDep, tenant: str, name: str, policy: CompactionPolicy) -> dict:
     table = _table_or_404(catalog, tenant, name)
     snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)[:RECENT_SNAPSHOTS]
     return {
@@ -81,13 +85,14 @@ def _describe(catalog: CatalogDep, tenant: str, name: str) -> dict:
             }
             for snapshot in snapshots
         ],
-        "health": health(table),
+        "health": health(table, policy),
     }
 
 
 @router.get("/{name}", responses=error_responses(404, 422))
-async def describe_table(name: TableName, principal: ReadPrincipal, catalog: CatalogDep, client: RedisDep) -> dict:
-    described = await run_in_threadpool(_describe, catalog, principal.tenant, name)
+async def describe_table(name: TableName, principal: ReadPrincipal, catalog: CatalogDep, client: RedisDep, settings: SettingsDep) -> dict:
+    policy = CompactionPolicy.from_settings(settings)
+    described = await run_in_threadpool(_describe, catalog, principal.tenant, name, policy)
     runs = await client.hgetall(keys.upkeep_key(principal.tenant, name))
     described["health"]["upkeep"] = {task.decode(): orjson.loads(run) for task, run in sorted(runs.items())}
     return described
@@ -157,3 +162,53 @@ async def discard_dead_commit(name: TableName, entry_id: EntryId, principal: Adm
     if not await client.xdel(keys.dead_commit_stream_key(principal.tenant, name), entry_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead commit entry {entry_id!r} of table {name!r}")
     return {"discarded": entry_id}
+
+
+# -- upkeep by hand -------------------------------------------------------------------------------
+
+UpkeepTask = Literal["compact", "expire", "orphans", "manifests"]
+
+
+class MaintenanceRequest(BaseModel):
+    tasks: list[UpkeepTask] = Field(min_length=1, max_length=4, description="upkeep tasks to run now")
+    wait_s: float = Field(30.0, ge=0, le=300, description="how long to wait for their outcome")
+
+
+def _settled(task: str, run: dict) -> bool:
+    # A compaction is first "requested" (a writer runs it on Spark), then ok, dropped or failed.
+    return task != "compact" or run.get("outcome") != "requested"
+
+
+@router.post("/{name}/maintenance", responses=error_responses(400, 404, 413, 422) | {202: {"description": "still running after wait_s"}})
+async def run_maintenance(
+    name: TableName, body: MaintenanceRequest, principal: AdminPrincipal, catalog: CatalogDep, client: RedisDep,
+) -> JSONResponse:
+    """Run upkeep tasks now, through the table's leader (as it runs them on its own schedule),
+    and answer what each did: 200 when all finished within `wait_s`, else 202 with those that did
+    (the rest go on; their outcome shows in the table's health). `compact` merges any partition's
+    small files (two are enough), `expire` applies the expiry policy, `orphans` deletes
+    unreferenced files past the safety age, `manifests` merges the manifests."""
+    await run_in_threadpool(_table_or_404, catalog, principal.tenant, name)
+    request, tasks = uuid.uuid4().hex, sorted(set(body.tasks))
+    member = keys.member(principal.tenant, name)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.maintenance_key(principal.tenant, name), mapping=dict.fromkeys(tasks, request))
+        pipe.sadd(keys.MAINTENANCE, member)
+        pipe.sadd(keys.TABLES, member)
+        await pipe.execute()
+    deadline = time.monotonic() + body.wait_s
+    while True:
+        runs = await client.hgetall(keys.upkeep_key(principal.tenant, name))
+        done = {}
+        for task in tasks:
+            run = orjson.loads(runs.get(task.encode(), b"{}"))
+            if run.get("request") == request and _settled(task, run):
+                done[task] = run
+        if len(done) == len(tasks) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.2)
+    pending = [task for task in tasks if task not in done]
+    return JSONResponse(
+        {"request": request, "tasks": done, "pending": pending},
+        status_code=status.HTTP_202_ACCEPTED if pending else status.HTTP_200_OK,
+    )

@@ -1,0 +1,93 @@
+"""The writer's side of row changes: apply a leader's request on Spark (spark_jobs/changes_job.py).
+
+A changes entry's events are applied when the table's leader asks, against the snapshot it names:
+the writer picks the candidate files from that snapshot's metadata (pyiceberg prunes by partition
+and by the identifier columns' statistics), runs the copy-on-write job, and answers in the
+table's applying_key hash. The leader commits the answer, or asks again if the table moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
+
+from service.core import keys, metrics
+from service.iceberg.catalog import load_table
+from service.protocol import changes
+from service.protocol.changes import ApplyRequest, ApplyResult
+from service.protocol.commit_entry import CHANGES
+from service.writer.files import delete_files, list_data_files
+from service.writer.requests import LeaderRequests
+from spark_jobs.changes_job import apply_changes, change_rows
+from spark_jobs.pipeline_job import ChangeSpec, Target, new_directory
+from spark_jobs.session import spark_session
+
+log = logging.getLogger(__name__)
+
+MAX_PRUNING_KEYS = 100_000  # more distinct keys than this: candidates by partition and statistics are not worth listing
+
+
+def changes_fields(spec: ChangeSpec | None) -> dict:
+    """The FilesWritten fields of a table whose events change rows (none for an append)."""
+    return {} if spec is None else {"operation": CHANGES, "keys": list(spec.keys), "upsert": spec.upsert}
+
+
+class ChangeApplier(LeaderRequests):
+    queue = keys.APPLIES
+
+    def run(self, raw: bytes) -> None:
+        request = ApplyRequest.from_json(raw)
+        started = time.perf_counter()
+        directory = None
+        try:
+            table = load_table(self.catalog, request.tenant, request.table)
+            if table is None:
+                raise LookupError(f"table {request.table!r} no longer exists")
+            schema = table.schema()
+            directory = new_directory(table.location())
+            target = Target(
+                name=request.table, schema=schema.as_arrow(), required=frozenset(f.name for f in schema.fields if f.required),
+                partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields], directory=directory,
+            )
+            spark = spark_session(self.spark_remote)
+            entries = [files for _entry_id, files in request.entries]
+            candidates = self._candidates(table, request, spark, entries, target)
+            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
+            result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory), applied.counts)
+        except Exception as exc:  # noqa: BLE001 - the leader sees the error and counts it as a failed commit
+            log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
+            if directory is not None:
+                delete_files(list_data_files(directory))
+            result = ApplyResult(request.request, request.base_snapshot, error=f"{exc.__class__.__name__}: {exc}"[:1000])
+        self._answer(request, result)
+        metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(time.perf_counter() - started)
+        log.info("writer %s applied %d change entries to %s.%s in %.2f s: %d files replaced by %d", self.name,
+                 len(request.entries), request.tenant, request.table, time.perf_counter() - started, len(result.removes), len(result.adds))
+
+    def _candidates(self, table, request: ApplyRequest, spark, entries: list[list[str]], target: Target) -> list[str]:  # noqa: ANN001
+        """Data files of the base snapshot that may hold a changed key."""
+        if request.base_snapshot is None:
+            return []
+        values = change_rows(spark, entries, target.schema).select(*request.keys).distinct().limit(MAX_PRUNING_KEYS + 1).collect()
+        row_filter: BooleanExpression = AlwaysTrue()
+        if len(values) <= MAX_PRUNING_KEYS:
+            for index, key in enumerate(request.keys):
+                literals = {row[index] for row in values if row[index] is not None}
+                if literals:
+                    row_filter = And(row_filter, In(key, literals))
+        try:
+            tasks = table.scan(row_filter=row_filter, snapshot_id=request.base_snapshot).plan_files()
+        except (ValueError, TypeError):  # a key type pyiceberg cannot compare: every file is a candidate
+            tasks = table.scan(snapshot_id=request.base_snapshot).plan_files()
+        return sorted({task.file.file_path for task in tasks})
+
+    def _answer(self, request: ApplyRequest, result: ApplyResult) -> None:
+        key = keys.applying_key(request.tenant, request.table)
+        asked = self.client.hget(key, changes.REQUEST)
+        if asked is None or ApplyRequest.from_json(asked).request != request.request:
+            # The leader gave up on this request (it expired, or the table moved): never committed.
+            delete_files(result.adds)
+            return
+        self.client.hset(key, changes.RESULT, result.to_json())

@@ -1,0 +1,126 @@
+"""Applying row changes copy-on-write: the data files holding changed keys, written again without
+them, plus the keys' new rows. No delete files: every engine reads the result as plain data files.
+
+    changes (I/U/D per event, in acceptance order) of one or more commit-stream entries
+      + the table's rows in the candidate files (those whose statistics may hold a changed key)
+    -> per key, the events folded in order over whether the key exists (its last state wins)
+    -> per event: inserted, updated, deleted or a no-op (for its receipt's counts)
+    -> new files: the untouched rows of every file that held a changed key, and the keys' new rows
+    -> removed files: exactly those that held a changed key
+
+The caller (a writer) picks the candidate files from the table's metadata; the table's leader
+commits the result as one `overwrite` snapshot if the table is still at the snapshot it was
+computed against, and asks again otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import reduce
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from spark_jobs.pipeline_job import OP, RECEIPT, SEQ, Target, write_data_files
+
+ORDER = "_calve_order"  # the entry's place among those applied together
+FILE = "_calve_file"
+EXISTS = "_calve_exists"
+EFFECT = "_calve_effect"
+EFFECTS = ("inserted", "updated", "deleted", "noop")
+
+
+@dataclass
+class Applied:
+    removes: list[str] = field(default_factory=list)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # receipt -> effect -> events
+    rows_written: int = 0
+
+
+def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema) -> DataFrame:
+    """The change events of `entries` (their files, in commit order) with one global order."""
+    spark_schema = from_arrow_schema(schema)
+    change_schema = T.StructType([*spark_schema.fields, T.StructField(OP, T.StringType()), T.StructField(SEQ, T.LongType()),
+                                  T.StructField(RECEIPT, T.StringType())])
+    order = spark.createDataFrame([(path, index) for index, paths in enumerate(entries) for path in paths], [FILE, ORDER])
+    frame = spark.read.schema(change_schema).parquet(*[path for paths in entries for path in paths])
+    # input_file_name() may spell a local path file:/x where Calve wrote file:///x.
+    frame = frame.withColumn(FILE, F.regexp_replace(F.input_file_name(), "^file:/+", "/"))
+    order = order.withColumn(FILE, F.regexp_replace(F.col(FILE), "^file:/+", "/"))
+    return frame.join(F.broadcast(order), FILE).drop(FILE)
+
+
+def apply_changes(
+    spark: SparkSession, entries: list[list[str]], candidates: list[str], target: Target, keys: list[str], upsert: bool,
+) -> Applied:
+    """Write the table's new files for these changes under target.directory; what they replace
+    and each receipt's counts."""
+    changes = change_rows(spark, entries, target.schema).cache()
+    try:
+        return _apply(spark, changes, candidates, target, keys, upsert)
+    finally:
+        changes.unpersist()
+
+
+def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], target: Target, keys: list[str], upsert: bool) -> Applied:
+    columns = list(target.schema.names)
+    changed_keys = changes.select(*keys).distinct()
+    removes: list[str] = []
+    carried = None
+    existing = spark.createDataFrame([], T.StructType([changes.schema[key] for key in keys])).withColumn(EXISTS, F.lit(True))
+    if candidates:
+        rows = spark.read.schema(from_arrow_schema(target.schema)).parquet(*candidates).withColumn(FILE, F.input_file_name())
+        hit = rows.join(changed_keys, keys, "left_semi").cache()
+        try:
+            hit_files = [row[0] for row in hit.select(FILE).distinct().collect()]
+            existing = hit.select(*keys).distinct().withColumn(EXISTS, F.lit(True)).cache()
+            existing.count()
+        finally:
+            hit.unpersist()
+        by_name = {_spelling(path): path for path in candidates}
+        removes = sorted(by_name[_spelling(path)] for path in hit_files)
+        if hit_files:
+            carried = rows.where(F.col(FILE).isin(hit_files)).join(changed_keys, keys, "left_anti").select(*columns)
+
+    # Fold each key's events in order: whether the key exists before each event decides its effect.
+    ordered = Window.partitionBy(*keys).orderBy(ORDER, SEQ)
+    events = changes.join(existing, keys, "left").withColumn(EXISTS, F.coalesce(F.col(EXISTS), F.lit(False)))
+    sets = F.when(F.col(OP) == "I", F.lit(True)).when(F.col(OP) == "D", F.lit(False))
+    if upsert:
+        sets = sets.when(F.col(OP) == "U", F.lit(True))
+    before = F.coalesce(F.last(sets, ignorenulls=True).over(ordered.rowsBetween(Window.unboundedPreceding, -1)), F.col(EXISTS))
+    events = events.withColumn("_calve_before", before)
+    effect = (
+        F.when(F.col(OP) == "I", F.when(F.col("_calve_before"), F.lit("updated")).otherwise(F.lit("inserted")))
+        .when(F.col(OP) == "U", F.when(F.col("_calve_before"), F.lit("updated")).otherwise(F.lit("inserted" if upsert else "noop")))
+        .otherwise(F.when(F.col("_calve_before"), F.lit("deleted")).otherwise(F.lit("noop")))
+    )
+    after = F.when(F.col(OP) == "D", F.lit(False)).when(F.col(OP) == "I", F.lit(True)).otherwise(F.col("_calve_before") | F.lit(upsert))
+    last = F.row_number().over(Window.partitionBy(*keys).orderBy(F.col(ORDER).desc(), F.col(SEQ).desc())) == 1
+    events = events.withColumn(EFFECT, effect).withColumn("_calve_after", after).withColumn("_calve_last", last).cache()
+    try:
+        counts: dict[str, dict[str, int]] = {}
+        for receipt, what, n in events.groupBy(RECEIPT, EFFECT).count().collect():
+            counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))[what] = n
+        new_rows = events.where(F.col("_calve_last") & F.col("_calve_after")).select(*columns)
+        output = new_rows if carried is None else reduce(DataFrame.unionByName, [carried, new_rows])
+        output = output.cache()
+        try:
+            written = output.count()
+            if written:
+                write_data_files(output, target)
+        finally:
+            output.unpersist()
+    finally:
+        events.unpersist()
+        existing.unpersist()
+    return Applied(removes, counts, written)
+
+
+def _spelling(path: str) -> str:
+    """One spelling of a local path whether written file:/x or file:///x."""
+    return re.sub(r"^file:/+", "/", path)

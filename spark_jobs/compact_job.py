@@ -1,0 +1,25 @@
+"""The Spark side of compaction: the rows of many small Parquet files of one partition, written
+again as a few files near the target size. Rows are copied as they are (read with the table's
+current schema, so a column added since reads as null): nothing is added, dropped or changed,
+which the committer checks by row count before it commits the result as a `replace` snapshot."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from spark_jobs.coerce import declared_not_null
+
+
+def rewrite_files(spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int) -> None:
+    """Write the rows of `paths` into `outputs` Parquet files under `directory`."""
+    spark_schema = from_arrow_schema(schema)
+    frame = spark.read.schema(spark_schema).parquet(*paths)
+    frame = frame.select(*[
+        declared_not_null(F.col(field.name), field.dataType).alias(field.name) if field.name in required else F.col(field.name)
+        for field in spark_schema.fields
+    ])
+    # coalesce, not repartition: each output task reads whole input files, without a shuffle.
+    frame.coalesce(max(1, outputs)).write.mode("error").option("compression", "zstd").parquet(directory)

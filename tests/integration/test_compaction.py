@@ -1,0 +1,168 @@
+"""Compaction on Spark, against real Redis, Spark Connect and Iceberg tables read back."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+
+import orjson
+import pytest
+
+from service.core import keys
+from service.iceberg.rewrites import live_data_files
+from service.protocol.compaction import CompactionRequest
+from tests.conftest import (
+    Stack,
+    all_committed,
+    assert_exactly_once,
+    post_batches,
+    wait_until,
+)
+from tests.harness import duckdb_rows
+
+pytestmark = pytest.mark.spark
+
+
+def snapshot_operations(stack: Stack) -> list[str]:
+    table = stack.catalog().load_table(("demo", "logs"))
+    return [snapshot.summary.operation.value for snapshot in table.snapshots()]
+
+
+def upkeep_record(stack: Stack, task: str = "compact") -> dict:
+    with stack.client() as http:
+        return http.get("/v1/tables/logs").json()["health"]["upkeep"].get(task, {})
+
+
+def test_small_files_are_compacted_while_ingest_keeps_committing(stack_factory) -> None:  # noqa: ANN001
+    """The leader asks for a compaction once a partition holds enough small files; a writer
+    rewrites them on Spark; the leader commits a `replace` snapshot. Requests posted meanwhile
+    commit around it, and every row is read back exactly once, before and after."""
+    stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="1", CALVE_COMPACT_MIN_FILES="6")
+    receipts = []
+    for round_ in range(6):
+        receipts += post_batches(stack, batches=1, per_batch=50, prefix=f"c{round_}")
+        wait_until(lambda: all_committed(stack, receipts), timeout_s=60, what="committed")
+    before = sorted(row["id"] for row in stack.rows())
+
+    # Ingest goes on while the compaction is asked for, run and committed.
+    during = []
+    deadline = time.monotonic() + 90
+    while upkeep_record(stack).get("outcome") != "ok" and time.monotonic() < deadline:
+        during += post_batches(stack, batches=1, per_batch=10, prefix=f"d{len(during)}")
+        time.sleep(0.3)
+    record = upkeep_record(stack)
+    assert record.get("outcome") == "ok", record
+    wait_until(lambda: all_committed(stack, during), timeout_s=60, what="the requests posted meanwhile committed")
+
+    assert "replace" in snapshot_operations(stack)
+    assert record["files_rewritten"] >= 6 and record["files_written"] == 1 and record["rows"] >= 300
+    table = stack.catalog().load_table(("demo", "logs"))
+    assert len(live_data_files(table)) <= len(during) + 1, "six small files became one"
+    after = sorted(row["id"] for row in stack.rows())
+    assert sorted(row["id"] for row in duckdb_rows(table)) == after, "DuckDB reads the compacted table as pyiceberg does"
+    assert sorted(set(after) - {f"d{n}-0-{i}" for n in range(len(during)) for i in range(10)}) == before
+    assert_exactly_once(stack, expected=300 + 10 * len(during))
+
+
+def test_a_rewrite_of_files_another_rewrite_replaced_first_is_dropped(stack_factory) -> None:  # noqa: ANN001
+    """Two compactions of the same files race (a duplicate request, as after a lost writer): the
+    first commits, the second finds its files replaced and is dropped with its own files deleted,
+    never committed over the first; appends keep committing around both."""
+    stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
+    receipts = post_batches(stack, batches=4, per_batch=25, prefix="r")
+    for round_ in range(3):
+        receipts += post_batches(stack, batches=1, per_batch=25, prefix=f"r{round_}")
+        wait_until(lambda: all_committed(stack, receipts), timeout_s=60, what="committed")
+    table = stack.catalog().load_table(("demo", "logs"))
+    files = sorted(live_data_files(table))
+    assert len(files) >= 4
+    requests = [CompactionRequest("demo", "logs", uuid.uuid4().hex, [(files, 1)]) for _ in range(2)]
+    stack.redis.set(keys.compacting_key("demo", "logs"), requests[0].request)
+    for request in requests:
+        stack.redis.rpush(keys.COMPACTIONS, request.to_json())
+    more = post_batches(stack, batches=3, per_batch=10, prefix="m")
+
+    wait_until(lambda: stack.redis.llen(keys.COMPACTIONS) == 0 and stack.redis.xlen(keys.commit_stream_key("demo", "logs")) == 0,
+               timeout_s=90, what="both rewrites settled")
+    wait_until(lambda: all_committed(stack, more), timeout_s=60, what="the appends committed")
+    assert snapshot_operations(stack).count("replace") == 1
+    record = upkeep_record(stack)
+    assert record["outcome"] == "dropped" and record["request"] == requests[1].request, record
+    assert "no longer in the table" in record["error"]
+    assert not stack.redis.exists(keys.compacting_key("demo", "logs")), "a settled compaction releases its table"
+    live = live_data_files(stack.catalog().load_table(("demo", "logs")))
+    assert not set(files) & set(live)
+    data = [path for path in (stack.data_dir / "warehouse").rglob("*.parquet") if "compact-" in str(path)]
+    assert len(data) == 1, f"the dropped rewrite's files are deleted: {data}"
+    assert_exactly_once(stack, expected=175 + 30)
+
+
+def test_upkeep_by_hand_answers_what_each_task_did(stack_factory) -> None:  # noqa: ANN001
+    stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
+    receipts = []
+    for round_ in range(3):
+        receipts += post_batches(stack, batches=1, per_batch=20, prefix=f"h{round_}")
+        wait_until(lambda: all_committed(stack, receipts), timeout_s=60, what="committed")
+    with stack.client() as http:
+        assert http.post("/v1/tables/nope/maintenance", json={"tasks": ["expire"]}).status_code == 404
+        refused = http.post("/v1/tables/logs/maintenance", json={"tasks": ["vacuum"]})
+        assert refused.status_code == 422 and refused.json()["errors"][0]["field"].startswith("body.tasks")
+        answer = http.post("/v1/tables/logs/maintenance", json={"tasks": ["compact", "manifests", "expire", "orphans"], "wait_s": 120})
+        assert answer.status_code == 200, answer.text
+        tasks = answer.json()["tasks"]
+        assert answer.json()["pending"] == []
+        assert tasks["manifests"]["manifests_merged"] == 3, tasks
+        assert tasks["compact"]["outcome"] == "ok" and tasks["compact"]["files_rewritten"] == 3, tasks
+        assert tasks["expire"]["outcome"] == "ok" and tasks["orphans"]["outcome"] == "ok"
+        health = http.get("/v1/tables/logs").json()["health"]
+        # The replace's manifests: the merged file added, the three small ones marked deleted.
+        assert health["data_files"] == 1 and health["manifests"] == 2, health
+        # Nothing left to do: answered at once, and said so.
+        again = http.post("/v1/tables/logs/maintenance", json={"tasks": ["compact"]}).json()["tasks"]["compact"]
+        assert again["requested_files"] == 0, again
+    assert snapshot_operations(stack)[-2:] == ["replace", "replace"]
+    assert_exactly_once(stack, expected=60)
+
+
+def test_partitioned_tables_compact_per_partition_and_keep_their_settings(stack_factory) -> None:  # noqa: ANN001
+    """Day and bucket partitions: each partition's small files merge into files of that partition
+    alone (pyiceberg prunes to them by the partition), and the sink's upkeep settings are the
+    table's properties."""
+    from pyiceberg.expressions import EqualTo
+
+    stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
+    with stack.client() as http:
+        created = http.post("/v1/pipelines", json={
+            "name": "parts", "source": {"http": {"path": "/parts"}},
+            "sinks": [{"table": "parts", "auto_create": True, "target_file_size": 4 * 1024 * 1024,
+                       "snapshot_max_age": 7200, "snapshot_max_count": 300, "schema": {
+                           "columns": [{"name": "ts", "type": "timestamptz", "required": True},
+                                       {"name": "user", "type": "string"}, {"name": "n", "type": "long"}],
+                           "partition_spec": [{"column": "ts", "transform": "day"}, {"column": "user", "transform": "bucket[2]"}],
+                       }}],
+        })
+        assert created.status_code == 201, created.text
+        for round_ in range(3):
+            body = b"\n".join(
+                orjson.dumps({"ts": f"2026-11-{20 + i % 2}T0{round_}:00:00Z", "user": f"u{i % 5}", "n": round_ * 100 + i})
+                for i in range(100)
+            )
+            answer = http.post("/parts?wait=true&timeout=60", content=body, headers={"Content-Type": "application/x-ndjson"})
+            assert answer.status_code == 200, answer.text
+        table = stack.catalog().load_table(("demo", "parts"))
+        assert table.properties["write.target-file-size-bytes"] == str(4 * 1024 * 1024)
+        assert table.properties["history.expire.max-snapshot-age-ms"] == "7200000"
+        assert table.properties["calve.expire.max-snapshots"] == "300"
+        before = live_data_files(table)
+        partitions = {file.partition for file in before.values()}
+        assert len(before) == 3 * len(partitions)
+        answer = http.post("/v1/tables/parts/maintenance", json={"tasks": ["compact"], "wait_s": 120})
+        assert answer.status_code == 200 and answer.json()["tasks"]["compact"]["outcome"] == "ok", answer.text
+    table = stack.catalog().load_table(("demo", "parts"))
+    after = live_data_files(table)
+    assert len(after) == len(partitions) and {file.partition for file in after.values()} == partitions, "one file per partition"
+    assert sorted(table.scan().to_arrow().column("n").to_pylist()) == list(range(300))
+    day = (datetime.date(2026, 11, 20) - datetime.date(1970, 1, 1)).days
+    pruned = {task.file.partition for task in table.scan(row_filter=EqualTo("ts", "2026-11-20T00:00:00+00:00")).plan_files()}
+    assert pruned and all(partition[0] == day for partition in pruned) and len(pruned) < len(partitions)
