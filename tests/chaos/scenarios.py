@@ -372,7 +372,8 @@ def idempotent_retries(chaos: Chaos) -> None:
 # -- one tenant's poison among other tenants' traffic ------------------------------------------
 
 GOOD_TENANTS = ("alpha", "beta")
-PHASE_S = 20.0  # each of: calm, then poisoned
+PHASE_S = 10.0  # each of: calm, poisoned, calm, poisoned
+SETTLE_S = 3.0  # requests sent this soon after a phase starts count for neither: the last one's work is still draining
 BROKEN_PIPELINE = {
     # `size` of a string fails Spark's analysis: every job with these events fails, so each
     # request must be isolated and fail alone before it goes to the DLQ.
@@ -422,16 +423,21 @@ class Poisoner:
                 self._stop.wait(0.1)
 
 
-def p99(latencies: list[float]) -> float:
+def percentile(latencies: list[float], fraction: float) -> float:
     ordered = sorted(latencies)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
 
 
 def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_remote: str) -> Figures:
-    """Tenants alpha and beta send steadily (half of their producers with wait=true) for PHASE_S
-    seconds, then PHASE_S more while tenant demo sends poison. Passes with nothing of alpha's and
-    beta's lost or duplicated, demo's poison in its DLQ, and alpha's and beta's wait=true p99 in
-    the poisoned phase within twice the calm phase's."""
+    """Tenants alpha and beta send steadily (half of their producers with wait=true) through four
+    phases of PHASE_S seconds: calm, poisoned, calm, poisoned (tenant demo sends poison in the
+    poisoned ones). Passes with nothing of alpha's and beta's lost or duplicated, demo's poison in
+    its DLQ, and alpha's and beta's wait=true p90 in the poisoned phases within twice the calm
+    phases'.
+
+    Alternating the phases makes both halves see the same machine: under `make test` another
+    worker's tests load it in bursts, and one burst in one half decided a single calm/poisoned
+    split. The p90 of ~30 answers a side is compared (the p99 of so few is their maximum, one stall)."""
     from sqlmodel import Session
 
     from service.core.db import get_engine
@@ -454,33 +460,38 @@ def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer,
         stack.start("writer", name="writer-1")
         stack.start("writer", name="writer-2")
         stack.start("committer", name="committer-1")
-        loads = {name: Load(stack.url, producers=4, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
+        loads = {name: Load(stack.url, producers=6, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
         poisoner = Poisoner(stack.url).start()
         catalog = stack.catalog()
         wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in (*GOOD_TENANTS, "demo")), timeout_s=90, what="first commits")
-        calm_from = time.monotonic() + 5  # past the first jobs of each table
-        time.sleep(5 + PHASE_S)
-        poisoned_from = time.monotonic()
-        poisoner.poison.set()
-        time.sleep(PHASE_S)
+        time.sleep(5)  # past the first jobs of each table
+        phases: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for poisoned in (False, True, False, True):
+            if poisoned:
+                poisoner.poison.set()
+            else:
+                poisoner.poison.clear()
+            start = time.monotonic()
+            time.sleep(PHASE_S)
+            phases[poisoned].append((start + SETTLE_S, time.monotonic()))
         poisoner.stop()
-        poisoned_to = time.monotonic()
         for load in loads.values():
             load.stop()
 
-        def latencies(start: float, end: float) -> list[float]:
+        def latencies(windows: list[tuple[float, float]]) -> list[float]:
             return [sent.latency_s for load in loads.values() for sent in load.sent
-                    if sent.waited and sent.outcome == "200" and start <= sent.sent_at < end]
+                    if sent.waited and sent.outcome == "200" and any(start <= sent.sent_at < end for start, end in windows)]
 
-        calm, poisoned = latencies(calm_from, poisoned_from), latencies(poisoned_from, poisoned_to)
+        calm, poisoned = latencies(phases[False]), latencies(phases[True])
         evidence.append(
-            f"demo sent {poisoner.requests} poison requests; alpha+beta wait=true p99 {p99(calm):.2f} s calm "
-            f"({len(calm)} requests), {p99(poisoned):.2f} s poisoned ({len(poisoned)})"
+            f"demo sent {poisoner.requests} poison requests; alpha+beta wait=true p90/p99 "
+            f"{percentile(calm, 0.9):.2f}/{percentile(calm, 0.99):.2f} s calm ({len(calm)} requests), "
+            f"{percentile(poisoned, 0.9):.2f}/{percentile(poisoned, 0.99):.2f} s poisoned ({len(poisoned)})"
         )
         if not calm or not poisoned:
             problems.append("too few wait=true answers to compare")
-        elif p99(poisoned) > 2 * p99(calm):
-            problems.append(f"p99 with poison {p99(poisoned):.2f} s is over twice the calm {p99(calm):.2f} s")
+        elif percentile(poisoned, 0.9) > 2 * percentile(calm, 0.9):
+            problems.append(f"p90 with poison {percentile(poisoned, 0.9):.2f} s is over twice the calm {percentile(calm, 0.9):.2f} s")
 
         def drained() -> bool:
             backlogs = [int(stack.redis.get(keys.backlog_key(name)) or 0) for name in (*GOOD_TENANTS, "demo")]
