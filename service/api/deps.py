@@ -11,12 +11,13 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from sqlmodel import Session
 
 from service.api.buffer import RequestBuffer
 from service.api.waiter import ReceiptWaiter
 from service.core.config import Settings
-from service.iceberg.catalog import open_catalog
+from service.iceberg.catalog import load_table, open_catalog
 from service.tenancy.limits import TenantLimits
 from service.tenancy.names import NAME_PATTERN, RULE
 from service.tenancy.tenants import OPERATOR_SCOPE, Principal, authenticate
@@ -69,6 +70,14 @@ WaiterDep = Annotated[ReceiptWaiter, Depends(get_waiter)]
 CatalogDep = Annotated[Catalog, Depends(get_iceberg)]
 LimitsDep = Annotated[TenantLimits, Depends(get_limits)]
 BufferDep = Annotated[RequestBuffer, Depends(get_buffer)]
+
+
+def table_or_404(catalog: Catalog, tenant: str, name: str) -> Table:
+    """The tenant's table `name`, or a 404 (another tenant's tables look like none)."""
+    table = load_table(catalog, tenant, name)
+    if table is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no table {name!r}")
+    return table
 
 
 async def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:

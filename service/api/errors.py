@@ -25,6 +25,9 @@ from service.core.exceptions import (
     InvalidName,
     NotFound,
 )
+from service.feeds.consumers import ConsumerLagging
+from service.feeds.cursors import BadCursor
+from service.iceberg.changelog import ChangelogError, HistoryExpired, SnapshotMissing
 from service.pipelines.spec import DefinitionInvalid
 
 
@@ -45,7 +48,8 @@ DESCRIPTIONS = {
     404: "no such thing for your tenant",
     405: "the path exists, the method does not (see Allow)",
     408: "the request body did not arrive in time",
-    409: "it exists already",
+    409: "it exists already, or the table's state or history does not allow it",
+    410: "the snapshots asked for were expired (the message says how to go on)",
     413: "body over a size or count limit",
     422: "a field is invalid (each one named)",
     429: "over the tenant's rate (see Retry-After)",
@@ -66,6 +70,11 @@ ERROR_STATUS = {
     AlreadyExists: HTTPStatus.CONFLICT,
     BodyTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     InvalidName: HTTPStatus.UNPROCESSABLE_ENTITY,
+    ChangelogError: HTTPStatus.CONFLICT,  # not an ancestor, delete files, a cursor behind the checkpoint
+    SnapshotMissing: HTTPStatus.GONE,
+    HistoryExpired: HTTPStatus.GONE,
+    ConsumerLagging: HTTPStatus.GONE,
+    BadCursor: HTTPStatus.UNPROCESSABLE_ENTITY,
 }
 
 

@@ -17,6 +17,7 @@ from service.api.bodies import BodyGuard
 from service.api.buffer import RequestBuffer
 from service.api.errors import install_error_handlers
 from service.api.routes import (
+    changes,
     dlq,
     health,
     ingest,
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(CONSOLE_PAGE)
 
     # The ingest router last: it answers POST on any path that is not one of Calve's own.
-    for router in (health.router, receipts.router, tables.router, tokens.router, tenants.router, pipelines.router, dlq.router, ingest.router):
+    for router in (health.router, receipts.router, tables.router, changes.router, tokens.router, tenants.router, pipelines.router, dlq.router, ingest.router):
         app.include_router(router)
 
     install_error_handlers(app)

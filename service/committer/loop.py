@@ -22,6 +22,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import In
 from pyiceberg.table import Table
+from sqlmodel import Session
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -34,9 +35,11 @@ from service.committer.receipts import ReceiptPublisher
 from service.committer.state import CommitPlan, CommitSchedule, UpkeepSchedule
 from service.core import faults, keys, metrics
 from service.core.config import Settings
+from service.core.db import get_engine
 from service.core.exceptions import ChangesFailed, ChangesNotApplied, LeadershipLost
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
+from service.feeds.consumers import protected_snapshots
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import (
     CATALOG_UNAVAILABLE,
@@ -216,7 +219,9 @@ class Committer:
         self._run_upkeep("orphans", tenant, table_name, lease, self._orphans)
 
     def _expire(self, tenant: str, table_name: str, table: Table) -> dict[str, int]:
-        result = expire_snapshots(table, self.expiry)
+        with Session(get_engine(self.settings.resolved_database_url())) as session:
+            held = protected_snapshots(session, tenant, table_name, table, self.settings.consumer_max_lag_s)
+        result = expire_snapshots(table, self.expiry, held)
         metrics.SNAPSHOTS_EXPIRED.labels(tenant, table_name).inc(len(result.expired))
         return {"snapshots_expired": len(result.expired), "files_deleted": result.files_deleted}
 

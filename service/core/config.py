@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     # Row changes wait for a writer to apply them; a request not answered within apply_timeout_s
     # (its writer crashed) is asked again.
     apply_timeout_s: float = Field(default=300.0, gt=0)
+    # Snapshots a change feed consumer has not read past are kept by expiry while they are younger
+    # than consumer_max_lag_s; after that they go, and the consumer must start again (it lags).
+    # Each kept snapshot costs every commit a little (its metadata is rewritten): keep this short.
+    consumer_max_lag_s: float = Field(default=3600.0, gt=0)
     # Every orphan_interval_s, files in a table's data location that nothing references and that
     # are older than orphan_min_age_s are deleted.
     orphan_interval_s: float = Field(default=3600.0, gt=0)

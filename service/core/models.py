@@ -80,3 +80,22 @@ class PipelineVersion(SQLModel, table=True):
     version: int
     definition: str  # JSON, as validated
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class ChangeConsumer(SQLModel, table=True):
+    """A resumable reader of one table's change feed. `cursor` is where it has acknowledged
+    (service/feeds/cursors.py); the snapshots from there on are kept by snapshot expiry while it
+    is not `lagging_since`."""
+
+    __table_args__ = (UniqueConstraint("tenant_id", "table_name", "name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    tenant_id: int = Field(foreign_key="tenant.id", index=True)
+    table_name: str = Field(max_length=63)
+    name: str = Field(max_length=63)
+    cursor: str = Field(max_length=200)
+    start: str = Field(max_length=40)  # as asked: earliest, latest or a snapshot id
+    initial_load: bool = False
+    created_at: datetime = Field(default_factory=utcnow)
+    acked_at: datetime | None = None
+    lagging_since: datetime | None = None

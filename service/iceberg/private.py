@@ -4,18 +4,23 @@ pyiceberg 0.12 has no public way to build a DataFile for a bucket-partitioned ta
 values (`add_files` refuses non-linear transforms), so appends.py builds them itself with these;
 and no public way to commit a `replace` snapshot (files swapped, rows unchanged), which
 rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
-(`merge_manifests_producer`, for upkeep.py).
+(`merge_manifests_producer`, for upkeep.py); and no public way to stream one data file's rows
+in the table's schema (`file_batches`, for changelog.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import DataFileStatistics
+from pyiceberg.io.pyarrow import ArrowScan, DataFileStatistics
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField
 from pyiceberg.schema import Schema
-from pyiceberg.table import Transaction
+from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
@@ -32,6 +37,14 @@ def partition_value(statistics: DataFileStatistics, field: PartitionField, schem
     `add_files` does per file. Public replacement: `add_files` accepting every transform, or a
     public `DataFileStatistics.partition`."""
     return statistics._partition_value(field, schema)  # noqa: SLF001
+
+
+def file_batches(table: Table, data_file: DataFile, schema: Schema) -> Iterator[pa.RecordBatch]:
+    """One data file's rows in `schema` (columns matched by field id: added columns read as null,
+    renamed ones under their new name), batch by batch. Public replacement: `ArrowScan.
+    to_record_batches`, which reads every task of a list at once and holds each file whole."""
+    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+    return scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})  # noqa: SLF001
 
 
 class _AsReplace:

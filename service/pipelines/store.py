@@ -19,13 +19,14 @@ from sqlmodel import Session, select
 
 from service.core.exceptions import AlreadyExists, NotFound
 from service.core.keys import DEFAULT_PIPELINE, DEFAULT_PIPELINE_PATH, DEFAULT_TABLE
-from service.core.models import Pipeline, PipelineVersion, Tenant, utcnow
+from service.core.models import Pipeline, PipelineVersion, utcnow
 from service.pipelines.spec import (
     DefinitionInvalid,
     PipelineDefinition,
     SpecError,
     parse_definition,
 )
+from service.tenancy.tenants import tenant_id as _tenant_id
 
 BUILTIN_DEFINITION = {
     "name": DEFAULT_PIPELINE,
@@ -61,13 +62,6 @@ class PipelineRecord:
 
 def builtin_pipeline() -> PipelineRecord:
     return PipelineRecord(DEFAULT_PIPELINE, 0, DEFAULT_PIPELINE_PATH, parse_definition(BUILTIN_DEFINITION))
-
-
-def _tenant_id(session: Session, tenant: str) -> int:
-    row = session.exec(select(Tenant).where(Tenant.name == tenant)).first()
-    if row is None:
-        raise NotFound(f"no tenant {tenant!r}")
-    return row.id
 
 
 def _record(pipeline: Pipeline, version: PipelineVersion) -> PipelineRecord:

@@ -113,6 +113,14 @@ def get_tenant(session: Session, name: str) -> Tenant | None:
     return session.exec(select(Tenant).where(Tenant.name == name)).first()
 
 
+def tenant_id(session: Session, name: str) -> int:
+    """The tenant's row id (NotFound if there is none)."""
+    tenant = get_tenant(session, name)
+    if tenant is None:
+        raise NotFound(f"no tenant {name!r}")
+    return tenant.id
+
+
 def create_tenant(session: Session, name: str, **limits: int | None) -> Tenant:
     """A new tenant; `limits` are optional max_events_per_s, max_bytes_per_s, max_backlog_events."""
     validate_name("tenant", name)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 
+import httpx
 import orjson
 import pytest
 
+from service.cli.processes import free_port
 from service.core import keys
 from service.iceberg.rewrites import live_data_files
 from tests.conftest import Stack, wait_until
@@ -85,10 +88,68 @@ def apply_model(model: dict[int, dict], event: dict, upsert: bool) -> None:
         model[key] = {"id": key, "name": event.get("name"), "n": event.get("n")}
 
 
+class FeedCopy:
+    """A consumer of the people table's change feed on its own api replica, applying each change
+    to a dict; at every cursor that ends a snapshot its copy must equal the table at that
+    snapshot, and no change may be carryover (a row deleted and inserted unchanged by one
+    snapshot). Its api is killed mid-run: it goes on from its last ack."""
+
+    def __init__(self, stack: Stack, port: int) -> None:
+        self.stack, self.port = stack, port
+        self.copy: dict[int, dict] = {}
+        self.by_snapshot: dict[int, list[dict]] = {}
+        self.checked, self.problems, self.cursor = 0, [], ""
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        catalog = self.stack.catalog()
+        with self.stack.client(port=self.port) as http:
+            while not self.stop.is_set():
+                try:
+                    self._page(http, catalog)
+                except httpx.TransportError:
+                    time.sleep(0.2)  # its api is down: the next page starts from the last ack
+
+    def _page(self, http: httpx.Client, catalog) -> None:  # noqa: ANN001
+        answer = http.get("/v1/tables/people/consumers/copy/changes", params={"limit": 40})
+        if answer.status_code != 200:
+            self.problems.append(answer.text)
+            self.stop.set()
+            return
+        page = answer.json()
+        for row in page["changes"]:
+            plain = {"id": row["id"], "name": row["name"], "n": row["n"]}
+            self.by_snapshot.setdefault(row["_snapshot_id"], []).append(row | {"plain": plain})
+            if row["_change_type"] in ("INSERT", "UPDATE_AFTER"):
+                self.copy[row["id"]] = plain
+            elif self.copy.pop(row["id"], None) != plain:
+                self.problems.append(f"a delete of a row the copy does not hold as it was: {row}")
+        assert http.post("/v1/tables/people/consumers/copy/ack", json={"cursor": page["cursor"]}).status_code == 200
+        self.cursor = page["cursor"]
+        if page["cursor"].count(":") == 1 and page["cursor"].startswith("snap:"):  # a snapshot's end
+            snapshot_id = int(page["cursor"].split(":")[1])
+            table = catalog.load_table(("demo", "people"))
+            at = {row["id"]: row for row in table.scan(snapshot_id=snapshot_id).to_arrow().to_pylist()}
+            if at != self.copy:
+                self.problems.append(f"the copy differs from the table at snapshot {snapshot_id}")
+            self.checked += 1
+        if not page["more"]:
+            time.sleep(0.3)
+
+    def carryover(self) -> list[dict]:
+        found = []
+        for rows in self.by_snapshot.values():
+            gone = [row["plain"] for row in rows if row["_change_type"] in ("DELETE", "UPDATE_BEFORE")]
+            found += [row for row in rows if row["_change_type"] in ("INSERT", "UPDATE_AFTER") and row["plain"] in gone]
+        return found
+
+
 def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_model(stack_factory) -> None:  # noqa: ANN001
     """Random inserts, updates and deletes over 200 keys in many requests, written by two writers,
-    with the leader killed once mid-run: the table ends as a model applying them in order, with
-    no delete file, and every reader (pyiceberg here) sees one row per key.
+    with the leader killed once mid-run and a compaction: the table ends as a model applying them
+    in order, with no delete file, and every reader (pyiceberg here) sees one row per key. A
+    change feed consumer that started with the table keeps a copy equal to it (FeedCopy).
 
     Changes apply in hand-off order across requests (two writers may hand off requests sent a
     moment apart either way round), so requests in flight together touch different keys: each
@@ -100,8 +161,20 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     rng = random.Random(20261122)
     model: dict[int, dict] = {}
     receipts = []
+    feed_port = free_port()
+    stack.start("api", name="api-2", port=feed_port)
+    feed = FeedCopy(stack, feed_port)
     with stack.client() as http:
         for wave in range(12):
+            if wave == 1:
+                answer = http.post("/v1/tables/people/consumers", json={"name": "copy", "start": "earliest", "initial_load": True})
+                assert answer.status_code == 201, answer.text
+                feed.thread.start()
+            if wave == 4:
+                stack.kill("api-2", signal.SIGKILL)
+                stack.start("api", name="api-2", port=feed_port)
+            if wave == 8:
+                assert http.post("/v1/tables/people/maintenance", json={"tasks": ["compact", "expire"], "wait_s": 5}).status_code in (200, 202)
             sent = []
             for part in range(3):
                 events = []
@@ -124,6 +197,13 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert table_rows(stack) == model
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model, "DuckDB reads what pyiceberg reads"
+    wait_until(lambda: feed.cursor == f"snap:{table.current_snapshot().snapshot_id}" or feed.problems, timeout_s=60, what="the feed caught up")
+    feed.stop.set()
+    feed.thread.join(30)
+    assert not feed.problems, feed.problems[:3]
+    assert feed.copy == model, "the consumer's copy ends equal to the table"
+    assert feed.checked >= 5, "the copy was compared at snapshot ends along the way"
+    assert feed.carryover() == []
     no_delete_files(stack)
     assert not stack.redis.exists(keys.applying_key("demo", "people"))
     table = stack.catalog().load_table(("demo", "people"))

@@ -23,22 +23,15 @@ from service.api.deps import (
     RedisDep,
     SettingsDep,
     TableName,
+    table_or_404,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
-from service.iceberg.catalog import load_table
 from service.iceberg.compaction import SMALL_FILE_RATIO, CompactionPolicy
 from service.protocol import commit_entry
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
 RECENT_SNAPSHOTS = 10
-
-
-def _table_or_404(catalog: CatalogDep, tenant: str, name: str) -> Table:
-    table = load_table(catalog, tenant, name)
-    if table is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no table {name!r}")
-    return table
 
 
 @router.get("")
@@ -68,7 +61,7 @@ def health(table: Table, policy: CompactionPolicy) -> dict:
 
 
 def _describe(catalog: CatalogDep, tenant: str, name: str, policy: CompactionPolicy) -> dict:
-    table = _table_or_404(catalog, tenant, name)
+    table = table_or_404(catalog, tenant, name)
     snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)[:RECENT_SNAPSHOTS]
     return {
         "name": name,
@@ -105,7 +98,7 @@ def preview_rows(
     catalog: CatalogDep,
     limit: int = Query(20, ge=1, le=1000),
 ) -> Response:
-    table = _table_or_404(catalog, principal.tenant, name)
+    table = table_or_404(catalog, principal.tenant, name)
     rows = table.scan(limit=limit).to_arrow().to_pylist()
     # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
     content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
@@ -188,7 +181,7 @@ async def run_maintenance(
     (the rest go on; their outcome shows in the table's health). `compact` merges any partition's
     small files (two are enough), `expire` applies the expiry policy, `orphans` deletes
     unreferenced files past the safety age, `manifests` merges the manifests."""
-    await run_in_threadpool(_table_or_404, catalog, principal.tenant, name)
+    await run_in_threadpool(table_or_404, catalog, principal.tenant, name)
     request, tasks = uuid.uuid4().hex, sorted(set(body.tasks))
     member = keys.member(principal.tenant, name)
     async with client.pipeline(transaction=True) as pipe:

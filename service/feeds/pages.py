@@ -1,0 +1,119 @@
+"""Reading a table's changes from a cursor: as one stream (GET /v1/tables/{name}/changes) or as
+pages of at most `limit` rows that end at a cursor (a consumer's next changes)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from cachetools import LRUCache
+from pyiceberg.table import Table
+
+from service.feeds.cursors import LOAD, ORIGIN, Cursor
+from service.iceberg.changelog import (
+    Changelog,
+    SnapshotChanges,
+    SnapshotMissing,
+    lineage,
+    snapshot_files,
+)
+
+# A batch of change rows, and the cursor after its first n rows.
+Positioned = tuple[pa.RecordBatch, Callable[[int], Cursor]]
+EMPTY = pa.RecordBatch.from_pylist([])
+
+# Planned snapshots (a full read of their files each: see changelog.py), so that paging through
+# a large one plans it once. Keyed by table, snapshot and schema; sized by the masks' bytes.
+_PLANS: LRUCache = LRUCache(maxsize=64 * 1024 * 1024, getsizeof=lambda plan: 64 + sum(
+    mask.nbytes for mask in (plan.keep_removed, plan.keep_added, plan.update_removed, plan.update_added) if mask is not None
+))
+_PLANS_LOCK = threading.Lock()
+
+
+def _plan(changelog: Changelog, snapshot_id: int) -> SnapshotChanges:
+    table = changelog.table
+    key = (str(table.metadata.table_uuid), snapshot_id, changelog.schema.schema_id)
+    with _PLANS_LOCK:
+        plan = _PLANS.get(key)
+    if plan is None:
+        snapshot = table.metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            raise SnapshotMissing(".".join(table.name()), snapshot_id)
+        plan = changelog.plan(snapshot_files(table, snapshot))
+        with _PLANS_LOCK:
+            _PLANS[key] = plan
+    return plan
+
+
+def _snapshot_rows(changelog: Changelog, snapshot_id: int, skip: int) -> Iterator[Positioned]:
+    position = skip
+    for batch in changelog.rows(_plan(changelog, snapshot_id), skip):
+        start = position
+        position += batch.num_rows
+        yield batch, lambda n, start=start: Cursor.within(snapshot_id, start + n)
+    yield EMPTY, lambda _n: Cursor.after(snapshot_id)
+
+
+def _load_rows(changelog: Changelog, cursor: Cursor) -> Iterator[Positioned]:
+    snapshot = changelog.table.metadata.snapshot_by_id(cursor.snapshot_id)
+    if snapshot is None:
+        raise SnapshotMissing(".".join(changelog.table.name()), cursor.snapshot_id)
+    files = changelog.load(snapshot)
+    for index in range(cursor.file, len(files)):
+        row = (cursor.offset or 0) if index == cursor.file else 0
+        for batch in changelog.file_rows(snapshot, files[index], row):
+            start = row
+            row += batch.num_rows
+            yield batch, lambda n, index=index, start=start: Cursor.loading(snapshot.snapshot_id, index, start + n)
+        yield EMPTY, lambda _n, index=index: Cursor.loading(snapshot.snapshot_id, index + 1, 0)
+    yield EMPTY, lambda _n: Cursor.after(snapshot.snapshot_id)
+
+
+def stream(table: Table, cursor: Cursor, to_id: int | None = None) -> Iterator[Positioned]:
+    """Every change after `cursor` up to snapshot `to_id` (default: the current one), in order.
+    What cannot be read (a snapshot expired, a history that does not pass through the cursor,
+    delete files) raises before the first row is yielded."""
+    changelog = Changelog(table)
+    if cursor.phase == LOAD:
+        first: Iterator[Positioned] = _load_rows(changelog, cursor)
+        after: int | None = cursor.snapshot_id
+    elif cursor.phase == ORIGIN:
+        first, after = iter(()), None
+    elif cursor.offset is not None:  # within a snapshot: finish it, then go on after it
+        first, after = _snapshot_rows(changelog, cursor.snapshot_id, cursor.offset), cursor.snapshot_id
+    else:
+        first, after = iter(()), cursor.snapshot_id
+    snapshots = lineage(table, after, to_id)
+    for snapshot in snapshots:
+        snapshot_files(table, snapshot)  # refuses delete files before anything is sent
+    yield from first
+    for snapshot in snapshots:
+        yield from _snapshot_rows(changelog, snapshot.snapshot_id, 0)
+
+
+@dataclass
+class Page:
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    rows: int = 0
+    cursor: Cursor | None = None
+    more: bool = False  # stopped at the limit, not at the end
+
+
+def read_page(table: Table, cursor: Cursor, limit: int) -> Page:
+    """At most `limit` change rows after `cursor`, and the cursor after them."""
+    page = Page(cursor=cursor)
+    for batch, cursor_after in stream(table, cursor):
+        if page.rows >= limit and batch.num_rows:
+            page.more = True
+            break
+        take = min(batch.num_rows, limit - page.rows)
+        if take:
+            page.batches.append(batch.slice(0, take))
+            page.rows += take
+        page.cursor = cursor_after(take)
+        if take < batch.num_rows:
+            page.more = True
+            break
+    return page

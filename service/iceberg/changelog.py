@@ -1,0 +1,319 @@
+"""Row-level changes of a table between two snapshots, and a full read of one: what the change
+feed serves.
+
+A snapshot's changes are the rows of the data files it removed (`DELETE`) and added (`INSERT`),
+less carryover: rows a copy-on-write rewrite removed and added again unchanged. Carryover is
+found by full-row equality, counted as a multiset (a row removed twice and added once leaves one
+`DELETE`). With identifier columns, a key both removed and added by one snapshot is an update:
+its removed row is `UPDATE_BEFORE`, its added row `UPDATE_AFTER`. A `replace` snapshot
+(compaction, manifest merges) moves rows between files without changing them: it has no changes.
+
+Memory is bounded by the number of rows, not their size: a first pass reads the snapshot's files
+and keeps 16 bytes per row (a 128-bit row hash: two 64-bit hashes with different seeds) plus the
+same for the identifier values; it finds the carryover and the updated keys and keeps one flag
+per row; a second pass reads the files again, batch by batch, and drops or labels each row. A
+hash collision between a removed and a different added row would hide both as carryover: with 128
+bits and n rows its chance is about n^2 / 2^129.
+
+Rows are read in the table's current schema (columns matched by field id: added columns read as
+null in older files). The order within a snapshot is stable: the removed files, then the added
+files, each in path order, rows in file order. So an offset into a snapshot's changes names the
+same row every time they are read, which is what consumer cursors count on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntryStatus,
+)
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot
+
+from service.iceberg.private import file_batches
+
+CHANGE_TYPE = "_change_type"
+SNAPSHOT_ID = "_snapshot_id"
+COMMITTED_AT = "_committed_at"
+DOCUMENT_ID = "_document_id"
+METADATA_COLUMNS = (CHANGE_TYPE, SNAPSHOT_ID, COMMITTED_AT, DOCUMENT_ID)
+INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_BEFORE", "UPDATE_AFTER"
+# Identifier values joined into a document id as the reference design does ("us-electronics").
+DOCUMENT_ID_SEPARATOR = "-"
+
+
+class ChangelogError(Exception):
+    """The changes asked for cannot be read; the message says why and what to do."""
+
+
+class SnapshotMissing(ChangelogError):
+    def __init__(self, table: str, snapshot_id: int) -> None:
+        super().__init__(f"table {table!r} has no snapshot {snapshot_id}: it was expired, or never was one of this table's")
+        self.snapshot_id = snapshot_id
+
+
+class NotAnAncestor(ChangelogError):
+    def __init__(self, table: str, from_id: int, to_id: int) -> None:
+        super().__init__(f"snapshot {from_id} is not an ancestor of snapshot {to_id} in table {table!r}: the table's history does not pass through it")
+
+
+class HistoryExpired(ChangelogError):
+    def __init__(self, table: str, oldest: Snapshot) -> None:
+        super().__init__(
+            f"the history of table {table!r} before snapshot {oldest.snapshot_id} was expired: read the changes "
+            f"from_snapshot={oldest.snapshot_id}, or start a consumer with an initial load"
+        )
+
+
+class DeleteFilesFound(ChangelogError):
+    def __init__(self, table: str, content: DataFileContent) -> None:
+        kind = "equality" if content == DataFileContent.EQUALITY_DELETES else "position"
+        super().__init__(
+            f"table {table!r} has {kind} delete files (written by another engine in merge-on-read mode); the change "
+            "feed reads copy-on-write tables only: rewrite its data files with the deletes applied (for example Spark's "
+            "rewrite_data_files with delete-file-threshold=1), or change the table from the snapshot after that"
+        )
+
+
+class ReservedColumn(ChangelogError):
+    def __init__(self, table: str, column: str) -> None:
+        super().__init__(f"table {table!r} has a column {column!r}, a name the change feed adds to each row: rename the column")
+
+
+@dataclass(frozen=True)
+class SnapshotFiles:
+    """The data files one snapshot removed and added, each in path order."""
+
+    snapshot: Snapshot
+    removed: tuple[DataFile, ...]
+    added: tuple[DataFile, ...]
+
+    @property
+    def rearranges_only(self) -> bool:
+        return self.snapshot.summary is not None and self.snapshot.summary.operation == Operation.REPLACE
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name()[1:]) or ".".join(table.name())
+
+
+def is_first(snapshot: Snapshot) -> bool:
+    """Whether `snapshot` began the table's history. Its parent id cannot tell alone: pyiceberg's
+    snapshot expiry clears the parent id of the oldest snapshot it keeps. In v2 tables the first
+    snapshot has sequence number 1; in v1 tables, its totals are what it added."""
+    if snapshot.parent_snapshot_id is not None:
+        return False
+    if snapshot.sequence_number:
+        return snapshot.sequence_number == 1
+    summary = snapshot.summary
+    return summary is None or (summary["total-records"] or "0") == (summary["added-records"] or "0")
+
+
+def lineage(table: Table, from_id: int | None, to_id: int | None = None) -> list[Snapshot]:
+    """The snapshots after `from_id` (exclusive; None: from the table's first) up to `to_id`
+    (default: the current one), oldest first."""
+    metadata = table.metadata
+    for wanted in (from_id, to_id):
+        if wanted is not None and metadata.snapshot_by_id(wanted) is None:
+            raise SnapshotMissing(_name(table), wanted)
+    snapshot = metadata.snapshot_by_id(to_id) if to_id is not None else table.current_snapshot()
+    newest_first: list[Snapshot] = []
+    while snapshot is not None and snapshot.snapshot_id != from_id:
+        newest_first.append(snapshot)
+        parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+        if parent is None and is_first(snapshot):
+            snapshot = None
+            break
+        if parent is None:
+            if from_id is None:
+                raise HistoryExpired(_name(table), snapshot)
+            break
+        snapshot = parent
+    if from_id is not None and (snapshot is None or snapshot.snapshot_id != from_id):
+        raise NotAnAncestor(_name(table), from_id, to_id if to_id is not None else metadata.current_snapshot_id or 0)
+    return list(reversed(newest_first))
+
+
+def refuse_delete_files(table: Table, snapshot: Snapshot) -> None:
+    """Raise DeleteFilesFound if `snapshot` has live delete files."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == ManifestContent.DELETES and (manifest.added_files_count or manifest.existing_files_count):
+            for entry in manifest.fetch_manifest_entry(table.io):
+                raise DeleteFilesFound(_name(table), entry.data_file.content)
+
+
+def snapshot_files(table: Table, snapshot: Snapshot) -> SnapshotFiles:
+    """What `snapshot` removed and added (from the manifests it wrote; no data file is read).
+    Delete files anywhere in the snapshot are refused: their rows' changes cannot be told from
+    data files alone."""
+    removed: list[DataFile] = []
+    added: list[DataFile] = []
+    refuse_delete_files(table, snapshot)
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id != snapshot.snapshot_id or entry.status == ManifestEntryStatus.EXISTING:
+                continue
+            if entry.data_file.content != DataFileContent.DATA:
+                raise DeleteFilesFound(_name(table), entry.data_file.content)
+            (added if entry.status == ManifestEntryStatus.ADDED else removed).append(entry.data_file)
+    by_path = lambda data_file: data_file.file_path  # noqa: E731
+    return SnapshotFiles(snapshot, tuple(sorted(removed, key=by_path)), tuple(sorted(added, key=by_path)))
+
+
+def _hashable(batch: pa.RecordBatch) -> pl.DataFrame:
+    columns = [column.storage if isinstance(column.type, pa.ExtensionType) else column for column in batch.columns]
+    return pl.from_arrow(pa.RecordBatch.from_arrays(columns, names=batch.schema.names))
+
+
+def _keys(frame: pl.DataFrame) -> np.ndarray:
+    """128 bits per row: two 64-bit row hashes with different seeds."""
+    return np.stack([frame.hash_rows(seed=1).to_numpy(), frame.hash_rows(seed=2).to_numpy()], axis=1)
+
+
+def _keep_beyond(ids: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Per row: False for the first carry[id] rows of each id, True after them."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    rank = np.arange(len(ordered)) - np.searchsorted(ordered, ordered, side="left")
+    keep = np.empty(len(ids), dtype=bool)
+    keep[order] = rank >= carry[ordered]
+    return keep
+
+
+def _shared(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ids for 128-bit keys of both sides (one numbering), and per id the count on each side."""
+    _, ids = np.unique(np.concatenate([left, right]).reshape(-1, 2), axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    size = int(ids.max()) + 1 if len(ids) else 0
+    left_ids, right_ids = ids[: len(left)], ids[len(left):]
+    return left_ids, right_ids, np.bincount(left_ids, minlength=size), np.bincount(right_ids, minlength=size)
+
+
+@dataclass
+class SnapshotChanges:
+    """One snapshot's changes, planned: per removed and added row, whether it is emitted and
+    whether it is one side of an update. `None` masks: every row emitted, none an update."""
+
+    files: SnapshotFiles
+    keep_removed: np.ndarray | None = None
+    keep_added: np.ndarray | None = None
+    update_removed: np.ndarray | None = None
+    update_added: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        if self.files.rearranges_only:
+            return 0
+        removed = sum(f.record_count for f in self.files.removed) if self.keep_removed is None else int(self.keep_removed.sum())
+        added = sum(f.record_count for f in self.files.added) if self.keep_added is None else int(self.keep_added.sum())
+        return removed + added
+
+
+class Changelog:
+    """Reads one table's changes and rows in its current schema, with the feed's columns."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.schema: Schema = table.schema()
+        for column in METADATA_COLUMNS:
+            if column in self.schema.column_names:
+                raise ReservedColumn(_name(table), column)
+        self.identifier = [self.schema.find_column_name(field_id) for field_id in sorted(self.schema.identifier_field_ids)]
+
+    def plan(self, files: SnapshotFiles) -> SnapshotChanges:
+        """Find the carryover and the updates of one snapshot (the first pass)."""
+        if files.rearranges_only or not files.removed or not files.added:
+            return SnapshotChanges(files)
+        removed_rows, removed_docs = self._scan_keys(files.removed)
+        added_rows, added_docs = self._scan_keys(files.added)
+        removed_ids, added_ids, removed_counts, added_counts = _shared(removed_rows, added_rows)
+        carry = np.minimum(removed_counts, added_counts)
+        keep_removed, keep_added = _keep_beyond(removed_ids, carry), _keep_beyond(added_ids, carry)
+        changes = SnapshotChanges(files, keep_removed, keep_added)
+        if self.identifier:
+            removed_ids, added_ids, removed_counts, added_counts = _shared(removed_docs[keep_removed], added_docs[keep_added])
+            both = (removed_counts > 0) & (added_counts > 0)
+            changes.update_removed = np.zeros(len(keep_removed), dtype=bool)
+            changes.update_removed[keep_removed] = both[removed_ids]
+            changes.update_added = np.zeros(len(keep_added), dtype=bool)
+            changes.update_added[keep_added] = both[added_ids]
+        return changes
+
+    def _scan_keys(self, data_files: tuple[DataFile, ...]) -> tuple[np.ndarray, np.ndarray]:
+        rows, docs = [np.empty((0, 2), dtype=np.uint64)], [np.empty((0, 2), dtype=np.uint64)]
+        for data_file in data_files:
+            for batch in file_batches(self.table, data_file, self.schema):
+                frame = _hashable(batch)
+                rows.append(_keys(frame))
+                if self.identifier:
+                    docs.append(_keys(frame.select(self.identifier)))
+        return np.concatenate(rows), np.concatenate(docs)
+
+    def rows(self, changes: SnapshotChanges, skip: int = 0) -> Iterator[pa.RecordBatch]:
+        """The snapshot's change rows in their stable order, from the `skip`-th on (second pass)."""
+        if changes.files.rearranges_only:
+            return
+        sides = (
+            (changes.files.removed, changes.keep_removed, changes.update_removed, DELETE, UPDATE_BEFORE),
+            (changes.files.added, changes.keep_added, changes.update_added, INSERT, UPDATE_AFTER),
+        )
+        for data_files, keep, update, plain, paired in sides:
+            offset = 0
+            for data_file in data_files:
+                if keep is None and skip >= data_file.record_count:
+                    skip -= data_file.record_count  # skipped whole without reading it
+                    continue
+                for batch in file_batches(self.table, data_file, self.schema):
+                    size = batch.num_rows
+                    kept = keep[offset:offset + size] if keep is not None else None
+                    updated = update[offset:offset + size] if update is not None else np.zeros(size, dtype=bool)
+                    offset += size
+                    if kept is not None:
+                        batch, updated = batch.filter(pa.array(kept)), updated[kept]
+                    if skip >= batch.num_rows:
+                        skip -= batch.num_rows
+                        continue
+                    if skip:
+                        batch, updated, skip = batch.slice(skip), updated[skip:], 0
+                    types = pa.array(np.where(updated, paired, plain), type=pa.string())
+                    yield self._labelled(batch, types, changes.files.snapshot)
+
+    def load(self, snapshot: Snapshot) -> list[DataFile]:
+        """The data files of a full read of `snapshot`, in path order (delete files refused)."""
+        refuse_delete_files(self.table, snapshot)
+        tasks = self.table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
+        return sorted((task.file for task in tasks), key=lambda data_file: data_file.file_path)
+
+    def file_rows(self, snapshot: Snapshot, data_file: DataFile, skip: int = 0) -> Iterator[pa.RecordBatch]:
+        """One file's rows as INSERTs of `snapshot` (an initial load), from the `skip`-th on."""
+        for batch in file_batches(self.table, data_file, self.schema):
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            if skip:
+                batch, skip = batch.slice(skip), 0
+            yield self._labelled(batch, pa.array([INSERT] * batch.num_rows, type=pa.string()), snapshot)
+
+    def _labelled(self, batch: pa.RecordBatch, types: pa.Array, snapshot: Snapshot) -> pa.RecordBatch:
+        size = batch.num_rows
+        committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+        columns = [*batch.columns, types, pa.array([snapshot.snapshot_id] * size, type=pa.int64()), pa.array([committed] * size, type=pa.string())]
+        names = [*batch.schema.names, CHANGE_TYPE, SNAPSHOT_ID, COMMITTED_AT]
+        if self.identifier:
+            parts = [pc.cast(batch.column(name), pa.string()) for name in self.identifier]
+            columns.append(pc.binary_join_element_wise(*parts, DOCUMENT_ID_SEPARATOR))
+            names.append(DOCUMENT_ID)
+        return pa.RecordBatch.from_arrays(columns, names=names)
