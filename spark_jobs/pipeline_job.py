@@ -314,7 +314,7 @@ class PipelineJob:
                 rows = rows.where(F.col(TABLE).isNotNull())
             for name in self._table_names(rows, sink):
                 bound = rows.where(F.col(TABLE) == name)
-                target = self.resolve(name, sink, bound.drop(*[c for c in bound.columns if c.startswith(INTERNAL)]))
+                target = self.resolve(name, sink, bound.drop(*[c for c in bound.columns if c.startswith(INTERNAL)], *operation_fields(sink)))
                 if target is None:  # no rows for it in this batch
                     continue
                 if isinstance(target, str):
@@ -500,6 +500,14 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
 
 
 OP_VALUE = "_calve_op_value"
+
+
+def operation_fields(sink) -> list[str]:  # noqa: ANN001 - a pipeline Sink
+    """The top-level fields a sink's operation reads, other than its identifier columns: they say
+    what to do with a row, and are no columns of the table unless its schema declares them."""
+    operation = getattr(sink, "operation", None)
+    keys = set(getattr(sink, "identifier_columns", None) or ())
+    return sorted({path[0] for path in referenced_paths(operation)} - keys) if operation else []
 
 
 def with_operation(rows: DataFrame, operation: str | None) -> DataFrame:

@@ -20,7 +20,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("tenant_id", sa.Integer(), sa.ForeignKey("tenant.id"), nullable=False, index=True),
         sa.Column("table_name", sa.String(length=63), nullable=False),
-        sa.Column("name", sa.String(length=63), nullable=False),
+        sa.Column("name", sa.String(length=80), nullable=False),  # pipeline:<name> for a table-fed pipeline
         sa.Column("cursor", sa.String(length=200), nullable=False),
         sa.Column("start", sa.String(length=40), nullable=False),
         sa.Column("initial_load", sa.Boolean(), nullable=False),

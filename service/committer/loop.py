@@ -30,6 +30,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from service.committer.feeds import FeedPump
 from service.committer.leases import TableLease
 from service.committer.receipts import ReceiptPublisher
 from service.committer.state import CommitPlan, CommitSchedule, UpkeepSchedule
@@ -72,6 +73,7 @@ from service.writer.files import delete_files
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+FEED_INTERVAL_S = 1.0  # how often a table's leader looks for changes to feed its pipelines
 ISOLATE_AT_MOST = 20  # entries committed one at a time per isolation of a stuck table
 # Commit failures that say nothing about the entries: the catalog unreachable or busy, conflicts.
 TRANSIENT: tuple[type[Exception], ...] = (*CATALOG_UNAVAILABLE, CommitFailedException)
@@ -91,6 +93,8 @@ class Committer:
         self.schedule = CommitSchedule(settings.commit_interval_s)
         self.upkeep_schedule = UpkeepSchedule(settings.upkeep_interval_s)
         self.orphan_schedule = UpkeepSchedule(settings.orphan_interval_s)
+        self.feed_schedule = UpkeepSchedule(FEED_INTERVAL_S)
+        self.feeds = FeedPump(settings, client)
         self.expiry = ExpiryPolicy(settings.snapshot_max_age_s, settings.snapshot_max_count, settings.snapshot_min_count)
         self.compaction = CompactionPolicy.from_settings(settings)
         self.leases: dict[str, TableLease] = {}
@@ -136,6 +140,9 @@ class Committer:
             if self.orphan_schedule.is_upkeep_due(member, now):
                 self.remove_orphans(tenant, table, lease)
                 self.orphan_schedule.record_upkeep(member, now)
+            if self.feed_schedule.is_upkeep_due(member, now):
+                self.pump_feeds(tenant, table)
+                self.feed_schedule.record_upkeep(member, now)
             if not self.schedule.is_commit_due(member, now):
                 continue
             try:
@@ -156,6 +163,13 @@ class Committer:
                 if self.schedule.record_failure(member) >= self.settings.commit_max_failures:
                     self.schedule.record_success(member)
                     self.isolate_stuck(tenant, table, lease)
+
+    def pump_feeds(self, tenant: str, table_name: str) -> None:
+        """Put the table's new changes on the input of the pipelines it feeds (committer/feeds.py)."""
+        try:
+            self.feeds.pump(tenant, table_name, lambda: self.catalog.load_table((tenant, table_name)))
+        except Exception:  # noqa: BLE001 - retried next time; one table's feeds must not stop the others
+            log.exception("committer: feeding the pipelines of %s/%s failed; will retry", tenant, table_name)
 
     def isolate_stuck(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """The table's commits kept failing for a cause that does not pass: commit its pending

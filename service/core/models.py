@@ -92,7 +92,7 @@ class ChangeConsumer(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     tenant_id: int = Field(foreign_key="tenant.id", index=True)
     table_name: str = Field(max_length=63)
-    name: str = Field(max_length=63)
+    name: str = Field(max_length=80)  # a user's name, or pipeline:<name> for a pipeline fed by the table
     cursor: str = Field(max_length=200)
     start: str = Field(max_length=40)  # as asked: earliest, latest or a snapshot id
     initial_load: bool = False

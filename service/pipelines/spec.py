@@ -310,6 +310,11 @@ Expression = Annotated[str, Field(min_length=1, max_length=MAX_EXPRESSION_LENGTH
 # -- the definition -------------------------------------------------------------------------
 
 
+# A table-sourced pipeline's events carry their change here (insert or delete; an update is the
+# insert of its new row): the default operation of its sinks with identifier columns.
+FEED_OPERATION = "_change_type"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -328,7 +333,25 @@ class HttpSource(_Strict):
 
 
 class Source(_Strict):
-    http: HttpSource
+    """Where a pipeline's events come from: HTTP requests to a path, or the change feed of one of
+    the tenant's tables (each changed row an event, its change as the operation)."""
+
+    http: HttpSource | None = None
+    table: str | None = Field(default=None, description="a table of the tenant whose changes flow through this pipeline")
+    initial_load: bool = Field(default=True, description="with table: read the table whole first, then its changes")
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str | None) -> str | None:
+        if value is not None and not is_valid_name(value):
+            raise ValueError(f"invalid table name {value!r}: use {RULE}")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> Source:
+        if (self.http is None) == (self.table is None):
+            raise ValueError("give exactly one of http (a path) and table (a table's change feed)")
+        return self
 
 
 class Processor(_Strict):
@@ -533,6 +556,11 @@ class PipelineDefinition(_Strict):
     def _row_changes(self) -> PipelineDefinition:
         for index, sink in enumerate(self.sinks):
             where = f"sinks[{index}]"
+            if self.source.table is not None:
+                if sink.table == self.source.table:
+                    raise SpecError(f"{where}.table", "a pipeline cannot write the table whose changes it reads")
+                if sink.operation is None and sink.identifier_columns is not None:
+                    sink.operation = FEED_OPERATION  # the copy follows the source's changes, deletes included
             if sink.operation is not None:
                 try:
                     check_expression(sink.operation)

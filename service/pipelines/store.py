@@ -94,7 +94,13 @@ def _path_owner(session: Session, tenant_id: int, path: str) -> str | None:
     return None
 
 
+def _http_path(definition: PipelineDefinition) -> str | None:
+    return definition.source.http.path if definition.source.http is not None else None  # None: fed by a table
+
+
 def _check_path(session: Session, tenant_id: int, definition: PipelineDefinition) -> None:
+    if definition.source.http is None:
+        return
     owner = _path_owner(session, tenant_id, definition.source.http.path)
     if owner is not None and owner != definition.name:
         raise DefinitionInvalid(
@@ -125,7 +131,7 @@ def create_pipeline(session: Session, tenant: str, definition: PipelineDefinitio
     _check_path(session, tenant_id, definition)
     if existing is not None:  # created again after a delete: its history goes on
         return _new_version(session, existing, definition)
-    pipeline = Pipeline(tenant_id=tenant_id, name=definition.name, path=definition.source.http.path, version=1)
+    pipeline = Pipeline(tenant_id=tenant_id, name=definition.name, path=_http_path(definition), version=1)
     session.add(pipeline)
     try:
         session.flush()
@@ -137,7 +143,7 @@ def create_pipeline(session: Session, tenant: str, definition: PipelineDefinitio
 
 def _new_version(session: Session, pipeline: Pipeline, definition: PipelineDefinition) -> PipelineRecord:
     pipeline.version += 1
-    pipeline.path = definition.source.http.path
+    pipeline.path = _http_path(definition)
     pipeline.updated_at = utcnow()
     pipeline.deleted_at = None
     session.add(pipeline)

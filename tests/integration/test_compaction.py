@@ -86,6 +86,8 @@ def test_a_rewrite_of_files_another_rewrite_replaced_first_is_dropped(stack_fact
     wait_until(lambda: stack.redis.llen(keys.COMPACTIONS) == 0 and stack.redis.xlen(keys.commit_stream_key("demo", "logs")) == 0,
                timeout_s=90, what="both rewrites settled")
     wait_until(lambda: all_committed(stack, more), timeout_s=60, what="the appends committed")
+    # The list and the stream can both be empty while the second rewrite still runs on Spark.
+    wait_until(lambda: upkeep_record(stack).get("request") == requests[1].request, timeout_s=90, what="the second rewrite settled")
     assert snapshot_operations(stack).count("replace") == 1
     record = upkeep_record(stack)
     assert record["outcome"] == "dropped" and record["request"] == requests[1].request, record

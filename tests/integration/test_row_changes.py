@@ -290,3 +290,38 @@ def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_t
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model
     no_delete_files(stack)
+
+
+def test_a_pipeline_fed_by_a_table_keeps_a_copy_equal_to_it(stack: Stack) -> None:
+    """A pipeline whose source is the people table's change feed, through a processor into a
+    table of its own: inserts, updates and deletes of the source all reach the copy; the feed's
+    columns and the operation do not become columns of it."""
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+    send(stack, [{"op": "i", "id": i, "name": f"p{i}", "n": i} for i in range(20)])
+    copy = {
+        "name": "people_copy", "source": {"table": "people"},
+        "processors": [{"where": "n < 1000"}],
+        "sinks": [{"table": "people_copy", "auto_create": True, "identifier_columns": ["id"]}],
+    }
+    with stack.client() as http:
+        answer = http.post("/v1/pipelines", json=copy)
+        assert answer.status_code == 201, answer.text
+        bad = http.post("/v1/pipelines", json=copy | {"name": "loop", "sinks": [{"table": "people", "auto_create": True}]})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "sinks[0].table"
+        missing = http.post("/v1/pipelines", json=copy | {"name": "nothing", "source": {"table": "nope"}})
+        assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "source.table"
+
+    def copied() -> dict[int, dict]:
+        table = stack.catalog().load_table(("demo", "people_copy")) if stack.catalog().table_exists(("demo", "people_copy")) else None
+        return {row["id"]: row for row in table.scan().to_arrow().to_pylist()} if table is not None else {}
+
+    wait_until(lambda: copied() == table_rows(stack), timeout_s=90, what="the initial load copied")
+    send(stack, [{"op": "u", "id": 3, "name": "three", "n": 3}, {"op": "d", "id": 4}, {"op": "i", "id": 30, "name": "new", "n": 30}])
+    send(stack, [{"op": "d", "id": 5}, {"op": "u", "id": 30, "name": "newer", "n": 31}])
+    wait_until(lambda: copied() == table_rows(stack), timeout_s=90, what="the changes copied")
+    rows = copied()
+    assert rows[3]["name"] == "three" and 4 not in rows and 5 not in rows and rows[30]["name"] == "newer"
+    table = stack.catalog().load_table(("demo", "people_copy"))
+    assert set(table.schema().column_names) == {"id", "name", "n"}
+    assert table.schema().identifier_field_names() == {"id"}

@@ -19,6 +19,7 @@ from service.api.deps import (
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
+from service.core import keys
 from service.core.exceptions import BadRequestBody
 from service.core.keys import PIPELINES_CHANNEL
 from service.iceberg.catalog import load_table
@@ -92,8 +93,18 @@ def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefiniti
         for index, sink in enumerate(definition.sinks)
         if not sink.dynamic and not sink.auto_create and load_table(catalog, tenant, sink.table) is None
     ]
+    source = definition.source.table
+    if source is not None and load_table(catalog, tenant, source) is None:
+        errors.insert(0, SpecError("source.table", f"table {source!r} does not exist; a pipeline can read the changes of an existing table"))
     if errors:
         raise DefinitionInvalid(errors)
+
+
+async def _announce(client: RedisDep, tenant: str, definition: PipelineDefinition) -> None:
+    """Writers reload the tenant's pipelines; a table feeding one gets a leader (who pumps its feed)."""
+    if definition.source.table is not None:
+        await client.sadd(keys.TABLES, keys.member(tenant, definition.source.table))
+    await client.publish(PIPELINES_CHANNEL, tenant.encode())
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=DEFINITION_BODY, responses=error_responses(400, 409, 413, 422))
@@ -101,7 +112,7 @@ async def create(request: Request, principal: AdminPrincipal, session: SessionDe
     definition = await _definition(request)
     await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition)
-    await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())
+    await _announce(client, principal.tenant, definition)
     return record.public()
 
 
@@ -112,7 +123,7 @@ async def replace(
     definition = await _definition(request)
     await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(replace_pipeline, session, principal.tenant, name, definition)
-    await client.publish(PIPELINES_CHANNEL, principal.tenant.encode())
+    await _announce(client, principal.tenant, definition)
     return record.public()
 
 
