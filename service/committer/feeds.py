@@ -1,14 +1,16 @@
 """Pipelines fed by a table's change feed (`source: {table: NAME}`), pumped by the table's leader.
 
 Each such pipeline reads the table's changes as a consumer named `pipeline:<name>` (so expiry
-keeps what it has not read, like any consumer's), and puts each page of changes on the
-pipeline's input stream as one request, exactly as the api buffers a producer's request: from
-there the writer and the committer treat it like any other. Each changed row becomes an event:
-its columns (not the feed's _snapshot_id, _committed_at, _document_id), plus `_change_type` = `insert` for an INSERT or UPDATE_AFTER (an insert of an
-existing key replaces its row) or `delete` for a DELETE; UPDATE_BEFORE rows are dropped (the
-UPDATE_AFTER of the same key replaces the row). The cursor is acknowledged after the request is
-buffered; the request's idempotency key is the page's starting cursor, so a leader that dies in
-between and a new leader that reads the page again buffer it once.
+keeps what it has not read, like any consumer's; the pipeline store drops that consumer when the
+pipeline is deleted or stops reading the table), and puts each page of changes on the pipeline's
+input stream as one request, exactly as the api buffers a producer's request: from there the
+writer and the committer treat it like any other. Each changed row becomes an event: its columns
+(not the feed's _snapshot_id, _committed_at and _document_id), plus `_change_type` = `insert`
+for an INSERT or UPDATE_AFTER (an insert of an existing key replaces its row) or `delete` for a
+DELETE; UPDATE_BEFORE rows are dropped (the UPDATE_AFTER of the same key replaces the row). The
+cursor is acknowledged after the request is buffered; the request's idempotency key is the
+page's starting cursor, so a leader that dies in between and a new leader that reads the page
+again buffer it once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from service.core import keys
 from service.core.config import Settings
 from service.core.db import get_engine
 from service.core.exceptions import NotFound
+from service.core.models import PIPELINE_CONSUMER_PREFIX
 from service.feeds.consumers import ConsumerStore
 from service.feeds.cursors import Cursor
 from service.feeds.pages import read_page
@@ -48,11 +51,10 @@ PAGE_ROWS = 5000
 PUMP_BUDGET_S = 1.0  # per table and tick: pages until this is spent or the feed is read
 PIPELINES_CACHE_S = 2.0
 OPERATIONS = {INSERT: "insert", UPDATE_AFTER: "insert", DELETE: "delete"}
-CONSUMER_PREFIX = "pipeline:"
 
 
 def consumer_name(pipeline: str) -> str:
-    return f"{CONSUMER_PREFIX}{pipeline}"
+    return f"{PIPELINE_CONSUMER_PREFIX}{pipeline}"
 
 
 def events(batches: list) -> tuple[bytes, int]:  # noqa: ANN001 - pyarrow record batches
@@ -94,19 +96,12 @@ class FeedPump:
     def pump(self, tenant: str, table_name: str, load_table) -> int:  # noqa: ANN001 - () -> Table
         """Buffer the next changes of `table_name` for each pipeline it feeds; the events buffered."""
         pipelines = self.fed_by(tenant, table_name)
+        if not pipelines or self._backlog_full(tenant):
+            return 0
         with Session(self._engine()) as session:
             store = ConsumerStore(session, tenant)
-            self._forget_stale(store, table_name, {record.name for record in pipelines})
-            if not pipelines or self._backlog_full(tenant):
-                return 0
             table = load_table()
             return sum(self._pump_one(store, table, table_name, record) for record in pipelines)
-
-    def _forget_stale(self, store: ConsumerStore, table_name: str, live: set[str]) -> None:
-        """A deleted pipeline's consumer goes: it would keep the table's snapshots for nothing."""
-        for consumer in store.list(table_name):
-            if consumer.name.startswith(CONSUMER_PREFIX) and consumer.name[len(CONSUMER_PREFIX):] not in live:
-                store.delete(table_name, consumer.name)
 
     def _backlog_full(self, tenant: str) -> bool:
         return int(self.client.get(keys.backlog_key(tenant)) or 0) >= self.settings.max_backlog_events // 2

@@ -82,6 +82,10 @@ class PipelineVersion(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+# The consumer through which a pipeline fed by a table reads the table's changes: this + its name.
+PIPELINE_CONSUMER_PREFIX = "pipeline:"
+
+
 class ChangeConsumer(SQLModel, table=True):
     """A resumable reader of one table's change feed. `cursor` is where it has acknowledged
     (service/feeds/cursors.py); the snapshots from there on are kept by snapshot expiry while it

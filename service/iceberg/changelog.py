@@ -9,9 +9,9 @@ its removed row is `UPDATE_BEFORE`, its added row `UPDATE_AFTER`. A `replace` sn
 (compaction, manifest merges) moves rows between files without changing them: it has no changes.
 
 Memory is bounded by the number of rows, not their size: a first pass reads the snapshot's files
-and keeps 16 bytes per row (a 128-bit row hash: two 64-bit hashes with different seeds) plus the
-same for the identifier values; it finds the carryover and the updated keys and keeps one flag
-per row; a second pass reads the files again, batch by batch, and drops or labels each row. A
+and keeps 16 bytes per row (a 128-bit row hash: two 64-bit hashes with different seeds, in polars)
+plus the same for the identifier values; it finds the carryover and the updated keys (polars
+group-bys and joins) and keeps a flag or two per row; a second pass reads the files again, batch by batch, and drops or labels each row. A
 hash collision between a removed and a different added row would hide both as carryover: with 128
 bits and n rows its chance is about n^2 / 2^129.
 
@@ -178,28 +178,27 @@ def _hashable(batch: pa.RecordBatch) -> pl.DataFrame:
     return pl.from_arrow(pa.RecordBatch.from_arrays(columns, names=batch.schema.names))
 
 
-def _keys(frame: pl.DataFrame) -> np.ndarray:
+KEY = ("h1", "h2")
+
+
+def _keys(frame: pl.DataFrame) -> pl.DataFrame:
     """128 bits per row: two 64-bit row hashes with different seeds."""
-    return np.stack([frame.hash_rows(seed=1).to_numpy(), frame.hash_rows(seed=2).to_numpy()], axis=1)
+    return pl.DataFrame({"h1": frame.hash_rows(seed=1), "h2": frame.hash_rows(seed=2)})
 
 
-def _keep_beyond(ids: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """Per row: False for the first carry[id] rows of each id, True after them."""
-    order = np.argsort(ids, kind="stable")
-    ordered = ids[order]
-    rank = np.arange(len(ordered)) - np.searchsorted(ordered, ordered, side="left")
-    keep = np.empty(len(ids), dtype=bool)
-    keep[order] = rank >= carry[ordered]
-    return keep
+def _keep_beyond(keys: pl.DataFrame, counts: pl.DataFrame, carry: pl.DataFrame) -> np.ndarray:
+    """Per row (in order): False for the first `carry` rows of each key, True after them."""
+    carried = keys.join(carry, on=KEY, how="left", maintain_order="left")["carry"].fill_null(0)
+    if counts.is_empty() or counts["len"].max() <= 1:  # every row unique on its side: the usual case
+        return (carried == 0).to_numpy()
+    rank = keys.select(pl.int_range(pl.len()).over(KEY)).to_series()
+    return (rank >= carried).to_numpy()
 
 
-def _shared(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Ids for 128-bit keys of both sides (one numbering), and per id the count on each side."""
-    _, ids = np.unique(np.concatenate([left, right]).reshape(-1, 2), axis=0, return_inverse=True)
-    ids = ids.reshape(-1)
-    size = int(ids.max()) + 1 if len(ids) else 0
-    left_ids, right_ids = ids[: len(left)], ids[len(left):]
-    return left_ids, right_ids, np.bincount(left_ids, minlength=size), np.bincount(right_ids, minlength=size)
+def _in_both(left: pl.DataFrame, right: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of each side: whether its key is also on the other side."""
+    return left.select(pl.struct(KEY).is_in(right.select(pl.struct(KEY)).to_series())).to_series().to_numpy(), \
+        right.select(pl.struct(KEY).is_in(left.select(pl.struct(KEY)).to_series())).to_series().to_numpy()
 
 
 @dataclass
@@ -239,28 +238,28 @@ class Changelog:
             return SnapshotChanges(files)
         removed_rows, removed_docs = self._scan_keys(files.removed)
         added_rows, added_docs = self._scan_keys(files.added)
-        removed_ids, added_ids, removed_counts, added_counts = _shared(removed_rows, added_rows)
-        carry = np.minimum(removed_counts, added_counts)
-        keep_removed, keep_added = _keep_beyond(removed_ids, carry), _keep_beyond(added_ids, carry)
+        counts = [frame.group_by(KEY).len() for frame in (removed_rows, added_rows)]
+        carry = counts[0].join(counts[1], on=KEY).select(*KEY, carry=pl.min_horizontal("len", "len_right"))
+        keep_removed, keep_added = _keep_beyond(removed_rows, counts[0], carry), _keep_beyond(added_rows, counts[1], carry)
         changes = SnapshotChanges(files, keep_removed, keep_added)
         if self.identifier:
-            removed_ids, added_ids, removed_counts, added_counts = _shared(removed_docs[keep_removed], added_docs[keep_added])
-            both = (removed_counts > 0) & (added_counts > 0)
+            both_removed, both_added = _in_both(removed_docs.filter(keep_removed), added_docs.filter(keep_added))
             changes.update_removed = np.zeros(len(keep_removed), dtype=bool)
-            changes.update_removed[keep_removed] = both[removed_ids]
+            changes.update_removed[keep_removed] = both_removed
             changes.update_added = np.zeros(len(keep_added), dtype=bool)
-            changes.update_added[keep_added] = both[added_ids]
+            changes.update_added[keep_added] = both_added
         return changes
 
-    def _scan_keys(self, data_files: tuple[DataFile, ...]) -> tuple[np.ndarray, np.ndarray]:
-        rows, docs = [np.empty((0, 2), dtype=np.uint64)], [np.empty((0, 2), dtype=np.uint64)]
+    def _scan_keys(self, data_files: tuple[DataFile, ...]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        rows, docs = [], []
         for data_file in data_files:
             for batch in file_batches(self.table, data_file, self.schema):
                 frame = _hashable(batch)
                 rows.append(_keys(frame))
                 if self.identifier:
                     docs.append(_keys(frame.select(self.identifier)))
-        return np.concatenate(rows), np.concatenate(docs)
+        empty = pl.DataFrame(schema={"h1": pl.UInt64, "h2": pl.UInt64})
+        return pl.concat(rows) if rows else empty, pl.concat(docs) if docs else empty
 
     def rows(self, changes: SnapshotChanges, skip: int = 0) -> Iterator[pa.RecordBatch]:
         """The snapshot's change rows in their stable order, from the `skip`-th on (second pass)."""

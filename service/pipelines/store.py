@@ -19,7 +19,13 @@ from sqlmodel import Session, select
 
 from service.core.exceptions import AlreadyExists, NotFound
 from service.core.keys import DEFAULT_PIPELINE, DEFAULT_PIPELINE_PATH, DEFAULT_TABLE
-from service.core.models import Pipeline, PipelineVersion, utcnow
+from service.core.models import (
+    PIPELINE_CONSUMER_PREFIX,
+    ChangeConsumer,
+    Pipeline,
+    PipelineVersion,
+    utcnow,
+)
 from service.pipelines.spec import (
     DefinitionInvalid,
     PipelineDefinition,
@@ -142,6 +148,7 @@ def create_pipeline(session: Session, tenant: str, definition: PipelineDefinitio
 
 
 def _new_version(session: Session, pipeline: Pipeline, definition: PipelineDefinition) -> PipelineRecord:
+    _forget_feed(session, pipeline.tenant_id, pipeline.name, keep=definition.source.table)
     pipeline.version += 1
     pipeline.path = _http_path(definition)
     pipeline.updated_at = utcnow()
@@ -211,8 +218,20 @@ def delete_pipeline(session: Session, tenant: str, name: str) -> PipelineRecord:
     pipeline.deleted_at = utcnow()
     pipeline.path = None
     session.add(pipeline)
+    _forget_feed(session, tenant_id, name, keep=None)
     session.commit()
     return record
+
+
+def _forget_feed(session: Session, tenant_id: int, name: str, keep: str | None) -> None:
+    """Drop the pipeline's change feed consumer unless it reads table `keep`: a consumer nobody
+    reads would hold its table's snapshots back from expiry."""
+    consumers = session.exec(select(ChangeConsumer).where(
+        ChangeConsumer.tenant_id == tenant_id, ChangeConsumer.name == PIPELINE_CONSUMER_PREFIX + name,
+    )).all()
+    for consumer in consumers:
+        if consumer.table_name != keep:
+            session.delete(consumer)
 
 
 def find_by_path(session: Session, tenant: str, path: str) -> PipelineRecord | None:

@@ -325,3 +325,8 @@ def test_a_pipeline_fed_by_a_table_keeps_a_copy_equal_to_it(stack: Stack) -> Non
     table = stack.catalog().load_table(("demo", "people_copy"))
     assert set(table.schema().column_names) == {"id", "name", "n"}
     assert table.schema().identifier_field_names() == {"id"}
+    with stack.client() as http:
+        consumers = http.get("/v1/tables/people/consumers").json()["consumers"]
+        assert [c["name"] for c in consumers] == ["pipeline:people_copy"] and consumers[0]["phase"] == "changes"
+        assert http.delete("/v1/pipelines/people_copy").status_code == 200
+        assert http.get("/v1/tables/people/consumers").json()["consumers"] == [], "a deleted pipeline holds no snapshots"
