@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,7 @@ def stack_factory(tmp_path: Path, redis_url: str, spark_remote: str, redis_clien
 
     yield build
     for stack in stacks:
-        stack.stop()
+        stack.stop(signal.SIGKILL)
 
 
 @pytest.fixture

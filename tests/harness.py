@@ -119,9 +119,11 @@ class Stack:
         loaded = load_table(self.catalog(), tenant, table)
         return [] if loaded is None else loaded.scan().to_arrow().to_pylist()
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop every role process: SIGTERM lets each drain (what some tests check); a test's
+        teardown kills them (SIGKILL), as nothing after it looks at how they stopped."""
         for proc in self.procs.values():
-            proc.terminate()
+            proc.send_signal(sig)
         for proc in self.procs.values():
             try:
                 proc.wait(30)

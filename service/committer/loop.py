@@ -95,6 +95,10 @@ class Committer:
         self.orphan_schedule = UpkeepSchedule(settings.orphan_interval_s)
         self.feed_schedule = UpkeepSchedule(FEED_INTERVAL_S)
         self.feeds = FeedPump(settings, client)
+        # Per table: failed applications of row changes in a row, and the changes entry that kept
+        # failing with others (asked alone next; parked if it fails alone too).
+        self.change_failures: dict[str, int] = {}
+        self.apply_alone: dict[str, str] = {}
         self.expiry = ExpiryPolicy(settings.snapshot_max_age_s, settings.snapshot_max_count, settings.snapshot_min_count)
         self.compaction = CompactionPolicy.from_settings(settings)
         self.leases: dict[str, TableLease] = {}
@@ -179,13 +183,12 @@ class Committer:
         if planned is None:
             return
         table, plan = planned
-        stream = keys.commit_stream_key(tenant, table_name)
         # Bounded, as this runs in the loop every table shares: after the first entry parked (or
         # ISOLATE_AT_MOST committed alone) the table goes back to committing in batches, and a
         # second bad entry is found the same way later.
         for entry in plan.entries[:ISOLATE_AT_MOST]:
-            if entry.is_changes:
-                return  # applied by a writer, not committed alone: retried until it applies
+            if entry.is_changes:  # applied by a writer: commit_changes isolates and parks those
+                return
             try:
                 self.apply(tenant, table_name, table, CommitPlan([entry]), lease)
             except (LeadershipLost, *TRANSIENT):
@@ -195,14 +198,20 @@ class Committer:
                     self.drop_rewrite(tenant, table_name, entry, exc)
                     table = self.catalog.load_table((tenant, table_name))
                     continue
-                reason = f"commit failed alone after {self.settings.commit_max_failures} failed commits: {exc}"[:1000]
-                raw = self.client.xrange(stream, min=entry.entry_id, max=entry.entry_id)
-                if raw:
-                    failed = self.publisher.dead_letter(tenant, table_name, entry.entry_id, raw[0][1], reason)
-                    metrics.DEAD_COMMIT_ENTRIES.labels(tenant, table_name).inc()
-                    log.error("committer: parked entry %s of %s.%s (%d receipts failed): %s", entry.entry_id, tenant, table_name, len(failed), reason)
+                self.park(tenant, table_name, entry, f"commit failed alone after {self.settings.commit_max_failures} failed commits: {exc}")
                 return
             table = self.catalog.load_table((tenant, table_name))
+
+    def park(self, tenant: str, table_name: str, entry: PendingFiles, reason: str) -> None:
+        """Move an entry that cannot commit to the table's dead commit stream, failing its receipts
+        with `reason`; the entries after it commit again. Retried or discarded by hand."""
+        stream = keys.commit_stream_key(tenant, table_name)
+        reason = reason[:1000]
+        raw = self.client.xrange(stream, min=entry.entry_id, max=entry.entry_id)
+        if raw:
+            failed = self.publisher.dead_letter(tenant, table_name, entry.entry_id, raw[0][1], reason)
+            metrics.DEAD_COMMIT_ENTRIES.labels(tenant, table_name).inc()
+            log.error("committer: parked entry %s of %s.%s (%d receipts failed): %s", entry.entry_id, tenant, table_name, len(failed), reason)
 
     def maintain(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Run the upkeep tasks asked for by hand (POST /v1/tables/{name}/maintenance) now; each
@@ -361,6 +370,9 @@ class Committer:
         """Row changes: ask a writer to apply them against the table as it is now, then commit its
         answer as one overwrite if the table is still there. None while the answer is awaited."""
         key = keys.applying_key(tenant, table_name)
+        member = keys.member(tenant, table_name)
+        if self.apply_alone.get(member) == segment.entries[0].entry_id:
+            segment = CommitPlan(segment.entries[:1])  # it failed with the others: on its own now
         state = self.client.hgetall(key)
         current = table.metadata.current_snapshot_id
         request = ApplyRequest.from_json(state[changes.REQUEST.encode()]) if changes.REQUEST.encode() in state else None
@@ -375,6 +387,15 @@ class Committer:
             return None
         if result.error:
             self.client.delete(key)
+            if len(request.entries) == 1 and self.apply_alone.get(member) == request.entries[0][0]:
+                del self.apply_alone[member]
+                self.change_failures.pop(member, None)
+                self.park(tenant, table_name, segment.entries[0], f"row changes failed to apply on their own: {result.error}")
+                return False
+            # Counted here, not by the commit schedule: asking a writer is no failure, and would reset it.
+            failures = self.change_failures[member] = self.change_failures.get(member, 0) + 1
+            if failures >= self.settings.commit_max_failures:
+                self.apply_alone[member] = segment.entries[0].entry_id
             raise ChangesFailed(result.error)
         covered = CommitPlan([e for e in segment.entries if not id_after(e.entry_id, request.last_entry)], applied=result)
         try:
@@ -390,6 +411,8 @@ class Committer:
             delete_files(result.adds)
             return False
         delete_files(covered.files)  # the change files: applied and committed
+        self.apply_alone.pop(member, None)
+        self.change_failures.pop(member, None)
         return True
 
     def _ask_apply(self, tenant: str, table_name: str, segment: CommitPlan, current: int | None) -> None:

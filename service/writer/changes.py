@@ -3,7 +3,9 @@
 A changes entry's events are applied when the table's leader asks, against the snapshot it names:
 the writer picks the candidate files from that snapshot's metadata (pyiceberg prunes by partition
 and by the identifier columns' statistics), runs the copy-on-write job, and answers in the
-table's applying_key hash. The leader commits the answer, or asks again if the table moved.
+table's applying_key hash. The leader commits the answer, or asks again if the table moved. A
+failure is answered as such (the leader counts it, and parks an entry that fails alone); an
+outage of Spark is not the changes' fault: the request goes back on the queue unanswered.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import CHANGES
 from service.writer.files import delete_files, list_data_files
 from service.writer.requests import LeaderRequests
+from service.writer.spark_errors import is_spark_outage
 from spark_jobs.changes_job import apply_changes, change_rows
 from spark_jobs.pipeline_job import ChangeSpec, Target, new_directory
 from spark_jobs.session import spark_session
 
 log = logging.getLogger(__name__)
 
+OUTAGE_BACKOFF_S = 2.0
 MAX_PRUNING_KEYS = 100_000  # more distinct keys than this: candidates by partition and statistics are not worth listing
 
 
@@ -57,9 +61,14 @@ class ChangeApplier(LeaderRequests):
             applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
             result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory), applied.counts)
         except Exception as exc:  # noqa: BLE001 - the leader sees the error and counts it as a failed commit
-            log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
             if directory is not None:
                 delete_files(list_data_files(directory))
+            if is_spark_outage(exc):  # not the changes' fault: back on the queue, for when Spark is back
+                log.warning("writer: Spark is unavailable (%s); the changes of %s.%s wait for it", exc, request.tenant, request.table)
+                self.client.rpush(self.queue, raw)
+                time.sleep(OUTAGE_BACKOFF_S)
+                return
+            log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
             result = ApplyResult(request.request, request.base_snapshot, error=f"{exc.__class__.__name__}: {exc}"[:1000])
         self._answer(request, result)
         metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(time.perf_counter() - started)

@@ -20,7 +20,6 @@ from service.iceberg.catalog import create_table_once
 from service.tenancy.tenants import issue_token
 from tests.conftest import TEST_TOKEN, Stack
 
-
 # Behaviour that does not depend on the metadata DB runs on SQLite only; what stores or reads
 # tokens and tenants (401s, revocation by the CLI, disabling, tokens kept hashed) runs on both.
 SQLITE_ONLY = pytest.mark.parametrize("metadata_url", ["sqlite"], indirect=True)

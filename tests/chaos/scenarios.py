@@ -362,7 +362,7 @@ def catalog_unavailable(chaos: Chaos) -> None:
 
 
 def idempotent_retries(chaos: Chaos) -> None:
-    time.sleep(10)
+    time.sleep(6)
     replayed = sum(1 for sent in chaos.load.sent if sent.replayed)
     chaos.evidence.append(f"every request sent twice (response dropped, then retried with its key); {replayed} retries answered as replays")
     if not replayed:
@@ -579,7 +579,7 @@ def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server:
             else:
                 wait_until(lambda: stack.redis.xlen(keys.commit_stream_key(*TABLE)) > 0, timeout_s=90, what="files written")
             scenario.inflict(chaos)
-            time.sleep(5)  # the load goes on after the fault healed
+            time.sleep(2)  # the load goes on after the fault healed
         except Exception as exc:  # noqa: BLE001 - reported with the figures, which are still counted
             chaos.problems.append(f"the scenario broke: {exc!r}")
         finally:

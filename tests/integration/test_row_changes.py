@@ -330,3 +330,38 @@ def test_a_pipeline_fed_by_a_table_keeps_a_copy_equal_to_it(stack: Stack) -> Non
         assert [c["name"] for c in consumers] == ["pipeline:people_copy"] and consumers[0]["phase"] == "changes"
         assert http.delete("/v1/pipelines/people_copy").status_code == 200
         assert http.get("/v1/tables/people/consumers").json()["consumers"] == [], "a deleted pipeline holds no snapshots"
+
+
+def test_changes_that_cannot_apply_are_parked_alone_and_the_next_ones_apply(stack_factory, tmp_path) -> None:  # noqa: ANN001
+    """A changes entry whose files vanished before it was applied (moved away here) fails every
+    application with the entries after it; asked alone it fails again and is parked with its
+    reason (its receipt fails), and the next changes apply. Put back and retried, it applies."""
+    import shutil
+
+    stack = stack_factory(roles=("api", "writer"), CALVE_COMMIT_MAX_FAILURES="2")
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+    bad = send(stack, [{"op": "i", "id": 1, "name": "lost", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", bad), "status") == b"written", what="the first change written")
+    good = send(stack, [{"op": "i", "id": 2, "name": "kept", "n": 2}], wait=False)["receipt"]
+    wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", good), "status") == b"written", what="the second change written")
+    (_entry_id, fields), *_ = stack.redis.xrange(keys.commit_stream_key("demo", "people"))
+    moved = []
+    for path in orjson.loads(fields[b"files"]):
+        local = path.removeprefix("file://")
+        moved.append((local, shutil.move(local, tmp_path / f"away-{len(moved)}")))
+
+    stack.start("committer")
+    with stack.client() as http:
+        failed = wait_until(lambda: (r := http.get(f"/v1/receipts/{bad}").json())["status"] == "failed" and r, timeout_s=90, what="parked")
+        assert "failed to apply on their own" in failed["error"]
+        wait_until(lambda: http.get(f"/v1/receipts/{good}").json()["status"] == "committed", timeout_s=60, what="the next change applied")
+        assert table_rows(stack) == {2: {"id": 2, "name": "kept", "n": 2}}
+        dead = http.get("/v1/tables/people/dead-commits").json()["entries"]
+        assert len(dead) == 1 and dead[0]["rows_by_receipt"] == {bad: 1}
+        for local, away in moved:
+            shutil.move(away, local)
+        assert http.post(f"/v1/tables/people/dead-commits/{dead[0]['id']}/retry").status_code == 200
+        wait_until(lambda: 1 in table_rows(stack), timeout_s=60, what="the retried change applied")
+    assert table_rows(stack) == {1: {"id": 1, "name": "lost", "n": 1}, 2: {"id": 2, "name": "kept", "n": 2}}
+    no_delete_files(stack)
