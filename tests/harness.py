@@ -144,7 +144,10 @@ def make_settings(data_dir: Path, redis_url: str, spark_remote: str, **overrides
         "CALVE_LEASE_S": "3",
         **overrides,
     }
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CALVE_")} | env
+    # The roles share one metrics directory, as under `calve up`: the api's /metrics shows them all.
+    metrics_dir = data_dir / "metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CALVE_")} | env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     settings = Settings(**{k.removeprefix("CALVE_").lower(): v for k, v in env.items()})
     return settings, full_env
 

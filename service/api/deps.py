@@ -16,6 +16,7 @@ from sqlmodel import Session
 
 from service.api.buffer import RequestBuffer
 from service.api.waiter import ReceiptWaiter
+from service.core import metrics
 from service.core.config import Settings
 from service.iceberg.catalog import load_table, open_catalog
 from service.tenancy.limits import TenantLimits
@@ -82,6 +83,7 @@ def table_or_404(catalog: Catalog, tenant: str, name: str) -> Table:
 
 async def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
     if credentials is None:
+        metrics.AUTH_FAILURES.labels("missing").inc()
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing token: send 'Authorization: Bearer <token>'",
@@ -100,6 +102,7 @@ async def _principal(request: Request, credentials: HTTPAuthorizationCredentials
 
         principal = await run_in_threadpool(principals.load, credentials.credentials, lookup)
     if principal is None:
+        metrics.AUTH_FAILURES.labels("unknown").inc()  # unknown, revoked, expired or its tenant disabled
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
         )

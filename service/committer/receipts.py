@@ -8,6 +8,7 @@ import time
 import orjson
 import redis
 
+from service.core import metrics
 from service.core.keys import (
     COMMITTED_CHANNEL,
     backlog_key,
@@ -45,7 +46,12 @@ class ReceiptPublisher:
                 args=[table, f"{snapshot_id}:{rows_by_receipt[receipt_id]}", now],
                 client=pipe,
             )
-        completed = [receipt_id for receipt_id, done in zip(ids, pipe.execute()[-len(ids):] if ids else []) if done]
+        completed = []
+        for receipt_id, done in zip(ids, pipe.execute()[-len(ids):] if ids else []):
+            if done:  # its created_at: the request's acceptance
+                completed.append(receipt_id)
+                if float(done) > 0:
+                    metrics.ACCEPT_TO_COMMIT_SECONDS.labels(tenant).observe(max(0.0, float(now) - float(done)))
         if completed:
             self._client.publish(COMMITTED_CHANNEL, orjson.dumps(completed))
         return completed

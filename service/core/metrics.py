@@ -8,6 +8,8 @@ process serves it.
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -60,6 +62,16 @@ DEAD_COMMIT_ENTRIES = Counter(
     "calve_dead_commit_entries", "Commit-stream entries parked because a commit of them can never succeed", ["tenant", "table"]
 )
 COMMIT_FAILURES = Counter("calve_commit_failures", "Commit attempts that failed", ["tenant", "table", "reason"])
+ACCEPT_TO_COMMIT_SECONDS = Histogram(
+    "calve_accept_to_commit_seconds", "From a request's acceptance to the commit of its last table (what wait=true waits)",
+    ["tenant"], buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+)
+AUTH_FAILURES = Counter("calve_auth_failures", "Requests refused with 401", ["reason"])  # no tenant: the token names none
+
+
+def reason_label(reason: str) -> str:
+    """Rejection reasons in one spelling: snake_case (BadRequestBody -> bad_request_body)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", reason).lower()
 
 
 class BacklogCollector(Collector):
@@ -72,16 +84,40 @@ class BacklogCollector(Collector):
         waiting = GaugeMetricFamily(
             "calve_stream_backlog", "Entries waiting in a Redis stream", labels=["tenant", "stream", "name"]
         )
+        oldest = GaugeMetricFamily(
+            "calve_oldest_waiting_seconds",
+            "Age of the oldest entry waiting in a Redis stream: input (accepted, not written) or commit (written, not committed)",
+            labels=["tenant", "stream", "name"],
+        )
+        events = GaugeMetricFamily("calve_backlog_events", "Events accepted and not yet committed (what the backlog cap counts)", labels=["tenant"])
+        now_ms = time.time() * 1000
         try:
+            tenants = set()
             for member in self._client.smembers(keys.INPUT_STREAMS):
                 tenant, pipeline = keys.split_member(text(member))
-                waiting.add_metric([tenant, "input", pipeline], _input_backlog(self._client, keys.input_stream_key(tenant, pipeline)))
+                tenants.add(tenant)
+                stream = keys.input_stream_key(tenant, pipeline)
+                waiting.add_metric([tenant, "input", pipeline], _input_backlog(self._client, stream))
+                oldest.add_metric([tenant, "input", pipeline], _oldest_age_s(self._client, stream, now_ms))
             for member in self._client.smembers(keys.TABLES):
                 tenant, table = keys.split_member(text(member))
-                waiting.add_metric([tenant, "commit", table], self._client.xlen(keys.commit_stream_key(tenant, table)))
+                stream = keys.commit_stream_key(tenant, table)
+                waiting.add_metric([tenant, "commit", table], self._client.xlen(stream))
+                oldest.add_metric([tenant, "commit", table], _oldest_age_s(self._client, stream, now_ms))
+            for tenant in sorted(tenants):
+                events.add_metric([tenant], float(self._client.get(keys.backlog_key(tenant)) or 0))
         except redis.RedisError:
             return
         yield waiting
+        yield oldest
+        yield events
+
+
+def _oldest_age_s(client: redis.Redis, stream: str, now_ms: float) -> float:
+    """Seconds since the first entry still in the stream was added (0 when it is empty): its id
+    is the time Redis added it."""
+    first = client.xrange(stream, count=1)
+    return max(0.0, (now_ms - int(text(first[0][0]).split("-")[0])) / 1000) if first else 0.0
 
 
 def _input_backlog(client: redis.Redis, stream: str) -> float:

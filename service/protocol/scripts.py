@@ -75,7 +75,8 @@ return 1
 
 # The committer marks one table of a receipt committed; when all its tables are, marks the receipt
 # committed and takes its events off the tenant's backlog (KEYS[2]). Returns 1 only for the call
-# that completed the receipt, so it is announced, and the backlog lowered, once.
+# that completed the receipt, so it is announced, and the backlog lowered, once (it returns the
+# receipt's created_at then, else 0).
 # ARGV: table, "<snapshot id>:<rows>", committed_at.
 MARK_COMMITTED = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -90,7 +91,7 @@ end
 if done >= expected then
   redis.call('HSET', KEYS[1], '$status', '$committed', '$committed_at', ARGV[3])
   redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], '$events') or '0'))
-  return 1
+  return redis.call('HGET', KEYS[1], '$created_at') or '0'
 end
 return 0
 """)

@@ -148,6 +148,19 @@ def test_readyz_and_metrics(stack: Stack) -> None:
         text = http.get("/metrics").text
     assert 'calve_events_received_total{pipeline="logs",tenant="demo"} 1.0' in text
     assert 'calve_stream_backlog{name="logs",stream="input",tenant="demo"} 0.0' in text
+    assert 'calve_oldest_waiting_seconds{name="logs",stream="commit",tenant="demo"} 0.0' in text, "nothing waits once committed"
+    assert 'calve_backlog_events{tenant="demo"} 0.0' in text
+    assert 'calve_accept_to_commit_seconds_count{tenant="demo"} 1.0' in text
+    with stack.client(None) as http:
+        assert http.get("/v1/tables").status_code == 401
+        assert http.post("/logs", json={"id": "x"}, headers={"Authorization": "Bearer calve_not-a-token"}).status_code == 401
+        assert http.post("/logs", content=b"{", headers={"Content-Type": "application/json"}).status_code == 401
+    with stack.client() as http:
+        assert http.post("/logs", content=b"{not json", headers={"Content-Type": "application/json"}).status_code == 400
+        text = http.get("/metrics").text
+    assert 'calve_auth_failures_total{reason="missing"} 2.0' in text
+    assert 'calve_auth_failures_total{reason="unknown"} 1.0' in text
+    assert 'calve_requests_rejected_total{reason="bad_request_body",tenant="demo"} 1.0' in text
 
 
 def test_readyz_names_what_is_missing(stack_factory) -> None:  # noqa: ANN001

@@ -135,7 +135,7 @@ async def _ingest(
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
         parsed = await run_in_threadpool(parse_events, body, request.headers.get("content-type", ""), settings.max_events_per_request)
     except Exception as exc:
-        metrics.REQUESTS_REJECTED.labels(tenant, type(exc).__name__).inc()
+        metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
         raise
 
     receipt_id = uuid.uuid4().hex
