@@ -21,6 +21,7 @@ import redis
 from sqlmodel import Session
 
 from service.cli import processes
+from service.core import keys
 from service.core.config import Settings
 from service.core.db import get_engine, migrate
 from service.iceberg.catalog import load_table, open_catalog
@@ -179,6 +180,26 @@ def wait_until(predicate, timeout_s: float = 60, interval_s: float = 0.25, what:
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def move_first_entry_files_away(stack: Stack, table: str, to: Path) -> list[tuple[str, str]]:
+    """Move the files of the first entry on `table`'s commit stream out of the warehouse (as a lost
+    disk or a wrong lifecycle rule would); `put_back` undoes it."""
+    import shutil
+
+    (_entry_id, fields), *_ = stack.redis.xrange(keys.commit_stream_key("demo", table), count=1)
+    moved = []
+    for path in orjson.loads(fields[b"files"]):
+        local = path.removeprefix("file://")
+        moved.append((local, shutil.move(local, to / f"away-{len(moved)}")))
+    return moved
+
+
+def put_back(moved: list[tuple[str, str]]) -> None:
+    import shutil
+
+    for local, away in moved:
+        shutil.move(away, local)
 
 
 def post_batches(stack: Stack, batches: int, per_batch: int, prefix: str) -> list[str]:

@@ -33,6 +33,7 @@ from service.core.models import PIPELINE_CONSUMER_PREFIX
 from service.feeds.consumers import ConsumerStore
 from service.feeds.cursors import Cursor
 from service.feeds.pages import read_page
+from service.feeds.spark_diffs import SparkDiffs
 from service.iceberg.changelog import (
     CHANGE_TYPE,
     DELETE,
@@ -78,6 +79,7 @@ class FeedPump:
         self.client = client
         self._buffer = client.register_script(scripts.BUFFER)
         self._pipelines: dict[str, tuple[float, list[PipelineRecord]]] = {}
+        self.differ = SparkDiffs(client, settings.feed_spark_rows, settings.feed_diff_timeout_s)
 
     def _engine(self):  # noqa: ANN202
         return get_engine(self.settings.resolved_database_url())
@@ -118,7 +120,7 @@ class FeedPump:
         while time.monotonic() - started < PUMP_BUDGET_S:
             start = Cursor.parse(consumer.cursor)
             try:
-                page = read_page(table, start, PAGE_ROWS)
+                page = read_page(table, start, PAGE_ROWS, self.differ)
             except ChangelogError as exc:
                 log.error("pipeline %s/%s cannot read the changes of table %s: %s", store.tenant, record.name, table_name, exc)
                 store.mark_lagging(consumer)

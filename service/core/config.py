@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     # than consumer_max_lag_s; after that they go, and the consumer must start again (it lags).
     # Each kept snapshot costs every commit a little (its metadata is rewritten): keep this short.
     consumer_max_lag_s: float = Field(default=3600.0, gt=0)
+    # A snapshot that removed and added at least this many rows has its changes computed on Spark
+    # by a writer (waited for up to feed_diff_timeout_s), not in the api or committer reading them.
+    feed_spark_rows: int = Field(default=1_000_000, ge=1)
+    feed_diff_timeout_s: float = Field(default=300.0, gt=0)
     # Every orphan_interval_s, files in a table's data location that nothing references and that
     # are older than orphan_min_age_s are deleted.
     orphan_interval_s: float = Field(default=3600.0, gt=0)

@@ -20,6 +20,7 @@ WRITER_GROUP = "writers"
 MAINTENANCE = f"{PREFIX}:maintenance"  # set of "tenant/table" with upkeep asked for by hand
 APPLIES = f"{PREFIX}:applies"  # list: requests to apply row changes (JSON), leaders push, writers pop
 COMPACTIONS = f"{PREFIX}:compactions"  # list: compaction requests (JSON), leaders push, writers pop
+FEED_DIFFS = f"{PREFIX}:feed-diffs"  # list: a snapshot's changes to compute on Spark (JSON), feed readers push, writers pop
 
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"
@@ -94,6 +95,12 @@ def maintenance_key(tenant: str, table: str) -> str:
 def applying_key(tenant: str, table: str) -> str:
     """Hash: the table's row changes being applied now: `request` and, once done, `result` (JSON)."""
     return f"{_tag(tenant)}:applying:{table}"
+
+
+def feed_diff_key(tenant: str, table: str, snapshot_id: int, schema_id: int) -> str:
+    """Hash: one snapshot's changes computed on Spark (in the table's schema `schema_id`):
+    `request` while a writer computes them, then `result` (JSON: the Parquet files, or an error)."""
+    return f"{_tag(tenant)}:feed-diff:{table}:{snapshot_id}:{schema_id}"
 
 
 def compacting_key(tenant: str, table: str) -> str:

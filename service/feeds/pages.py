@@ -15,6 +15,7 @@ from service.feeds.cursors import LOAD, ORIGIN, Cursor
 from service.iceberg.changelog import (
     Changelog,
     SnapshotChanges,
+    SnapshotFiles,
     SnapshotMissing,
     lineage,
     snapshot_files,
@@ -32,7 +33,11 @@ _PLANS: LRUCache = LRUCache(maxsize=64 * 1024 * 1024, getsizeof=lambda plan: 64 
 _PLANS_LOCK = threading.Lock()
 
 
-def _plan(changelog: Changelog, snapshot_id: int) -> SnapshotChanges:
+# Computes a large snapshot's changes elsewhere (feeds/spark_diffs.py), or returns None.
+Differ = Callable[[Changelog, SnapshotFiles], "SnapshotChanges | None"]
+
+
+def _plan(changelog: Changelog, snapshot_id: int, differ: Differ | None) -> SnapshotChanges:
     table = changelog.table
     key = (str(table.metadata.table_uuid), snapshot_id, changelog.schema.schema_id)
     with _PLANS_LOCK:
@@ -41,15 +46,16 @@ def _plan(changelog: Changelog, snapshot_id: int) -> SnapshotChanges:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
             raise SnapshotMissing(".".join(table.name()), snapshot_id)
-        plan = changelog.plan(snapshot_files(table, snapshot))
+        files = snapshot_files(table, snapshot)
+        plan = (differ(changelog, files) if differ is not None else None) or changelog.plan(files)
         with _PLANS_LOCK:
             _PLANS[key] = plan
     return plan
 
 
-def _snapshot_rows(changelog: Changelog, snapshot_id: int, skip: int) -> Iterator[Positioned]:
+def _snapshot_rows(changelog: Changelog, snapshot_id: int, skip: int, differ: Differ | None) -> Iterator[Positioned]:
     position = skip
-    for batch in changelog.rows(_plan(changelog, snapshot_id), skip):
+    for batch in changelog.rows(_plan(changelog, snapshot_id, differ), skip):
         start = position
         position += batch.num_rows
         yield batch, lambda n, start=start: Cursor.within(snapshot_id, start + n)
@@ -71,7 +77,7 @@ def _load_rows(changelog: Changelog, cursor: Cursor) -> Iterator[Positioned]:
     yield EMPTY, lambda _n: Cursor.after(snapshot.snapshot_id)
 
 
-def stream(table: Table, cursor: Cursor, to_id: int | None = None) -> Iterator[Positioned]:
+def stream(table: Table, cursor: Cursor, to_id: int | None = None, differ: Differ | None = None) -> Iterator[Positioned]:
     """Every change after `cursor` up to snapshot `to_id` (default: the current one), in order.
     What cannot be read (a snapshot expired, a history that does not pass through the cursor,
     delete files) raises before the first row is yielded."""
@@ -82,7 +88,7 @@ def stream(table: Table, cursor: Cursor, to_id: int | None = None) -> Iterator[P
     elif cursor.phase == ORIGIN:
         first, after = iter(()), None
     elif cursor.offset is not None:  # within a snapshot: finish it, then go on after it
-        first, after = _snapshot_rows(changelog, cursor.snapshot_id, cursor.offset), cursor.snapshot_id
+        first, after = _snapshot_rows(changelog, cursor.snapshot_id, cursor.offset, differ), cursor.snapshot_id
     else:
         first, after = iter(()), cursor.snapshot_id
     snapshots = lineage(table, after, to_id)
@@ -90,7 +96,7 @@ def stream(table: Table, cursor: Cursor, to_id: int | None = None) -> Iterator[P
         snapshot_files(table, snapshot)  # refuses delete files before anything is sent
     yield from first
     for snapshot in snapshots:
-        yield from _snapshot_rows(changelog, snapshot.snapshot_id, 0)
+        yield from _snapshot_rows(changelog, snapshot.snapshot_id, 0, differ)
 
 
 @dataclass
@@ -101,10 +107,10 @@ class Page:
     more: bool = False  # stopped at the limit, not at the end
 
 
-def read_page(table: Table, cursor: Cursor, limit: int) -> Page:
+def read_page(table: Table, cursor: Cursor, limit: int, differ: Differ | None = None) -> Page:
     """At most `limit` change rows after `cursor`, and the cursor after them."""
     page = Page(cursor=cursor)
-    for batch, cursor_after in stream(table, cursor):
+    for batch, cursor_after in stream(table, cursor, differ=differ):
         if page.rows >= limit and batch.num_rows:
             page.more = True
             break

@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -211,11 +212,16 @@ class SnapshotChanges:
     keep_added: np.ndarray | None = None
     update_removed: np.ndarray | None = None
     update_added: np.ndarray | None = None
+    # Computed on Spark instead (service/protocol/feeds.py): Parquet files of the changes in order.
+    spilled: list[str] | None = None
+    spilled_rows: int = 0
 
     @property
     def count(self) -> int:
         if self.files.rearranges_only:
             return 0
+        if self.spilled is not None:
+            return self.spilled_rows
         removed = sum(f.record_count for f in self.files.removed) if self.keep_removed is None else int(self.keep_removed.sum())
         added = sum(f.record_count for f in self.files.added) if self.keep_added is None else int(self.keep_added.sum())
         return removed + added
@@ -265,6 +271,9 @@ class Changelog:
         """The snapshot's change rows in their stable order, from the `skip`-th on (second pass)."""
         if changes.files.rearranges_only:
             return
+        if changes.spilled is not None:
+            yield from self._spilled_rows(changes, skip)
+            return
         sides = (
             (changes.files.removed, changes.keep_removed, changes.update_removed, DELETE, UPDATE_BEFORE),
             (changes.files.added, changes.keep_added, changes.update_added, INSERT, UPDATE_AFTER),
@@ -289,6 +298,18 @@ class Changelog:
                         batch, updated, skip = batch.slice(skip), updated[skip:], 0
                     types = pa.array(np.where(updated, paired, plain), type=pa.string())
                     yield self._labelled(batch, types, changes.files.snapshot)
+
+    def _spilled_rows(self, changes: SnapshotChanges, skip: int) -> Iterator[pa.RecordBatch]:
+        target = self.schema.as_arrow()
+        for path in changes.spilled:
+            for batch in pq.ParquetFile(path.removeprefix("file://")).iter_batches():
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                if skip:
+                    batch, skip = batch.slice(skip), 0
+                data = pa.Table.from_batches([batch.select(target.names)]).cast(target).combine_chunks().to_batches()[0]
+                yield self._labelled(data, batch.column(CHANGE_TYPE).cast(pa.string()), changes.files.snapshot)
 
     def load(self, snapshot: Snapshot) -> list[DataFile]:
         """The data files of a full read of `snapshot`, in path order (delete files refused)."""

@@ -41,6 +41,7 @@ from service.protocol.stream_ids import text
 from service.writer.batches import Batch
 from service.writer.changes import ChangeApplier, changes_fields
 from service.writer.compaction import Compactor
+from service.writer.diffs import FeedDiffer
 from service.writer.files import delete_files, list_data_files
 from service.writer.hand_off import HandOffPlan, HandOffScript
 from service.writer.spark_errors import (
@@ -91,6 +92,7 @@ class Writer:
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self.compactor = Compactor(client, catalog, settings.spark_remote, self.name)
         self.applier = ChangeApplier(client, catalog, settings.spark_remote, self.name)
+        self.differ = FeedDiffer(client, catalog, settings.spark_remote, self.name)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -213,6 +215,8 @@ class Writer:
         # Then the row changes leaders wait for (their tables wait too), and at most one
         # compaction a table's leader asked for (a bounded Spark job).
         while not stop.is_set() and not self._outages and self.applier.run_one():
+            pass
+        while not stop.is_set() and not self._outages and self.differ.run_one():  # a feed reader waits for each
             pass
         if not stop.is_set() and not self._outages:
             self.compactor.run_one()

@@ -540,9 +540,9 @@ SCENARIOS = [
         committer_killed_at(faults.COMMITTER_AFTER_CATALOG_COMMIT), committers=0,
     ),
     Scenario("committer_paused_past_lease", "SIGSTOP the leader past its lease, then SIGCONT", committer_paused_past_lease),
-    Scenario("spark_stopped", "stop Spark Connect for 20 s, start it again", spark_stopped, needs_spark_server=True),
+    Scenario("spark_stopped", "stop Spark Connect for CALVE_CHAOS_OUTAGE_S (10 s), start it again", spark_stopped, needs_spark_server=True),
     Scenario("redis_killed", "kill -9 redis-server, restart it from its AOF", redis_killed),
-    Scenario("catalog_unavailable", "catalog unavailable for 20 s", catalog_unavailable),
+    Scenario("catalog_unavailable", "catalog unavailable for CALVE_CHAOS_OUTAGE_S (10 s)", catalog_unavailable),
     Scenario("idempotent_retries", "producers drop every response and retry with Idempotency-Key", idempotent_retries, drop_responses=True),
     Scenario(
         "poison_tenant", "tenant demo sends poison while alpha and beta send as usual; their latency must hold",

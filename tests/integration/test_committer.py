@@ -6,7 +6,6 @@ import signal
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 from service.committer.leases import TableLease
@@ -21,6 +20,7 @@ from tests.conftest import (
     post_batches,
     wait_until,
 )
+from tests.harness import move_first_entry_files_away, put_back
 
 pytestmark = pytest.mark.spark
 
@@ -171,18 +171,12 @@ def test_an_entry_whose_commit_can_never_succeed_is_parked_and_the_next_ones_com
     lost disk or a wrong lifecycle rule would): the entry fails every commit, is parked with its
     reason, its receipt fails, and the table's later entries commit. Put back and retried, the
     rows are committed once."""
-    import shutil
-
     stack = stack_factory(roles=("api", "writer"), CALVE_COMMIT_MAX_FAILURES="2")
     first = post_batches(stack, batches=1, per_batch=10, prefix="lost")
     wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", first[0]), "status") == b"written", what="first written")
     later = post_batches(stack, batches=2, per_batch=10, prefix="later")
     wait_until(lambda: all(stack.redis.hget(keys.receipt_key("demo", r), "status") == b"written" for r in later), what="written")
-    (_entry_id, fields), = stack.redis.xrange(keys.commit_stream_key("demo", "logs"), count=1)
-    moved = []
-    for path in orjson.loads(fields[b"files"]):
-        local = path.removeprefix("file://")
-        moved.append((local, shutil.move(local, tmp_path / f"away-{len(moved)}.parquet")))
+    moved = move_first_entry_files_away(stack, "logs", tmp_path)
 
     stack.start("committer")
     with stack.client() as http:
@@ -194,8 +188,7 @@ def test_an_entry_whose_commit_can_never_succeed_is_parked_and_the_next_ones_com
         assert int(stack.redis.get(keys.backlog_key("demo"))) == 0, "a failed receipt leaves the backlog"
         assert sorted(row["id"].split("-")[0] for row in stack.rows()) == ["later"] * 20
 
-        for local, away in moved:
-            shutil.move(away, local)
+        put_back(moved)
         assert http.post(f"/v1/tables/logs/dead-commits/{dead[0]['id']}/retry").status_code == 200
         wait_until(lambda: len(stack.rows()) == 30, timeout_s=60, what="the retried entry committed")
         assert http.get("/v1/tables/logs/dead-commits").json()["entries"] == []

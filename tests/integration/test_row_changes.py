@@ -15,7 +15,7 @@ from service.cli.processes import free_port
 from service.core import keys
 from service.iceberg.rewrites import live_data_files
 from tests.conftest import Stack, wait_until
-from tests.harness import duckdb_rows
+from tests.harness import duckdb_rows, move_first_entry_files_away, put_back
 
 pytestmark = pytest.mark.spark
 
@@ -336,8 +336,6 @@ def test_changes_that_cannot_apply_are_parked_alone_and_the_next_ones_apply(stac
     """A changes entry whose files vanished before it was applied (moved away here) fails every
     application with the entries after it; asked alone it fails again and is parked with its
     reason (its receipt fails), and the next changes apply. Put back and retried, it applies."""
-    import shutil
-
     stack = stack_factory(roles=("api", "writer"), CALVE_COMMIT_MAX_FAILURES="2")
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
@@ -345,11 +343,7 @@ def test_changes_that_cannot_apply_are_parked_alone_and_the_next_ones_apply(stac
     wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", bad), "status") == b"written", what="the first change written")
     good = send(stack, [{"op": "i", "id": 2, "name": "kept", "n": 2}], wait=False)["receipt"]
     wait_until(lambda: stack.redis.hget(keys.receipt_key("demo", good), "status") == b"written", what="the second change written")
-    (_entry_id, fields), *_ = stack.redis.xrange(keys.commit_stream_key("demo", "people"))
-    moved = []
-    for path in orjson.loads(fields[b"files"]):
-        local = path.removeprefix("file://")
-        moved.append((local, shutil.move(local, tmp_path / f"away-{len(moved)}")))
+    moved = move_first_entry_files_away(stack, "people", tmp_path)
 
     stack.start("committer")
     with stack.client() as http:
@@ -359,8 +353,7 @@ def test_changes_that_cannot_apply_are_parked_alone_and_the_next_ones_apply(stac
         assert table_rows(stack) == {2: {"id": 2, "name": "kept", "n": 2}}
         dead = http.get("/v1/tables/people/dead-commits").json()["entries"]
         assert len(dead) == 1 and dead[0]["rows_by_receipt"] == {bad: 1}
-        for local, away in moved:
-            shutil.move(away, local)
+        put_back(moved)
         assert http.post(f"/v1/tables/people/dead-commits/{dead[0]['id']}/retry").status_code == 200
         wait_until(lambda: 1 in table_rows(stack), timeout_s=60, what="the retried change applied")
     assert table_rows(stack) == {1: {"id": 1, "name": "lost", "n": 1}, 2: {"id": 2, "name": "kept", "n": 2}}

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import pyarrow as pa
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from pyiceberg.table import Table
@@ -37,6 +37,7 @@ from service.feeds.consumers import (
 )
 from service.feeds.cursors import LOAD, Cursor
 from service.feeds.pages import read_page, stream
+from service.feeds.spark_diffs import SparkDiffs
 from service.iceberg.changelog import HistoryExpired, NotAnAncestor, SnapshotMissing
 from service.tenancy.names import NAME_PATTERN, RULE
 
@@ -68,6 +69,11 @@ async def on_feed_reader(fn: Callable[..., Any], *args: Any) -> Any:  # noqa: AN
     return await asyncio.get_running_loop().run_in_executor(FEED_READERS, functools.partial(fn, *args))
 
 
+def spark_differ(request: Request) -> SparkDiffs:
+    settings = request.app.state.settings
+    return SparkDiffs(request.app.state.sync_redis, settings.feed_spark_rows, settings.feed_diff_timeout_s)
+
+
 async def _stream_ndjson(first: bytes | None, chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
     if first:
         yield first
@@ -81,7 +87,7 @@ async def _stream_ndjson(first: bytes | None, chunks: Iterator[bytes]) -> AsyncI
     response_class=StreamingResponse,
 )
 async def table_changes(
-    name: TableName, principal: ReadPrincipal, catalog: CatalogDep,
+    name: TableName, principal: ReadPrincipal, catalog: CatalogDep, request: Request,
     from_snapshot: SnapshotId = None, to_snapshot: SnapshotId = None,
 ) -> Response:
     """The changed rows after `from_snapshot` (exclusive; absent: from the table's first snapshot)
@@ -90,10 +96,12 @@ async def table_changes(
     `_committed_at` and, for tables with identifier columns, `_document_id`. Snapshots in order;
     compactions emit nothing; rows a rewrite carried over unchanged are not emitted."""
 
+    differ = spark_differ(request)
+
     def start() -> tuple[bytes | None, Iterator[bytes]]:
         table = table_or_404(catalog, principal.tenant, name)
         cursor = Cursor.after(from_snapshot) if from_snapshot is not None else Cursor.origin()
-        chunks = (_ndjson(batch) for batch, _cursor_after in stream(table, cursor, to_snapshot) if batch.num_rows)
+        chunks = (_ndjson(batch) for batch, _cursor_after in stream(table, cursor, to_snapshot, differ) if batch.num_rows)
         return next(chunks, None), chunks  # what cannot be read is refused here, before the status is sent
 
     first, chunks = await on_feed_reader(start)
@@ -167,22 +175,24 @@ def delete_consumer(name: TableName, consumer: ConsumerName, principal: ReadPrin
 
 @router.get("/{name}/consumers/{consumer}/changes", responses=CONSUMER_ERRORS)
 async def consumer_changes(
-    name: TableName, consumer: ConsumerName, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep,
+    name: TableName, consumer: ConsumerName, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep, request: Request,
     limit: int = Query(1000, ge=1, le=MAX_PAGE),
 ) -> Response:
     """The next changes after the consumer's checkpoint (at most `limit` rows), and the `cursor`
     after them: POST it to .../ack once they are handled. Until then the same changes come again."""
-    return await on_feed_reader(_consumer_page, catalog, session, principal.tenant, name, consumer, limit)
+    return await on_feed_reader(_consumer_page, catalog, session, principal.tenant, name, consumer, limit, spark_differ(request))
 
 
-def _consumer_page(catalog: CatalogDep, session: SessionDep, tenant: str, name: str, consumer: str, limit: int) -> Response:
+def _consumer_page(
+    catalog: CatalogDep, session: SessionDep, tenant: str, name: str, consumer: str, limit: int, differ: SparkDiffs,
+) -> Response:
     table = table_or_404(catalog, tenant, name)
     store = ConsumerStore(session, tenant)
     record = store.get(name, consumer)
     if record.lagging_since is not None:
         raise ConsumerLagging(_lagging(record, "it lagged before"))
     try:
-        page = read_page(table, Cursor.parse(record.cursor), limit)
+        page = read_page(table, Cursor.parse(record.cursor), limit, differ)
     except (SnapshotMissing, HistoryExpired, NotAnAncestor) as exc:
         store.mark_lagging(record)
         raise ConsumerLagging(_lagging(record, str(exc))) from exc
