@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -18,6 +20,7 @@ from service.api.buffer import RequestBuffer
 from service.api.waiter import ReceiptWaiter
 from service.core import metrics
 from service.core.config import Settings
+from service.core.security import TOKEN_PREFIX
 from service.iceberg.catalog import load_table, open_catalog
 from service.tenancy.limits import TenantLimits
 from service.tenancy.names import NAME_PATTERN, RULE
@@ -81,16 +84,36 @@ def table_or_404(catalog: Catalog, tenant: str, name: str) -> Table:
     return table
 
 
-async def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
-    if credentials is None:
+def token_from(header: str | None) -> str | None:
+    """The token in an Authorization header, in the forms shippers can be configured with:
+    `Bearer <token>`, `ApiKey <token>` (or Elasticsearch's `ApiKey base64(id:token)`), and HTTP
+    Basic with the token as the password (any user name)."""
+    scheme, _, value = (header or "").strip().partition(" ")
+    scheme, value = scheme.lower(), value.strip()
+    if scheme == "bearer" or (scheme == "apikey" and value.startswith(TOKEN_PREFIX)):
+        return value or None
+    if scheme not in ("apikey", "basic"):
+        return None
+    try:
+        decoded = base64.b64decode(value, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    _user, colon, token = decoded.partition(":")
+    return token if colon and token else None
+
+
+async def _principal(request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+    # `_bearer` documents the scheme in the OpenAPI document; the header is read here, in any form.
+    token = token_from(request.headers.get("authorization"))
+    if token is None:
         metrics.AUTH_FAILURES.labels("missing").inc()
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            "missing token: send 'Authorization: Bearer <token>'",
+            "missing token: send 'Authorization: Bearer <token>' (or 'ApiKey <token>', or Basic auth with the token as the password)",
             headers={"WWW-Authenticate": "Bearer"},
         )
     principals = request.app.state.principals
-    principal = principals.get(credentials.credentials)
+    principal = principals.get(token)
     if principal is None:
         engine = request.app.state.engine
 
@@ -100,7 +123,7 @@ async def _principal(request: Request, credentials: HTTPAuthorizationCredentials
             with Session(engine) as session:
                 return authenticate(session, token)
 
-        principal = await run_in_threadpool(principals.load, credentials.credentials, lookup)
+        principal = await run_in_threadpool(principals.load, token, lookup)
     if principal is None:
         metrics.AUTH_FAILURES.labels("unknown").inc()  # unknown, revoked, expired or its tenant disabled
         raise HTTPException(

@@ -325,3 +325,25 @@ def test_hostile_numbers_depths_and_definitions_get_a_4xx_never_a_500(api: Stack
     with api.client(api.operator) as http:
         refused = http.post("/v1/tenants", json={"name": "gamma", "max_events_per_s": huge})
         assert refused.status_code == 422, refused.text
+
+
+def test_shippers_can_send_the_token_as_apikey_or_as_a_basic_auth_password(app_client) -> None:  # noqa: ANN001
+    """Log shippers that cannot send a Bearer header: `ApiKey <token>`, Elasticsearch's `ApiKey
+    base64(id:token)`, and Basic auth with the token as the password (any user name)."""
+    import base64
+
+    def get(authorization: str) -> int:
+        return app_client.get("/v1/tables", headers={"Authorization": authorization}).status_code
+
+    basic = base64.b64encode(f"anyone:{TEST_TOKEN}".encode()).decode()
+    assert get(f"Basic {basic}") == 200
+    assert get(f"ApiKey {TEST_TOKEN}") == 200
+    assert get(f"ApiKey {base64.b64encode(f'some-id:{TEST_TOKEN}'.encode()).decode()}") == 200
+    assert get(f"Bearer {TEST_TOKEN}") == 200
+    wrong = base64.b64encode(b"anyone:calve_wrong").decode()
+    assert get(f"Basic {wrong}") == 401
+    assert get(f"Basic {base64.b64encode(TEST_TOKEN.encode()).decode()}") == 401, "no user:password pair"
+    assert get("Basic !!!") == 401
+    assert get(f"Digest {TEST_TOKEN}") == 401
+    answer = app_client.get("/v1/tables", headers={"Authorization": ""})
+    assert answer.status_code == 401 and "Basic auth" in answer.json()["detail"]
