@@ -43,7 +43,7 @@ soak: $(STAMP) system-deps
 
 # The fault suite on its own Redis and Spark Connect; `make test` runs it too (pytest -m chaos).
 chaos: $(STAMP) system-deps
-	$(PY) -m tests.chaos
+	CALVE_CHAOS_COMPARE_LATENCY=1 $(PY) -m tests.chaos
 
 clean:
 	rm -rf data .pytest_cache
