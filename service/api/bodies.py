@@ -64,9 +64,14 @@ class BodyGuard:
             return
         deadline = time.monotonic() + self.timeout_s
         received = 0
+        complete = False
 
         async def guarded_receive() -> Message:
-            nonlocal received
+            nonlocal received, complete
+            if complete:
+                # The body is in: what follows is a streaming answer listening for the client to
+                # go (Starlette's disconnect watch), which may rightly take longer than the deadline.
+                return await receive()
             try:
                 async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
                     message = await receive()
@@ -80,6 +85,7 @@ class BodyGuard:
                     if message.get("more_body", False):
                         await _drain(receive)
                     raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds the limit of {self.max_bytes} bytes")
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         await self.app(scope, guarded_receive, send)

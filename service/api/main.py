@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import redis
 import redis.asyncio as aioredis
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 from service.api.bodies import BodyGuard
 from service.api.buffer import RequestBuffer
@@ -20,8 +20,11 @@ from service.api.errors import install_error_handlers
 from service.api.routes import (
     changes,
     dlq,
+    elastic,
     health,
     ingest,
+    loki,
+    otlp,
     pipelines,
     receipts,
     tables,
@@ -92,12 +95,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
 
-    @app.get("/", include_in_schema=False)
-    def console() -> FileResponse:
-        return FileResponse(CONSOLE_PAGE)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    def console(request: Request) -> Response:
+        """The console to a browser; to any other client, the cluster info Elasticsearch shippers
+        probe before they send to `_bulk` (routes/elastic.py)."""
+        if "text/html" in request.headers.get("accept", ""):
+            return FileResponse(CONSOLE_PAGE)
+        return elastic.cluster_info()
 
     # The ingest router last: it answers POST on any path that is not one of Calve's own.
-    for router in (health.router, receipts.router, tables.router, changes.router, tokens.router, tenants.router, pipelines.router, dlq.router, ingest.router):
+    routers = (health, receipts, tables, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
+    for router in (module.router for module in routers):
         app.include_router(router)
 
     install_error_handlers(app)

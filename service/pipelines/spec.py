@@ -84,7 +84,8 @@ from service.tenancy.names import RULE, is_valid_name
 
 DYNAMIC_FIELD = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 PATH_PATTERN = re.compile(r"^/[a-z0-9_\-]+(/[a-z0-9_\-]+)*$")
-RESERVED_PATH_PREFIXES = ("/v1", "/healthz", "/readyz", "/metrics", "/docs", "/openapi", "/redoc")
+# Calve's own endpoints, and the shippers' protocols (/_bulk and /{index}/_bulk are Elasticsearch's).
+RESERVED_PATH_PREFIXES = ("/v1", "/healthz", "/readyz", "/metrics", "/docs", "/openapi", "/redoc", "/otlp", "/loki", "/_bulk")
 MAX_PROCESSORS = 100
 MAX_ROUTES = 50
 MAX_SINKS = 20
@@ -315,6 +316,12 @@ Expression = Annotated[str, Field(min_length=1, max_length=MAX_EXPRESSION_LENGTH
 FEED_OPERATION = "_change_type"
 
 
+def is_reserved_path(path: str) -> bool:
+    """Whether `path` is one of Calve's own endpoints or a shipper protocol's, at or under a
+    reserved segment (`/otlp/v1/logs`, not `/otlp_events`)."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in RESERVED_PATH_PREFIXES) or path.endswith("/_bulk")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -327,7 +334,7 @@ class HttpSource(_Strict):
     def _path(cls, value: str) -> str:
         if not PATH_PATTERN.fullmatch(value) or len(value) > 200:
             raise ValueError("a path like /checkout or /team/events: lower-case letters, digits, '_', '-' and '/'")
-        if value.startswith(RESERVED_PATH_PREFIXES):
+        if is_reserved_path(value):
             raise ValueError(f"{value} is reserved for Calve's own endpoints")
         return value
 

@@ -1,8 +1,10 @@
 """Pipelines in the metadata DB: versioned definitions, looked up by name or by HTTP path.
 
-Every tenant has the built-in pipeline `logs` at `/logs` (every event into the table `logs`,
-created from the first batch) until it stores its own definition under that name, which then
-replaces it like any other new version.
+Every tenant has the built-in pipelines until it stores its own definition under their names,
+which then replaces one like any other new version: `logs` at `/logs` (every event into the table
+`logs`, created from the first batch), `otel_logs` at `/otel_logs` and `loki_logs` at `/loki_logs`
+(what `POST /otlp/v1/logs` and `POST /loki/api/v1/push` turn into events: OpenTelemetry log records
+and Loki log lines, each into a table of its name with a declared schema, partitioned by day).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from service.core.exceptions import AlreadyExists, NotFound
-from service.core.keys import DEFAULT_PIPELINE, DEFAULT_PIPELINE_PATH, DEFAULT_TABLE
+from service.core.keys import (
+    DEFAULT_PIPELINE,
+    DEFAULT_PIPELINE_PATH,
+    DEFAULT_TABLE,
+    LOKI_LOGS_PIPELINE,
+    OTEL_LOGS_PIPELINE,
+)
 from service.core.models import (
     PIPELINE_CONSUMER_PREFIX,
     ChangeConsumer,
@@ -26,6 +34,8 @@ from service.core.models import (
     PipelineVersion,
     utcnow,
 )
+from service.pipelines.loki import LOKI_LOGS_SCHEMA
+from service.pipelines.otel import OTEL_LOGS_SCHEMA
 from service.pipelines.spec import (
     DefinitionInvalid,
     PipelineDefinition,
@@ -34,11 +44,18 @@ from service.pipelines.spec import (
 )
 from service.tenancy.tenants import tenant_id as _tenant_id
 
-BUILTIN_DEFINITION = {
-    "name": DEFAULT_PIPELINE,
-    "source": {"http": {"path": DEFAULT_PIPELINE_PATH}},
-    "sinks": [{"table": DEFAULT_TABLE, "auto_create": True}],
+BUILTIN_DEFINITIONS = {
+    DEFAULT_PIPELINE: {
+        "name": DEFAULT_PIPELINE,
+        "source": {"http": {"path": DEFAULT_PIPELINE_PATH}},
+        "sinks": [{"table": DEFAULT_TABLE, "auto_create": True}],
+    },
+    **{
+        name: {"name": name, "source": {"http": {"path": f"/{name}"}}, "sinks": [{"table": name, "auto_create": True, "schema": schema}]}
+        for name, schema in ((OTEL_LOGS_PIPELINE, OTEL_LOGS_SCHEMA), (LOKI_LOGS_PIPELINE, LOKI_LOGS_SCHEMA))
+    },
 }
+BUILTIN_PATHS = {definition["source"]["http"]["path"]: name for name, definition in BUILTIN_DEFINITIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -66,8 +83,9 @@ class PipelineRecord:
         }
 
 
-def builtin_pipeline() -> PipelineRecord:
-    return PipelineRecord(DEFAULT_PIPELINE, 0, DEFAULT_PIPELINE_PATH, parse_definition(BUILTIN_DEFINITION))
+def builtin_pipeline(name: str = DEFAULT_PIPELINE) -> PipelineRecord:
+    definition = BUILTIN_DEFINITIONS[name]
+    return PipelineRecord(name, 0, definition["source"]["http"]["path"], parse_definition(definition))
 
 
 def _record(pipeline: Pipeline, version: PipelineVersion) -> PipelineRecord:
@@ -95,8 +113,9 @@ def _path_owner(session: Session, tenant_id: int, path: str) -> str | None:
     owner = session.exec(select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.path == path)).first()
     if owner is not None:
         return owner.name
-    if path == DEFAULT_PIPELINE_PATH and _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
-        return DEFAULT_PIPELINE  # the built-in holds /logs until a stored `logs` replaces it
+    builtin = BUILTIN_PATHS.get(path)
+    if builtin is not None and _stored(session, tenant_id, builtin) is None:
+        return builtin  # a built-in holds its path until a stored version of it replaces it
     return None
 
 
@@ -164,7 +183,7 @@ def replace_pipeline(session: Session, tenant: str, name: str, definition: Pipel
     existing = _stored(session, tenant_id, name)
     _check_path(session, tenant_id, definition)
     if existing is None:
-        if name != DEFAULT_PIPELINE:
+        if name not in BUILTIN_DEFINITIONS:
             raise NotFound(f"no pipeline {name!r}; create it with POST /v1/pipelines")
         return create_pipeline(session, tenant, definition)  # the first stored version of the built-in
     if existing.deleted_at is not None:
@@ -177,8 +196,8 @@ def get_pipeline(session: Session, tenant: str, name: str, version: int | None =
     tenant_id = _tenant_id(session, tenant)
     pipeline = _stored(session, tenant_id, name)
     if pipeline is None:
-        if name == DEFAULT_PIPELINE and version in (None, 0):
-            return builtin_pipeline()
+        if name in BUILTIN_DEFINITIONS and version in (None, 0):
+            return builtin_pipeline(name)
         raise NotFound(f"no pipeline {name!r}")
     row = _version(session, pipeline, version if version is not None else pipeline.version)
     if row is None:
@@ -202,17 +221,16 @@ def list_pipelines(session: Session, tenant: str) -> list[PipelineRecord]:
         select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.deleted_at.is_(None)).order_by(Pipeline.name)
     ).all()
     records = [_record(p, _version(session, p, p.version)) for p in pipelines]
-    if _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
-        records.insert(0, builtin_pipeline())
-    return records
+    builtins = [builtin_pipeline(name) for name in BUILTIN_DEFINITIONS if _stored(session, tenant_id, name) is None]
+    return sorted(records + builtins, key=lambda record: record.name)
 
 
 def delete_pipeline(session: Session, tenant: str, name: str) -> PipelineRecord:
     tenant_id = _tenant_id(session, tenant)
     pipeline = _stored(session, tenant_id, name)
     if pipeline is None or pipeline.deleted_at is not None:
-        if name == DEFAULT_PIPELINE and pipeline is None:
-            raise AlreadyExists("the built-in pipeline 'logs' cannot be deleted; PUT /v1/pipelines/logs replaces it")
+        if name in BUILTIN_DEFINITIONS and pipeline is None:
+            raise AlreadyExists(f"the built-in pipeline {name!r} cannot be deleted; PUT /v1/pipelines/{name} replaces it")
         raise NotFound(f"no pipeline {name!r}")
     record = _record(pipeline, _version(session, pipeline, pipeline.version))
     pipeline.deleted_at = utcnow()
@@ -240,8 +258,9 @@ def find_by_path(session: Session, tenant: str, path: str) -> PipelineRecord | N
     pipeline = session.exec(select(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.path == path)).first()
     if pipeline is not None:
         return _record(pipeline, _version(session, pipeline, pipeline.version))
-    if path == DEFAULT_PIPELINE_PATH and _stored(session, tenant_id, DEFAULT_PIPELINE) is None:
-        return builtin_pipeline()
+    builtin = BUILTIN_PATHS.get(path)
+    if builtin is not None and _stored(session, tenant_id, builtin) is None:
+        return builtin_pipeline(builtin)
     return None
 
 

@@ -105,7 +105,8 @@ def main() -> None:
         from tests.harness import RedisServer
 
         redis_server = RedisServer(base / "redis").start()
-        settings = settings.model_copy(update={"redis_url": redis_server.url})
+        # The api's own diff, not a writer's on Spark (which this bench runs none of).
+        settings = settings.model_copy(update={"redis_url": redis_server.url, "feed_spark_rows": 10 * ROWS})
         migrate(settings.resolved_database_url())
         token = "calve_bench-feed-token-0123456789abcdef"
         with Session(get_engine(settings.resolved_database_url())) as session:

@@ -3,7 +3,10 @@
 Starts `calve up` on a fresh data directory, lets concurrent producers POST 1,000-event NDJSON
 requests with wait=true for a fixed time, then stops it and measures, on the same events, what
 one process does with no HTTP, Redis or Spark: parse with pyarrow, write Parquet, append with
-pyiceberg. The last line of output is one JSON object.
+pyiceberg. It also reports where the cores went in the measured window: CPU seconds per role (api,
+writers, committer, Spark JVM, redis-server, the load generator itself) and per 100,000 committed
+events, and the mean Spark job and commit times from Calve's metrics (tests/bench/profile.py).
+The last line of output is one JSON object.
 
 Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60).
 """
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +33,7 @@ import pyarrow.json as pajson
 from pyiceberg.catalog.sql import SqlCatalog
 
 from service.cli.processes import free_port
+from tests.bench.profile import Sample, breakdown, sample, table
 
 EVENTS_PER_REQUEST = 1000
 TOKEN = "calve_bench-token-0123456789abcdefghijklmnopqrstuv"
@@ -77,8 +82,23 @@ def start_stack(data_dir: Path, port: int) -> subprocess.Popen:
     raise SystemExit("calve up did not become ready within 240 s")
 
 
-async def produce(port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float) -> tuple[int, list[float], int]:
-    """Run producers; returns (events acknowledged as committed in the window, latencies, failures).
+def operator_token(data_dir: Path) -> str:
+    """An operator token of the stack's metadata DB: /metrics is theirs to read."""
+    from sqlmodel import Session
+
+    from service.core.config import Settings
+    from service.core.db import get_engine
+    from service.tenancy.tenants import issue_token
+
+    with Session(get_engine(Settings(data_dir=data_dir).resolved_database_url())) as session:
+        return issue_token(session, None, label="bench")[1]
+
+
+async def produce(
+    port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
+) -> tuple[int, list[float], int, Sample, Sample]:
+    """Run producers; returns (events acknowledged as committed in the window, latencies, failures,
+    and the stack's CPU and metrics sampled as the window opened and closed).
 
     aiohttp rather than httpx: with hundreds of connections httpx's pool costs the load generator
     most of a core, which on this machine is taken from the system under test.
@@ -122,12 +142,14 @@ async def produce(port: int, bodies: list[bytes], seconds: float, producers: int
         say(f"  warm-up: {committed / warmup_s:,.0f} events/s committed, p50 {statistics.median(latencies) if latencies else float('nan'):.2f}s (not counted)")
         committed = 0
         latencies.clear()
+        opened = await asyncio.to_thread(take_sample)
         start = time.monotonic()
         end = start + seconds
         progress = asyncio.create_task(report_progress(lambda: committed, start, end))
         await asyncio.gather(*(one(i, start, end) for i in range(producers)))
         progress.cancel()
-    return committed, latencies, failures
+        closed = await asyncio.to_thread(take_sample)
+    return committed, latencies, failures, opened, closed
 
 
 async def report_progress(count, start: float, end: float) -> None:  # noqa: ANN001
@@ -167,9 +189,12 @@ def main() -> None:
         data_dir = work / "data"
         data_dir.mkdir()
         stack = start_stack(data_dir, port)
+        operator = operator_token(data_dir)
         try:
             say(f"load: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events, wait=true, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
-            committed, latencies, failures = asyncio.run(produce(port, bodies, seconds, producers, warmup_s))
+            committed, latencies, failures, opened, closed = asyncio.run(
+                produce(port, bodies, seconds, producers, warmup_s, lambda: sample(stack.pid, port, operator))
+            )
         finally:
             stack.send_signal(signal.SIGTERM)
             stack.wait(120)
@@ -177,6 +202,8 @@ def main() -> None:
         p50 = statistics.median(latencies) if latencies else float("nan")
         p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
         say(f"calve: {rate:,.0f} events/s committed; wait=true ack p50 {p50:.2f}s p99 {p99:.2f}s; {failures} non-200 answers")
+        profile = breakdown(opened, closed, committed)
+        say("where the cores went in the measured window:\n" + table(profile))
         say("baseline: pyarrow parse + Parquet + pyiceberg append, one process ...")
         base = baseline(bodies, work, batches=20)
         say(f"baseline: {base:,.0f} events/s")
@@ -186,6 +213,7 @@ def main() -> None:
         "ack_p99_s": round(p99, 3),
         "baseline_events_per_s": round(base, 1),
         "ratio": round(rate / base, 3) if base else None,
+        **profile,
     }).decode(), flush=True)
 
 

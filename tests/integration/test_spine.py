@@ -8,8 +8,11 @@ import uuid
 
 import orjson
 import pytest
+from sqlmodel import Session
 
 from service.core import keys
+from service.core.db import get_engine
+from service.tenancy.tenants import issue_token
 from tests.conftest import Stack, wait_until
 
 pytestmark = pytest.mark.spark
@@ -141,10 +144,15 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
 
 
 def test_readyz_and_metrics(stack: Stack) -> None:
+    """/metrics names every tenant and table: an operator token reads it, a tenant's cannot."""
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        _row, operator = issue_token(session, None, label="prometheus")
     with stack.client() as http:
         assert http.get("/healthz").json() == {"status": "ok"}
         assert http.get("/readyz").status_code == 200
         assert http.post("/logs?wait=true", json={"id": "m"}).status_code == 200
+        assert http.get("/metrics").status_code == 403, "a tenant's admin token does not read every tenant's series"
+    with stack.client(operator) as http:
         text = http.get("/metrics").text
     assert 'calve_events_received_total{pipeline="logs",tenant="demo"} 1.0' in text
     assert 'calve_stream_backlog{name="logs",stream="input",tenant="demo"} 0.0' in text
@@ -157,10 +165,13 @@ def test_readyz_and_metrics(stack: Stack) -> None:
         assert http.post("/logs", content=b"{", headers={"Content-Type": "application/json"}).status_code == 401
     with stack.client() as http:
         assert http.post("/logs", content=b"{not json", headers={"Content-Type": "application/json"}).status_code == 400
+    with stack.client(operator) as http:
         text = http.get("/metrics").text
     assert 'calve_auth_failures_total{reason="missing"} 2.0' in text
     assert 'calve_auth_failures_total{reason="unknown"} 1.0' in text
     assert 'calve_requests_rejected_total{reason="bad_request_body",tenant="demo"} 1.0' in text
+    with stack.client(None) as http:
+        assert http.get("/metrics").status_code == 401
 
 
 def test_readyz_names_what_is_missing(stack_factory) -> None:  # noqa: ANN001
@@ -174,9 +185,12 @@ def test_readyz_names_what_is_missing(stack_factory) -> None:  # noqa: ANN001
 def test_console_page_is_served(stack_factory) -> None:  # noqa: ANN001
     stack = stack_factory(roles=("api",))
     with stack.client(None) as http:
-        page = http.get("/")
+        page = http.get("/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+        probe = http.get("/", headers={"Accept": "application/vnd.elasticsearch+json; compatible-with=8"})
     assert page.status_code == 200
     assert "Calve console" in page.text and "/v1/tables" in page.text
+    assert probe.headers["x-elastic-product"] == "Elasticsearch", "shippers' probe of an Elasticsearch endpoint"
+    assert probe.json()["version"]["number"].startswith("8.")
 
 
 def test_retried_request_with_idempotency_key_is_committed_once(stack: Stack) -> None:

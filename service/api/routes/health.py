@@ -1,4 +1,4 @@
-"""GET /healthz (alive), GET /readyz (every dependency answers), GET /metrics."""
+"""GET /healthz (alive), GET /readyz (every dependency answers), GET /metrics (operator tokens)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from service.api.deps import CatalogDep, SettingsDep, SyncRedisDep
-from service.api.errors import ErrorBody
+from service.api.deps import CatalogDep, OperatorPrincipal, SettingsDep, SyncRedisDep
+from service.api.errors import AUTH_ERRORS, DESCRIPTIONS, ErrorBody
 from service.core import metrics
 from service.core.db import get_engine
 
@@ -77,7 +77,12 @@ def readyz(request: Request, settings: SettingsDep, client: SyncRedisDep, catalo
 
 @router.get(
     "/metrics", response_class=PlainTextResponse,
-    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+               # Spelled out: with a model, FastAPI would document them in the route's text/plain.
+               **{code: {"description": DESCRIPTIONS[code], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+                  for code in AUTH_ERRORS}},
 )
-def prometheus_metrics(client: SyncRedisDep) -> Response:
+def prometheus_metrics(_operator: OperatorPrincipal, client: SyncRedisDep) -> Response:
+    """Every tenant's and table's series, so an operator token's only: a tenant must not learn the
+    others' names or volumes (Prometheus sends it with `authorization: {credentials_file: ...}`)."""
     return Response(metrics.render(client), media_type=CONTENT_TYPE_LATEST)

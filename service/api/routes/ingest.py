@@ -3,8 +3,10 @@ optionally wait for their commit."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 
 import redis.asyncio as aioredis
@@ -24,11 +26,11 @@ from service.api.deps import (
     WaiterDep,
 )
 from service.api.errors import AUTH_ERRORS, error_responses, method_not_allowed
-from service.api.events import decode_body, parse_events
+from service.api.events import ParsedBody, decode_body, parse_events
 from service.api.waiter import ReceiptWaiter
 from service.core import metrics
 from service.core.config import Settings
-from service.pipelines.spec import PATH_PATTERN, RESERVED_PATH_PREFIXES
+from service.pipelines.spec import PATH_PATTERN, is_reserved_path
 from service.pipelines.store import PipelineRecord, find_by_path
 from service.protocol.receipts import COMMITTED, FAILED
 from service.tenancy.limits import TenantLimits
@@ -77,17 +79,28 @@ async def ingest(
     wait: bool = Query(False, description="answer only after the events are committed"),
     timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait with wait=true (default 30)"),
 ) -> JSONResponse:
-    state = request.app.state
-    if state.draining:
+    refuse_while_draining(request)
+    pipeline = await _pipeline_at(request, principal.tenant, "/" + path)
+    with in_flight(request):
+        return await _ingest(request, principal, pipeline, buffer, waiter, limits, settings, wait, timeout)
+
+
+def refuse_while_draining(request: Request, headers: dict[str, str] | None = None) -> None:
+    if request.app.state.draining:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             "this api process is shutting down; nothing was accepted, retry (another replica will take it)",
-            headers={"Retry-After": "1"},
+            headers={"Retry-After": "1", **(headers or {})},
         )
-    pipeline = await _pipeline_at(request, principal.tenant, "/" + path)
+
+
+@contextlib.contextmanager
+def in_flight(request: Request) -> Iterator[None]:
+    """Counts the request among those a draining api waits for."""
+    state = request.app.state
     state.in_flight += 1
     try:
-        return await _ingest(request, principal, pipeline, buffer, waiter, limits, settings, wait, timeout)
+        yield
     finally:
         state.in_flight -= 1
 
@@ -101,10 +114,10 @@ async def no_such_endpoint(path: str, request: Request) -> None:
 
 async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
     """The name of the tenant's pipeline at `path`, or 404 saying how to find the right one."""
-    if path.startswith(RESERVED_PATH_PREFIXES) and (wrong_method := method_not_allowed(request)):
+    if is_reserved_path(path) and (wrong_method := method_not_allowed(request)):
         raise wrong_method
     record = None
-    if PATH_PATTERN.fullmatch(path) and not path.startswith(RESERVED_PATH_PREFIXES):
+    if PATH_PATTERN.fullmatch(path) and not is_reserved_path(path):
         engine = request.app.state.engine
 
         def load() -> PipelineRecord | None:
@@ -138,12 +151,50 @@ async def _ingest(
         metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
         raise
 
+    receipt_id, replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
+    return await _answer(waiter, tenant, receipt_id, parsed.events, wait, timeout, settings, replay=replay)
+
+
+async def accept_converted(
+    request: Request, principal: Principal, buffer: RequestBuffer, limits: TenantLimits, settings: Settings, pipeline: str,
+    convert: Callable[[bytes], bytes],
+) -> str | None:
+    """A shipper's protocol request: its body (within the limits, gunzipped) turned into NDJSON
+    events by `convert` (off the event loop; BadRequestBody when it cannot), then buffered as one
+    request of `pipeline` like a POST to its path. Its receipt; None if it held no event."""
+    refuse_while_draining(request)
+    tenant = principal.tenant
+    if not principal.may_ingest_into(pipeline):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token may not ingest into pipeline {pipeline!r}")
+    try:
+        raw = await read_body(request, settings.max_body_bytes)
+        body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
+        lines = await run_in_threadpool(convert, body)
+        if not lines:
+            return None
+        parsed = await run_in_threadpool(parse_events, lines, "application/x-ndjson", settings.max_events_per_request)
+    except Exception as exc:
+        metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
+        raise
+    idempotency = idempotency_digest(request.headers.get("idempotency-key"))
+    with in_flight(request):
+        receipt_id, _replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
+    return receipt_id
+
+
+async def accept(
+    buffer: RequestBuffer, limits: TenantLimits, principal: Principal, settings: Settings, pipeline: str,
+    parsed: ParsedBody, idempotency: str | None, size: int,
+) -> tuple[str, bool]:
+    """Buffer a request's events, within the tenant's limits and once per idempotency key: its
+    receipt, and whether it is the first request's (this one being a retry of it)."""
+    tenant = principal.tenant
     receipt_id = uuid.uuid4().hex
     try:
         # A retry of a request already accepted is answered first: no limits charged, nothing buffered.
         first = await buffer.first_receipt(tenant, idempotency) if idempotency else None
         if first is None:
-            await _check_limits(limits, principal, settings, parsed.events, len(body))
+            await check_limits(limits, principal, settings, parsed.events, size)
             first = await buffer.add(tenant, pipeline, receipt_id, parsed, idempotency)
     except aioredis.RedisError as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, "redis_unavailable").inc()
@@ -153,10 +204,10 @@ async def _ingest(
             headers={"Retry-After": "5"},
         ) from exc
     if first:
-        return await _answer(waiter, tenant, first, parsed.events, wait, timeout, settings, replay=True)
+        return first, True
     metrics.EVENTS_RECEIVED.labels(tenant, pipeline).inc(parsed.events)
-    metrics.BYTES_RECEIVED.labels(tenant, pipeline).inc(len(body))
-    return await _answer(waiter, tenant, receipt_id, parsed.events, wait, timeout, settings)
+    metrics.BYTES_RECEIVED.labels(tenant, pipeline).inc(size)
+    return receipt_id, False
 
 
 async def _answer(
@@ -180,7 +231,7 @@ async def _answer(
     return JSONResponse(answer, status_code=status.HTTP_200_OK, headers=headers)
 
 
-async def _check_limits(limits: TenantLimits, principal: Principal, settings: Settings, events: int, size: int) -> None:
+async def check_limits(limits: TenantLimits, principal: Principal, settings: Settings, events: int, size: int) -> None:
     """Refuse early what the tenant may not add now: over its backlog cap, or over its rate."""
     tenant = principal.tenant
     cap = principal.max_backlog_events or settings.max_backlog_events

@@ -1,0 +1,253 @@
+"""Elasticsearch's bulk API, for the shippers and clients that speak it (the `elasticsearch`
+client's helpers.bulk; Vector, Fluent Bit, Logstash and Filebeat outputs).
+
+`POST|PUT /_bulk` and `/{index}/_bulk` take the bulk NDJSON: an action line, then (for index and
+create) the document. An item's index names a pipeline of the tenant; its documents become that
+pipeline's events, buffered as one request per pipeline exactly as a POST to its path would be.
+- `index`, `create`: the document is an event. On a pipeline that changes rows by key (a sink
+  with one identifier column and an `operation` that is a field name), the item's `_id` fills the
+  identifier when the document lacks it, and the operation field says `insert`.
+- `delete`: on such a pipeline, an event of the identifier (from `_id`) and operation `delete`;
+  on any other pipeline it is refused for that item (400): there is no key to delete by.
+- `update`: refused for that item (400): a partial document cannot be Calve's whole-row update.
+The answer is the bulk format (`took`, `errors`, `items` with a status each: 201 created, 200
+deleted, 4xx with an error); refused items leave the others accepted. Every answer here carries
+`X-Elastic-Product: Elasticsearch`, which current clients check before they trust an answer.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+import redis.asyncio as aioredis
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from sqlmodel import Session
+
+from service.api.bodies import read_body
+from service.api.deps import (
+    BufferDep,
+    IngestPrincipal,
+    LimitsDep,
+    SettingsDep,
+    TableName,
+)
+from service.api.buffer import RequestBuffer
+from service.api.errors import AUTH_ERRORS, error_responses
+from service.api.events import ParsedBody, decode_body, parse_events
+from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining
+from service.core import metrics
+from service.core.config import Settings
+from service.core.exceptions import BadRequestBody, NotFound
+from service.pipelines.store import PipelineRecord, get_pipeline
+from service.tenancy.limits import TenantLimits
+from service.tenancy.tenants import Principal
+
+router = APIRouter(tags=["elasticsearch"], responses=error_responses(*AUTH_ERRORS))
+PRODUCT = {"X-Elastic-Product": "Elasticsearch"}
+VERSION = "8.17.0"  # what shippers read from GET / to pick the bulk dialect (no mapping types)
+FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ACTIONS = ("index", "create", "delete", "update")
+# What clients put in action lines: _index and _id are read; the rest (routing, versions, ingest
+# pipelines, the old mapping type) mean nothing to Calve and are ignored, as Elasticsearch would
+# refuse any other key.
+METADATA = {"_index", "_id", "_type", "routing", "pipeline", "require_alias", "require_data_stream", "version",
+            "version_type", "if_seq_no", "if_primary_term", "retry_on_conflict", "dynamic_templates", "list_executed_pipelines"}
+BULK_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "Elasticsearch bulk NDJSON: an action line ({\"index\": {\"_index\": \"logs\"}}), then the document",
+        "content": {
+            "application/x-ndjson": {"schema": {"type": "string"}},
+            # A body of one line is JSON too; the one action that needs no document line after it:
+            "application/json": {"schema": {
+                "type": "object", "required": ["delete"], "additionalProperties": False,
+                "properties": {"delete": {"type": "object", "additionalProperties": False, "properties": {
+                    "_index": {"type": "string"}, "_id": {"type": ["string", "integer"]}, **{key: {} for key in sorted(METADATA - {"_index", "_id"})},
+                }}},
+            }},
+        },
+    }
+}
+BULK_ERRORS = error_responses(400, 404, 413, 422, 429, 503)
+
+
+def cluster_info() -> JSONResponse:
+    """What `GET /` answers a JSON client: enough of Elasticsearch's for shippers' version probes."""
+    return JSONResponse({
+        "name": "calve", "cluster_name": "calve", "cluster_uuid": "calve",
+        "version": {"number": VERSION, "build_flavor": "default", "lucene_version": "9.12.0",
+                    "minimum_wire_compatibility_version": "7.17.0", "minimum_index_compatibility_version": "7.0.0"},
+        "tagline": "You Know, for Search",
+    }, headers=PRODUCT)
+
+
+@dataclass
+class _Target:
+    """One pipeline's share of a bulk request."""
+
+    record: PipelineRecord
+    operation: str | None  # the field a row-changing sink reads its operation from
+    identifier: str | None
+    lines: list[bytes] = field(default_factory=list)
+    items: list[int] = field(default_factory=list)  # positions in the answer
+
+
+def _row_changes(record: PipelineRecord) -> tuple[str | None, str | None]:
+    for sink in record.definition.sinks:
+        keys = sink.identifier_columns or []
+        if sink.operation and FIELD.fullmatch(sink.operation) and len(keys) == 1:
+            return sink.operation, keys[0]
+    return None, None
+
+
+def _item(action: str, index: str, doc_id: str, status_code: int, error: str | None = None, kind: str = "illegal_argument_exception") -> dict:
+    body: dict = {"_index": index, "_id": doc_id, "status": status_code}
+    if error is None:
+        body |= {"_version": 1, "result": "deleted" if action == "delete" else "created",
+                 "_shards": {"total": 1, "successful": 1, "failed": 0}}
+    else:
+        body["error"] = {"type": kind, "reason": error}
+    return {action: body}
+
+
+def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dict[str, _Target]]:  # noqa: ANN001 - name -> PipelineRecord
+    """The answer's items (refused ones filled in) and the events per pipeline."""
+    lines = [line for line in body.split(b"\n") if line.strip()]
+    if not lines:
+        raise BadRequestBody("the bulk body is empty: send an action line, then the document, per item")
+    items: list[dict] = []
+    targets: dict[str, _Target] = {}
+    position = 0
+    while position < len(lines):
+        try:
+            action_line = orjson.loads(lines[position])
+        except orjson.JSONDecodeError as exc:
+            raise BadRequestBody(f"bulk line {position + 1} is not JSON: {exc}") from None
+        position += 1
+        if not isinstance(action_line, dict) or len(action_line) != 1 or next(iter(action_line)) not in ACTIONS:
+            raise BadRequestBody(f"bulk line {position}: an action is one of {list(ACTIONS)} with its metadata, e.g. {{\"index\": {{}}}}")
+        action, meta = next(iter(action_line.items()))
+        if not isinstance(meta, dict):
+            raise BadRequestBody(f"bulk line {position}: the {action} action's metadata is an object, e.g. {{\"_index\": \"logs\"}}")
+        if unknown := sorted(set(meta) - METADATA):
+            raise BadRequestBody(f"bulk line {position}: unknown action metadata {unknown[:5]}; Calve reads _index and _id")
+        if not isinstance(meta.get("_index", ""), str) or not isinstance(meta.get("_id", ""), (str, int)) or isinstance(meta.get("_id"), bool):
+            raise BadRequestBody(f"bulk line {position}: _index is a string, _id a string or an integer")
+        document = None
+        if action != "delete":
+            if position >= len(lines):
+                raise BadRequestBody(f"bulk line {position}: the {action} action has no document line after it")
+            try:
+                document = orjson.loads(lines[position])
+            except orjson.JSONDecodeError:
+                document = None
+            position += 1
+        index = str(meta.get("_index") or default_index or "")
+        doc_id = str(meta["_id"]) if meta.get("_id") is not None else uuid.uuid4().hex
+        if not index:
+            items.append(_item(action, index, doc_id, 400, "no index: name one in the action or the path (/{index}/_bulk)"))
+            continue
+        if index not in targets:
+            try:
+                record = load(index)
+            except NotFound:
+                items.append(_item(action, index, doc_id, 404, f"no pipeline {index!r}: an index is a pipeline of the tenant", "index_not_found_exception"))
+                continue
+            targets[index] = _Target(record, *_row_changes(record))
+        target = targets[index]
+        if action == "update":
+            items.append(_item(action, index, doc_id, 400, "update is not supported: send the whole document with index"))
+            continue
+        if action == "delete":
+            if target.operation is None:
+                items.append(_item(action, index, doc_id, 400, f"pipeline {index!r} does not change rows by key "
+                                   "(a sink with one identifier column and an operation field): nothing to delete by"))
+                continue
+            event = {target.identifier: doc_id, target.operation: "delete"}
+        else:
+            if not isinstance(document, dict):
+                items.append(_item(action, index, doc_id, 400, "the document is not a JSON object", "mapper_parsing_exception"))
+                continue
+            event = document
+            if target.operation is not None:
+                event.setdefault(target.identifier, doc_id)
+                event[target.operation] = "insert"
+        target.lines.append(orjson.dumps(event))
+        target.items.append(len(items))
+        items.append(_item(action, index, doc_id, 200 if action == "delete" else 201))
+    return items, targets
+
+
+async def bulk(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
+               index: str | None) -> JSONResponse:
+    """Every item is checked and every target's events parsed before anything is buffered, and the
+    tenant's limits are charged once for the whole request: a refusal (400, 413, 429, 503) leaves
+    nothing of the request accepted, so the shipper's retry of the whole body duplicates nothing."""
+    started = time.monotonic()
+    tenant = principal.tenant
+    refuse_while_draining(request, PRODUCT)
+    raw = await read_body(request, settings.max_body_bytes)
+    body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
+    engine = request.app.state.engine
+
+    def load(name: str) -> PipelineRecord:
+        with Session(engine) as session:
+            return get_pipeline(session, tenant, name)
+
+    items, targets = await run_in_threadpool(_plan, body, index, load)
+    batches: list[tuple[str, ParsedBody]] = []
+    for name, target in targets.items():
+        if not target.lines:
+            continue
+        if not principal.may_ingest_into(name):
+            for position in target.items:
+                action = next(iter(items[position]))
+                items[position] = _item(action, name, items[position][action]["_id"], 403,
+                                        f"this token may not ingest into pipeline {name!r}", "security_exception")
+            continue
+        batches.append((name, await run_in_threadpool(parse_events, b"\n".join(target.lines), "application/x-ndjson",
+                                                      settings.max_events_per_request)))
+    try:
+        with in_flight(request):
+            if batches:
+                await check_limits(limits, principal, settings, sum(p.events for _n, p in batches), sum(len(p.ndjson) for _n, p in batches))
+            for name, parsed in batches:
+                await buffer.add(tenant, name, uuid.uuid4().hex, parsed, None)
+                metrics.EVENTS_RECEIVED.labels(tenant, name).inc(parsed.events)
+                metrics.BYTES_RECEIVED.labels(tenant, name).inc(len(parsed.ndjson))
+    except aioredis.RedisError as exc:
+        metrics.REQUESTS_REJECTED.labels(tenant, "redis_unavailable").inc()
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the buffer (Redis) is unavailable; retry later",
+                            headers={"Retry-After": "5", **PRODUCT}) from exc
+    errors = any("error" in next(iter(item.values())) for item in items)
+    return JSONResponse({"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}, headers=PRODUCT)
+
+
+@router.post("/_bulk", openapi_extra=BULK_BODY, responses=BULK_ERRORS)
+async def bulk_any(request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep) -> Response:
+    return await bulk(request, principal, settings, buffer, limits, None)
+
+
+@router.put("/_bulk", openapi_extra=BULK_BODY, responses=BULK_ERRORS)
+async def bulk_any_put(request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep) -> Response:
+    return await bulk(request, principal, settings, buffer, limits, None)
+
+
+@router.post("/{index}/_bulk", openapi_extra=BULK_BODY, responses=BULK_ERRORS)
+async def bulk_index(
+    index: TableName, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep,
+) -> Response:
+    return await bulk(request, principal, settings, buffer, limits, index)
+
+
+@router.put("/{index}/_bulk", openapi_extra=BULK_BODY, responses=BULK_ERRORS)
+async def bulk_index_put(
+    index: TableName, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep,
+) -> Response:
+    return await bulk(request, principal, settings, buffer, limits, index)

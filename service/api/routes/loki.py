@@ -1,0 +1,65 @@
+"""POST /loki/api/v1/push: Grafana Loki's push API, for Promtail, Alloy, and the `loki` outputs of
+Vector and Fluent Bit.
+
+Point the client at `http://calve:8000` (or the full `.../loki/api/v1/push`) with the token as a
+Bearer token, or as the Basic auth password. JSON bodies (gzip or not) and snappy-compressed
+protobuf are taken; each log line becomes an event of the tenant's `loki_logs` pipeline
+(service/pipelines/loki.py), whose processors, routes, table and DLQ apply. 204 once buffered, as
+Loki answers.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request, status
+from fastapi.responses import Response
+
+from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep
+from service.api.errors import AUTH_ERRORS, error_responses
+from service.api.events import media_type
+from service.api.routes.ingest import accept_converted
+from service.core.exceptions import BadRequestBody
+from service.core.keys import LOKI_LOGS_PIPELINE
+from service.pipelines import loki
+
+router = APIRouter(tags=["loki"])
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+LOKI_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": 'Loki push JSON ({"streams": [{"stream": {labels}, "values": [["<unix ns>", "<line>"]]}]}), '
+                       "or a snappy-compressed logproto.PushRequest",
+        "content": {
+            JSON: {"schema": {"type": "object", "required": ["streams"], "properties": {"streams": {"type": "array", "items": {
+                "type": "object", "required": ["stream", "values"], "properties": {
+                    "stream": STRINGS,
+                    "values": {"type": "array", "items": {"type": "array", "minItems": 2, "items": False, "prefixItems": [
+                        {"type": "string", "pattern": "^[0-9]{1,19}$"}, {"type": "string"}, STRINGS,
+                    ]}},
+                }}}}}},
+            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/loki/api/v1/push", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=LOKI_BODY,
+    responses={204: {"description": "the lines are buffered (durable in Redis)"}, **error_responses(*AUTH_ERRORS, 400, 413, 429, 503)},
+)
+async def push(request: Request, principal: IngestPrincipal, buffer: BufferDep, limits: LimitsDep, settings: SettingsDep) -> Response:
+    kind = media_type(request.headers.get("content-type", ""))
+    if kind not in (PROTOBUF, JSON):
+        raise BadRequestBody(f"unsupported Content-Type {kind!r}: Loki's push API takes {JSON} or snappy-compressed {PROTOBUF}")
+    protobuf = kind == PROTOBUF
+
+    def lines(body: bytes) -> bytes:
+        try:
+            return b"\n".join(orjson.dumps(event) for event in loki.events(body, protobuf, settings.max_decompressed_bytes))
+        except loki.LokiError as exc:
+            raise BadRequestBody(str(exc)) from None
+
+    await accept_converted(request, principal, buffer, limits, settings, LOKI_LOGS_PIPELINE, lines)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,99 @@
+"""POST /otlp/v1/logs: OpenTelemetry's OTLP/HTTP logs export, for SDKs and Collectors.
+
+Point an exporter at `http://calve:8000/otlp` (it adds `/v1/logs`) with the header
+`Authorization: Bearer <token>`. The body is an `ExportLogsServiceRequest` in protobuf
+(`application/x-protobuf`) or in the OTLP JSON mapping (`application/json`), gzip or not; each
+LogRecord becomes an event of the tenant's `otel_logs` pipeline (service/pipelines/otel.py), so its
+processors, routes, table and DLQ apply as to any request. The answer is an
+`ExportLogsServiceResponse` in the request's encoding once the records are buffered; with
+`?wait=true` (in the endpoint URL) once they are committed, and then `partial_success` counts the
+records that went to the DLQ. 429 and 503 carry `Retry-After`, which exporters honour by retrying.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from google.protobuf import json_format
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+
+from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
+from service.api.errors import AUTH_ERRORS, error_responses
+from service.api.events import media_type
+from service.api.routes.ingest import accept_converted
+from service.core.exceptions import BadRequestBody
+from service.core.keys import OTEL_LOGS_PIPELINE
+from service.pipelines import otel
+from service.protocol.receipts import COMMITTED, FAILED
+
+router = APIRouter(tags=["otlp"])
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+OTLP_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "an OTLP ExportLogsServiceRequest: protobuf, or the OTLP JSON mapping; Content-Encoding: gzip is accepted",
+        "content": {
+            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+            # The message's structure is protobuf's (opentelemetry-proto), not restated in JSON
+            # Schema: parsing checks it, and an object that is not an export request is a 400.
+            JSON: {"schema": {"type": "object", "description": "the OTLP JSON mapping of ExportLogsServiceRequest: {resourceLogs: [...]}"}},
+        },
+    }
+}
+
+
+def _encode(message: ExportLogsServiceResponse, json: bool) -> Response:
+    if json:
+        return Response(orjson.dumps(json_format.MessageToDict(message)), media_type=JSON)
+    return Response(message.SerializeToString(), media_type=PROTOBUF)
+
+
+@router.post(
+    "/otlp/v1/logs", openapi_extra=OTLP_BODY,
+    responses={
+        200: {"description": "an ExportLogsServiceResponse in the request's encoding",
+              "content": {PROTOBUF: {"schema": {"type": "string", "format": "binary"}}, JSON: {"schema": {"type": "object"}}}},
+        **error_responses(*AUTH_ERRORS, 400, 413, 422, 429, 503),
+    },
+)
+async def export_logs(
+    request: Request, principal: IngestPrincipal, buffer: BufferDep, waiter: WaiterDep, limits: LimitsDep, settings: SettingsDep,
+    wait: bool = Query(False, description="answer once the records are committed; partial_success then counts DLQ'd records"),
+) -> Response:
+    kind = media_type(request.headers.get("content-type", ""))
+    if kind not in (PROTOBUF, JSON):
+        raise BadRequestBody(f"unsupported Content-Type {kind!r}: OTLP/HTTP sends {PROTOBUF} or {JSON}")
+    json = kind == JSON
+    received_ns = time.time_ns()
+    receipt_id = await accept_converted(request, principal, buffer, limits, settings, OTEL_LOGS_PIPELINE,
+                                        lambda body: _event_lines(body, json, received_ns))
+    answer = ExportLogsServiceResponse()
+    if receipt_id is None:
+        return _encode(answer, json)
+    wait_s = min(settings.wait_timeout_s, settings.max_wait_timeout_s)
+    receipt = await waiter.wait(principal.tenant, receipt_id, wait_s) if wait else None
+    if wait and receipt is not None and receipt.status == FAILED:
+        answer.partial_success.rejected_log_records = receipt.events
+        answer.partial_success.error_message = f"the records cannot be committed: {receipt.error}"
+    elif wait and (receipt is None or receipt.status != COMMITTED):
+        # Buffered, not committed in time: still a success (sent again, it would be written twice).
+        answer.partial_success.error_message = (f"accepted as receipt {receipt_id}, not yet committed; "
+                                                f"GET /v1/receipts/{receipt_id} tells when it is")
+    elif receipt is not None and (dead := receipt.public()["dlq_events"]):
+        answer.partial_success.rejected_log_records = dead
+        answer.partial_success.error_message = (f"{dead} log records went to the dead-letter queue; "
+                                                f"GET /v1/dlq?pipeline={OTEL_LOGS_PIPELINE} says why")
+    return _encode(answer, json)
+
+
+def _event_lines(body: bytes, json: bool, received_ns: int) -> bytes:
+    try:
+        request = otel.parse_request(body, json)
+        return b"\n".join(orjson.dumps(event) for event in otel.events(request, received_ns))
+    except otel.OtlpError as exc:
+        raise BadRequestBody(str(exc)) from None

@@ -1,0 +1,91 @@
+"""Where a benchmark's cores go: CPU seconds per role of a running `calve up`, and the Spark and
+commit time its metrics recorded, between two samples.
+
+Roles are told by command line: `service.cli api|writer|committer|up`, the Spark Connect JVM
+(java), redis-server, and the benchmark's own process (the load generator, which shares the
+machine). A process that starts or ends between the samples counts from its first sample or up
+to its last one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import httpx
+import psutil
+
+ROLE_ORDER = ("api", "writer", "committer", "spark", "redis", "supervisor", "load generator")
+METRIC = re.compile(r"^(calve_(?:spark_job|commit)_duration_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+
+
+def role_of(process: psutil.Process) -> str | None:
+    try:
+        command = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    for role in ("api", "writer", "committer"):
+        if f"service.cli {role}" in command:
+            return role
+    if "service.cli up" in command:
+        return "supervisor"
+    if "java" in command and "SparkConnect" in command:
+        return "spark"
+    if "redis-server" in command:
+        return "redis"
+    return None
+
+
+@dataclass
+class Sample:
+    cpu: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (role, user + system seconds)
+    metrics: dict[tuple[str, str], float] = field(default_factory=dict)  # (metric, sum|count) -> value, summed over labels
+
+
+def sample(stack_pid: int, port: int, token: str) -> Sample:
+    taken = Sample()
+    root = psutil.Process(stack_pid)
+    me = psutil.Process()
+    for process in [root, *root.children(recursive=True), me]:
+        role = "load generator" if process.pid == me.pid else role_of(process)
+        if role is None:
+            continue
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        # Threads count; children a role waited for (spark-submit's exec'd JVM is itself) too.
+        taken.cpu[process.pid] = (role, times.user + times.system + times.children_user + times.children_system)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    for name, kind, value in METRIC.findall(text):
+        taken.metrics[(name, kind)] = taken.metrics.get((name, kind), 0.0) + float(value)
+    return taken
+
+
+def breakdown(start: Sample, end: Sample, events: int) -> dict:
+    """CPU seconds per role (and per 100,000 committed events), and mean Spark job and commit times."""
+    cpu: dict[str, float] = {}
+    for pid, (role, seconds) in end.cpu.items():
+        cpu[role] = cpu.get(role, 0.0) + seconds - start.cpu.get(pid, (role, 0.0))[1]
+    per_100k = {role: round(seconds * 100_000 / events, 3) if events else None for role, seconds in cpu.items()}
+    timings = {}
+    for name, short in (("calve_spark_job_duration_seconds", "spark_job"), ("calve_commit_duration_seconds", "commit")):
+        count = end.metrics.get((name, "count"), 0.0) - start.metrics.get((name, "count"), 0.0)
+        total = end.metrics.get((name, "sum"), 0.0) - start.metrics.get((name, "sum"), 0.0)
+        timings[short] = {"count": int(count), "mean_s": round(total / count, 3) if count else None,
+                          "events_each": round(events / count) if count else None}
+    order = {role: index for index, role in enumerate(ROLE_ORDER)}
+    return {
+        "cpu_s": {role: round(cpu[role], 2) for role in sorted(cpu, key=order.get)},
+        "cpu_s_per_100k_events": {role: per_100k[role] for role in sorted(per_100k, key=order.get)},
+        "timings": timings,
+    }
+
+
+def table(profile: dict) -> str:
+    lines = ["  role             CPU s   per 100k events"]
+    for role, seconds in profile["cpu_s"].items():
+        lines.append(f"  {role:<15} {seconds:6.1f}   {profile['cpu_s_per_100k_events'][role]}")
+    for name, timing in profile["timings"].items():
+        lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
+    return "\n".join(lines)
