@@ -37,6 +37,7 @@ BODY = "_calve_body"
 SIZE = "_calve_size"
 OP = "_calve_op"  # row changes: I, U or D
 SEQ = "_calve_seq"  # row changes: the event's place in the batch (request, then line)
+DROPPED = "_calve_dropped"  # the event's top-level fields that no column of its table takes
 INTERNAL = "_calve_"
 # An event's place: its request's index in the batch times LINE_SLOTS plus its line (a request
 # holds at most max_events_per_request events, well below).
@@ -48,6 +49,7 @@ OPERATIONS = {
     "delete": "D", "d": "D",
 }
 MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
+MAX_DROPPED_NAMES = 20  # per table and request: the names a receipt lists of the fields dropped
 # An event the api set aside for the DLQ: "!" + {"reason": ..., "event": <original text>}
 # (= service.ingest.SET_ASIDE_MARK; spark_jobs imports nothing of service).
 SET_ASIDE_MARK = "!"
@@ -95,6 +97,8 @@ class Output:
     directory: str
     rows_by_receipt: dict[str, int] = field(default_factory=dict)
     changes: ChangeSpec | None = None  # row changes to apply (not data files)
+    # receipt -> (up to MAX_DROPPED_NAMES names of fields no column took, events that had any)
+    dropped_by_receipt: dict[str, tuple[list[str], int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -267,6 +271,8 @@ class PipelineJob:
     known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
     dlq_frames: list[DataFrame] = field(default_factory=list)
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
+    dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
+    parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
 
     def run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)
@@ -274,6 +280,7 @@ class PipelineJob:
             self._to_dlq(set_aside_rows(events), F.col(REASON))
             events = events.where(~F.startswith(EVENT, F.lit(SET_ASIDE_MARK)))
         schema = self._known_parse_schema()
+        self.parsed_with_table_schema = schema is not None
         if schema is None:
             schema = infer_event_schema(self.spark, events)
         frame = apply_routes(apply_processors(parse(events, schema), self.definition.processors), self.definition.routes)
@@ -322,9 +329,9 @@ class PipelineJob:
                     continue
                 if target.changes is not None:
                     bound = with_operation(bound, target.changes.operation)
-                converted = self._convert(bound, target)
+                converted = self._convert(bound, target, consumed=operation_fields(sink))
                 written.append((name, converted, target))
-                counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE)))
+                counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE), DROPPED))
         counts = self._counts(counted)
         for name, converted, target in written:
             by_receipt = counts.get(name, {})
@@ -334,10 +341,10 @@ class PipelineJob:
                 # (spark_jobs/changes_job.py): here they are only kept, in the table's types.
                 changes = converted.where(F.col(REASON).isNull()).select(*target.schema.names, OP, SEQ, RECEIPT)
                 changes.write.mode("error").option("compression", "zstd").parquet(target.directory)
-                result.tables[name] = Output(target.directory, good, target.changes)
+                result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}))
             elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
-                result.tables[name] = Output(target.directory, good)
+                result.tables[name] = Output(target.directory, good, dropped_by_receipt=self.dropped.get(name, {}))
             if any(bad for _n, bad in by_receipt.values()):
                 self._to_dlq(converted.where(F.col(REASON).isNotNull()), F.col(REASON))
         result.dlq = self._write_dlq()
@@ -352,8 +359,21 @@ class PipelineJob:
             self._to_dlq(rows.where(~F.col(TABLE).isin(*kept)), F.lit(f"more than {MAX_DYNAMIC_TABLES} tables from {sink.table!r} in one batch"))
         return kept
 
-    def _convert(self, rows: DataFrame, target: Target) -> DataFrame:
-        """Rows in the table's types, with a REASON for those that must go to the DLQ instead."""
+    def _dropped(self, rows: DataFrame, target: Target, consumed: list[str]) -> Column:
+        """The names of the event's top-level fields that no column of the table takes (and no
+        operation reads): what writing the row loses, said in the receipt instead of silently."""
+        taken = [*target.schema.names, *consumed]
+        if self.parsed_with_table_schema:
+            # Parsed with the table's own fields, the others were never read: look at the keys.
+            return F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast("array<string>")), F.array(*[F.lit(n) for n in taken]).cast("array<string>"))
+        extra = [c for c in rows.columns if not c.startswith(INTERNAL) and c not in taken]
+        if not extra:
+            return F.array().cast("array<string>")
+        return F.filter(F.array(*[F.when(F.col(c).isNotNull(), F.lit(c)) for c in extra]), lambda name: name.isNotNull())
+
+    def _convert(self, rows: DataFrame, target: Target, consumed: list[str] = ()) -> DataFrame:
+        """Rows in the table's types, with a REASON for those that must go to the DLQ instead, and
+        the fields no column takes (DROPPED)."""
         source_types = {f.name: f.dataType for f in rows.schema.fields}
         target_fields = from_arrow_schema(target.schema).fields
         keys = set(target.changes.keys) if target.changes is not None else set()
@@ -384,7 +404,8 @@ class PipelineJob:
                 F.lit(" is not insert, update or delete"),
             )))
             extra.append(OP)
-        return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON))
+        return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON),
+                           self._dropped(rows, target, list(consumed)).alias(DROPPED))
 
     def _counts(self, counted: list[DataFrame]) -> dict[str, dict[str, tuple[int, int]]]:
         """Rows per table and receipt to write and to send to the DLQ: one Spark action for all tables."""
@@ -393,12 +414,18 @@ class PipelineJob:
         union = reduce(DataFrame.unionByName, counted)
         bad = F.col(REASON).isNotNull().cast("int")
         good_bytes = F.when(F.col(REASON).isNull(), F.col(SIZE)).otherwise(0)
+        # Rows bound for the DLQ keep their whole event there: only written rows lose fields.
+        dropped = F.when(F.col(REASON).isNull() & (F.size(DROPPED) > 0), F.col(DROPPED))
         rows = union.groupBy(TABLE, RECEIPT).agg(
-            F.count(F.lit(1)).alias("n"), F.sum(bad).alias("bad"), F.sum(good_bytes).alias("bytes")
+            F.count(F.lit(1)).alias("n"), F.sum(bad).alias("bad"), F.sum(good_bytes).alias("bytes"),
+            F.slice(F.array_sort(F.array_distinct(F.flatten(F.collect_list(dropped)))), 1, MAX_DROPPED_NAMES).alias("dropped"),
+            F.count(dropped).alias("dropping"),
         ).collect()
         counts: dict[str, dict[str, tuple[int, int]]] = {}
-        for table, receipt, total, failed, size in rows:
+        for table, receipt, total, failed, size, dropped_names, dropping in rows:
             counts.setdefault(table, {})[receipt] = (total - failed, failed)
+            if dropping:
+                self.dropped.setdefault(table, {})[receipt] = (list(dropped_names), dropping)
             seen_rows, seen_bytes = self.json_bytes.get(table, (0, 0))
             self.json_bytes[table] = (seen_rows + total - failed, seen_bytes + (size or 0))
         return counts

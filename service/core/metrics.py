@@ -24,6 +24,9 @@ EVENTS_RECEIVED = Counter("calve_events_received", "Events accepted into Redis",
 BYTES_RECEIVED = Counter("calve_bytes_received", "Request body bytes accepted (decompressed)", ["tenant", "pipeline"])
 REQUESTS_REJECTED = Counter("calve_requests_rejected", "Ingest requests refused", ["tenant", "reason"])
 EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files by Spark", ["tenant", "table"])
+EVENTS_WITH_DROPPED_FIELDS = Counter(
+    "calve_events_with_dropped_fields", "Events written without some of their fields: no column of the table takes them", ["tenant", "pipeline"]
+)
 BATCHES_SUPERSEDED = Counter(
     "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
 )

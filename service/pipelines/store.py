@@ -2,7 +2,7 @@
 
 Every tenant has the built-in pipelines until it stores its own definition under their names,
 which then replaces one like any other new version: `logs` at `/logs` (every event into the table
-`logs`, created from the first batch), `otel_logs` at `/otel_logs` and `loki_logs` at `/loki_logs`
+`logs`, created from the first batch, every new field a new column), `otel_logs` at `/otel_logs` and `loki_logs` at `/loki_logs`
 (what `POST /otlp/v1/logs` and `POST /loki/api/v1/push` turn into events: OpenTelemetry log records
 and Loki log lines, each into a table of its name with a declared schema, partitioned by day).
 """
@@ -48,7 +48,8 @@ BUILTIN_DEFINITIONS = {
     DEFAULT_PIPELINE: {
         "name": DEFAULT_PIPELINE,
         "source": {"http": {"path": DEFAULT_PIPELINE_PATH}},
-        "sinks": [{"table": DEFAULT_TABLE, "auto_create": True}],
+        # Evolving, so that no field a producer sends is dropped (the table takes each new one).
+        "sinks": [{"table": DEFAULT_TABLE, "auto_create": True, "schema_evolution": True}],
     },
     **{
         name: {"name": name, "source": {"http": {"path": f"/{name}"}}, "sinks": [{"table": name, "auto_create": True, "schema": schema}]}

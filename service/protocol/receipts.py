@@ -32,16 +32,20 @@ ERROR = "error"  # why the receipt failed
 WRITTEN_PREFIX = "written:"  # written:<table> = rows
 COMMITTED_PREFIX = "committed:"  # committed:<table> = "<snapshot id>:<rows>"
 CHANGES_PREFIX = "changes:"  # changes:<table> = JSON {inserted, updated, deleted, noop} (row changes)
+DROPPED_PREFIX = "dropped:"  # dropped:<table> = JSON [names of fields no column took] (writer)
 
 
-def written_fields(rows_by_table: dict[str, int], now: str) -> list[str]:
-    """The writer's update of a receipt: the rows each table got, or committed at once when its
-    events went to no table (all filtered out or routed nowhere)."""
+def written_fields(rows_by_table: dict[str, int], now: str, dropped_by_table: dict[str, list[str]] | None = None) -> list[str]:
+    """The writer's update of a receipt: the rows each table got (and the names of the fields no
+    column of it took), or committed at once when its events went to no table (all filtered out or
+    routed nowhere)."""
     if not rows_by_table:
         return [STATUS, COMMITTED, TABLES, "0", WRITTEN_AT, now, COMMITTED_AT, now]
     fields = [STATUS, WRITTEN, TABLES, str(len(rows_by_table)), WRITTEN_AT, now]
     for table, rows in rows_by_table.items():
         fields += [f"{WRITTEN_PREFIX}{table}", str(rows)]
+    for table, names in (dropped_by_table or {}).items():
+        fields += [f"{DROPPED_PREFIX}{table}", orjson.dumps(names).decode()]
     return fields
 
 
@@ -90,6 +94,8 @@ def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Recei
             entry["rows"] = int(rows)
         elif name.startswith(CHANGES_PREFIX):
             tables.setdefault(name[len(CHANGES_PREFIX):], {})["changes"] = orjson.loads(value)
+        elif name.startswith(DROPPED_PREFIX):
+            tables.setdefault(name[len(DROPPED_PREFIX):], {})["dropped_fields"] = orjson.loads(value)
     return Receipt(
         id=receipt_id,
         status=fields.get(STATUS, BUFFERED),

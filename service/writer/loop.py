@@ -317,10 +317,18 @@ class Writer:
                 batch.tenant, keys.DLQ_TABLE, list_data_files(result.dlq.directory) if result.dlq is not None else [],
                 dlq_rows, deletes=[dlq_id for _receipt, dlq_id in replayed],
             ))
+        dropped: dict[str, dict[str, list[str]]] = {}  # receipt -> table -> names
+        dropping = 0
+        for table, output in result.tables.items():
+            for receipt, (names, events) in output.dropped_by_receipt.items():
+                dropped.setdefault(receipt, {})[table] = names
+                dropping += events
         fault_point(faults.WRITER_AFTER_SPARK_JOB)
-        if self.hand_off(batch, written):
+        if self.hand_off(batch, written, dropped):
             for files in written:
                 metrics.EVENTS_WRITTEN.labels(batch.tenant, files.table).inc(files.rows)
+            if dropping:
+                metrics.EVENTS_WITH_DROPPED_FIELDS.labels(batch.tenant, batch.pipeline).inc(dropping)
         return written
 
     @staticmethod
@@ -341,7 +349,7 @@ class Writer:
             self.pipelines.forget((tenant, name))
         return self.pipelines.get((tenant, name), load)
 
-    def hand_off(self, batch: Batch, written: list[FilesWritten]) -> bool:
+    def hand_off(self, batch: Batch, written: list[FilesWritten], dropped: dict[str, dict[str, list[str]]] | None = None) -> bool:
         """Record the files for the committer and acknowledge the input, atomically, if this
         writer still owns every entry of the batch; False (files orphaned) when it does not.
 
@@ -358,7 +366,7 @@ class Writer:
             if not tables:
                 done_events += entry.events
                 done.append(entry.receipt)
-            hset.append((keys.receipt_key(batch.tenant, entry.receipt), written_fields(tables, now)))
+            hset.append((keys.receipt_key(batch.tenant, entry.receipt), written_fields(tables, now, (dropped or {}).get(entry.receipt))))
         handed = self._settle(batch, HandOffPlan(
             xadd=[
                 (keys.commit_stream_key(files.tenant, files.table), files.to_fields(self.name))

@@ -405,3 +405,53 @@ def test_a_request_that_breaks_its_batchs_plan_fails_alone(stack_factory) -> Non
     assert states == {i: "committed" for i in range(6)}
     assert sorted(r["id"] for r in stack.rows("tagged")) == [0, 1, 2, 3, 5]
     assert [(orjson.loads(r["event"])["id"], r["receipt"]) for r in dlq(stack)] == [(4, receipts[4])]
+
+
+def test_fields_no_column_takes_are_named_in_the_answer_and_counted(stack: Stack) -> None:
+    """No field is dropped in silence: a table without schema evolution names, per request, the
+    fields it did not take (whether the events were parsed with the table's schema or inferred),
+    a processor's `drop` is on purpose and not reported, and the built-in `logs` evolves instead."""
+    from sqlmodel import Session
+
+    from service.core.db import get_engine
+    from service.tenancy.tenants import issue_token
+
+    create(stack, {
+        "name": "declared", "source": {"http": {"path": "/declared"}},
+        "sinks": [{"table": "declared", "auto_create": True, "schema": {"columns": [
+            {"name": "id", "type": "string", "required": True}, {"name": "n", "type": "long"}]}}],
+    })
+    create(stack, {
+        "name": "trimmed", "source": {"http": {"path": "/trimmed"}}, "processors": [{"drop": ["debug"]}],
+        "sinks": [{"table": "trimmed", "auto_create": True, "schema": {"columns": [{"name": "id", "type": "string", "required": True}]}}],
+    })
+    # The first request creates the table (its events' types are inferred); the next ones are
+    # parsed with the table's schema, which never reads the other fields.
+    first = send(stack, "/declared", [{"id": "a", "n": 1, "color": "red"}, {"id": "b", "n": 2}])
+    assert first["tables"]["declared"]["dropped_fields"] == ["color"]
+    later = send(stack, "/declared", [{"id": "c", "zeta": 1, "alpha": {"x": 1}}, {"id": "d", "n": 4, "alpha": None}, {"id": "e"}])
+    assert later["tables"]["declared"]["dropped_fields"] == ["alpha", "zeta"]
+    clean = send(stack, "/declared", [{"id": "f", "n": 6}])
+    assert "dropped_fields" not in clean["tables"]["declared"]
+    many = send(stack, "/declared", [{"id": "g", **{f"f{i:02}": i for i in range(30)}}])
+    assert many["tables"]["declared"]["dropped_fields"] == [f"f{i:02}" for i in range(20)], "at most 20 names, sorted"
+    trimmed = send(stack, "/trimmed", [{"id": "t", "debug": "x", "extra": 1}])
+    assert trimmed["tables"]["trimmed"]["dropped_fields"] == ["extra"]
+    with stack.client() as http:
+        receipt = http.get(f"/v1/receipts/{later['receipt']}").json()
+    assert receipt["tables"]["declared"]["dropped_fields"] == ["alpha", "zeta"]
+    assert {r["id"]: r["n"] for r in stack.rows("declared")} == {"a": 1, "b": 2, "c": None, "d": 4, "e": None, "f": 6, "g": None}
+
+    # The built-in logs pipeline takes every new field as a column.
+    send(stack, "/logs", [{"id": "l1", "msg": "x"}])
+    grown = send(stack, "/logs", [{"id": "l2", "msg": "y", "user": {"name": "ann"}, "n": 3}])
+    assert "dropped_fields" not in grown["tables"]["logs"]
+    assert {r["id"]: (r["n"], r["user"]) for r in stack.rows("logs")} == {"l1": (None, None), "l2": (3, {"name": "ann"})}
+
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        _row, operator = issue_token(session, None, label="prometheus")
+    with stack.client(operator) as http:
+        text = http.get("/metrics").text
+    assert 'calve_events_with_dropped_fields_total{pipeline="declared",tenant="demo"} 4.0' in text
+    assert 'calve_events_with_dropped_fields_total{pipeline="trimmed",tenant="demo"} 1.0' in text
+    assert 'calve_events_with_dropped_fields_total{pipeline="logs"' not in text
