@@ -22,10 +22,9 @@ run: $(STAMP) system-deps
 	$(VENV)/bin/calve up
 
 # Two pytest workers (each with its own redis-server and Spark Connect server); a test file runs
-# whole on one of them, but the fault suite runs in two halves, one per worker, longest groups
-# first (tests/conftest.py: pytest_collection_modifyitems).
+# whole on one of them, so the fault suite's scenarios still run one after another.
 test: $(STAMP) system-deps
-	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP) system-deps
 	$(PY) -m tests.bench.ingest_bench

@@ -57,43 +57,6 @@ def postgres_database(prefix: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-# `make test` runs two pytest workers with `--dist loadgroup --no-loadscope-reorder`: a group runs
-# whole on one worker, and groups are handed out in the order this hook leaves them. A test module
-# is one group (as `--dist loadfile` makes it: module fixtures and servers stay on one worker),
-# except the fault suite, split in two halves, one per worker: whole, it kept one worker busy for
-# six minutes after the other had finished. The longest groups go first (seconds measured under
-# `make test`), so no worker picks up a long one at the end.
-CHAOS_HALVES = {
-    "poison_tenant": 0, "redis_killed": 0, "committer_killed_before_commit": 0, "committer_paused_past_lease": 0,
-    "spark_stopped": 1, "catalog_unavailable": 1, "writer_killed_mid_job": 1, "committer_killed_after_commit": 1,
-    "idempotent_retries": 1,
-}
-GROUP_SECONDS = {
-    "chaos-0": 170, "chaos-1": 180,
-    "tests/integration/test_row_changes.py": 260, "tests/api/test_contract.py": 80,
-    "tests/integration/test_compaction.py": 110, "tests/integration/test_pipelines.py": 150,
-    "tests/integration/test_committer.py": 120, "tests/integration/test_writer.py": 80,
-    "tests/integration/test_change_feed.py": 70, "tests/integration/test_spine.py": 70,
-}
-
-
-def xdist_group_of(item: pytest.Item) -> str:
-    module = item.nodeid.split("::", 1)[0]
-    if module == "tests/chaos/test_chaos.py":
-        scenario = item.callspec.params["scenario"].name
-        return f"chaos-{CHAOS_HALVES.get(scenario, 0)}"
-    return module
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    groups = {item.nodeid: xdist_group_of(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    collected = {group: index for index, group in reversed(list(enumerate(groups.values())))}
-    items.sort(key=lambda item: (-GROUP_SECONDS.get(groups[item.nodeid], 0), collected[groups[item.nodeid]]))
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty metadata DB on each backend; PostgreSQL is skipped (saying why) when unreachable."""
