@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench bench-upsert bench-feed soak chaos system-deps clean
+.PHONY: run test test-deps bench bench-upsert bench-feed soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -18,12 +18,16 @@ system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "Calve needs Java 17 for Spark: install it (Debian: apt-get install openjdk-17-jre-headless) and retry."; exit 1; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server..."; $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 
+# The test suite's own system packages: a real Prometheus for the dashboard and alert tests.
+test-deps: system-deps
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { echo "installing prometheus (the tests scrape Calve with it)..."; $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 run: $(STAMP) system-deps
 	$(VENV)/bin/calve up
 
 # Two pytest workers (each with its own redis-server and Spark Connect server); a test file runs
 # whole on one of them, so the fault suite's scenarios still run one after another.
-test: $(STAMP) system-deps
+test: $(STAMP) test-deps
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP) system-deps

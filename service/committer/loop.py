@@ -10,6 +10,7 @@ overlapping commits never add a file twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -66,9 +67,10 @@ from service.protocol import changes, commit_entry
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import PendingFiles
 from service.protocol.compaction import CompactionRequest
+from service.protocol.heartbeats import Heartbeats
 from service.protocol.stream_ids import id_after, parse_id, text
 from service.protocol.upkeep import record_upkeep
-from service.writer.files import delete_files
+from service.iceberg.files import delete_files
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +108,10 @@ class Committer:
 
     def run(self, stop: threading.Event) -> None:
         log.info("committer %s started", self.name)
+        heartbeats = Heartbeats(self.client, "committer", self.name)
         while not stop.is_set():
             try:
+                heartbeats.beat(leads=len(self.leases))
                 self.tick()
             except redis.RedisError as exc:
                 log.warning("committer: Redis unavailable (%s); retrying", exc)
@@ -116,6 +120,8 @@ class Committer:
             stop.wait(TICK_S)
         self.drain()
         self.release_all()
+        with contextlib.suppress(redis.RedisError):
+            heartbeats.stop()
         log.info("committer %s stopped", self.name)
 
     def drain(self) -> None:

@@ -21,6 +21,7 @@ MAINTENANCE = f"{PREFIX}:maintenance"  # set of "tenant/table" with upkeep asked
 APPLIES = f"{PREFIX}:applies"  # list: requests to apply row changes (JSON), leaders push, writers pop
 COMPACTIONS = f"{PREFIX}:compactions"  # list: compaction requests (JSON), leaders push, writers pop
 FEED_DIFFS = f"{PREFIX}:feed-diffs"  # list: a snapshot's changes to compute on Spark (JSON), feed readers push, writers pop
+HEARTBEATS = f"{PREFIX}:heartbeats"  # hash: "<role>/<name>" -> JSON {at, ...} (protocol/heartbeats.py)
 
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"

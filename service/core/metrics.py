@@ -18,6 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 
 from service.core import keys
+from service.protocol import heartbeats
 from service.protocol.stream_ids import text
 
 EVENTS_RECEIVED = Counter("calve_events_received", "Events accepted into Redis", ["tenant", "pipeline"])
@@ -93,6 +94,14 @@ class BacklogCollector(Collector):
             labels=["tenant", "stream", "name"],
         )
         events = GaugeMetricFamily("calve_backlog_events", "Events accepted and not yet committed (what the backlog cap counts)", labels=["tenant"])
+        roles = GaugeMetricFamily(
+            "calve_role_alive", f"Processes of a role heard from within the last {heartbeats.STALE_S:.0f} s", labels=["role"]
+        )
+        spark = GaugeMetricFamily(
+            "calve_writer_spark_reachable", "1 when a live writer's last Spark job reached Spark Connect, 0 while it waits out an outage",
+            labels=["writer"],
+        )
+        leaders = GaugeMetricFamily("calve_table_leader", "1 for the committer that holds a table's lease", labels=["tenant", "table", "committer"])
         now_ms = time.time() * 1000
         try:
             tenants = set()
@@ -107,6 +116,16 @@ class BacklogCollector(Collector):
                 stream = keys.commit_stream_key(tenant, table)
                 waiting.add_metric([tenant, "commit", table], self._client.xlen(stream))
                 oldest.add_metric([tenant, "commit", table], _oldest_age_s(self._client, stream, now_ms))
+                leader = self._client.get(keys.lease_key(tenant, table))
+                if leader is not None:
+                    leaders.add_metric([tenant, table, text(leader)], 1.0)
+            counts = {"writer": 0, "committer": 0}  # an api is alive when it answers the scrape (Prometheus's `up`)
+            for beat in heartbeats.alive(self._client):
+                counts[beat.role] = counts.get(beat.role, 0) + 1
+                if beat.role == "writer":
+                    spark.add_metric([beat.name], 1.0 if beat.facts.get(heartbeats.SPARK_REACHABLE, True) else 0.0)
+            for role, count in sorted(counts.items()):
+                roles.add_metric([role], float(count))
             for tenant in sorted(tenants):
                 events.add_metric([tenant], float(self._client.get(keys.backlog_key(tenant)) or 0))
         except redis.RedisError:
@@ -114,6 +133,9 @@ class BacklogCollector(Collector):
         yield waiting
         yield oldest
         yield events
+        yield roles
+        yield spark
+        yield leaders
 
 
 def _oldest_age_s(client: redis.Redis, stream: str, now_ms: float) -> float:

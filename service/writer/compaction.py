@@ -17,7 +17,7 @@ from service.iceberg.catalog import load_table
 from service.protocol.commit_entry import REPLACE, FilesWritten
 from service.protocol.compaction import CompactionRequest
 from service.protocol.upkeep import record_upkeep
-from service.writer.files import delete_files, list_data_files
+from service.iceberg.files import delete_files, list_data_files
 from service.writer.requests import LeaderRequests
 from spark_jobs.compact_job import rewrite_files
 from spark_jobs.pipeline_job import new_directory

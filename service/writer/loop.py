@@ -9,6 +9,7 @@ that transaction leaves the entries pending; another writer reclaims them after 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -36,13 +37,14 @@ from service.pipelines.spec import PipelineDefinition
 from service.pipelines.store import PipelineCache, PipelineRecord, get_pipeline
 from service.protocol.commit_entry import FilesWritten
 from service.protocol.input_entry import InputEntry
+from service.protocol.heartbeats import SPARK_REACHABLE, Heartbeats
 from service.protocol.receipts import written_fields
 from service.protocol.stream_ids import text
 from service.writer.batches import Batch
 from service.writer.changes import ChangeApplier, changes_fields
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
-from service.writer.files import delete_files, list_data_files
+from service.iceberg.files import delete_files, list_data_files
 from service.writer.hand_off import HandOffPlan, HandOffScript
 from service.writer.spark_errors import (
     is_deterministic,
@@ -90,6 +92,7 @@ class Writer:
         self.tables = TableResolver(catalog)
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
+        self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
         self.compactor = Compactor(client, catalog, settings.spark_remote, self.name)
         self.applier = ChangeApplier(client, catalog, settings.spark_remote, self.name)
         self.differ = FeedDiffer(client, catalog, settings.spark_remote, self.name)
@@ -98,8 +101,10 @@ class Writer:
 
     def run(self, stop: threading.Event) -> None:
         log.info("writer %s started", self.name)
+        heartbeats = Heartbeats(self.client, "writer", self.name)
         while not stop.is_set():
             try:
+                heartbeats.beat(**{SPARK_REACHABLE: self._spark_reachable})
                 self.write_round(self.poll(stop), stop)
             except redis.RedisError as exc:
                 if "NOGROUP" in str(exc):
@@ -110,6 +115,8 @@ class Writer:
                 log.exception("writer: unexpected error; the batch stays pending and will be retried")
                 stop.wait(1.0)
         close_sessions()
+        with contextlib.suppress(redis.RedisError):
+            heartbeats.stop()
         log.info("writer %s stopped", self.name)
 
     def poll(self, stop: threading.Event) -> list[Batch]:
@@ -225,6 +232,7 @@ class Writer:
         try:
             self.handle(batch)
             self._outages = 0
+            self._spark_reachable = True
             return
         except NotFound as exc:  # the pipeline is gone: no retry can help
             self.dead_letter(batch, str(exc))
@@ -238,6 +246,7 @@ class Writer:
                 return
             # The server is down or restarting: keep the entries and wait; nothing is lost.
             self._outages += 1
+            self._spark_reachable = False
             log.warning("writer: Spark Connect unavailable (%s); retry %d", exc.__class__.__name__, self._outages)
             reset_session(self.settings.spark_remote)
         self._retries.appendleft(batch)

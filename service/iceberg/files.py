@@ -1,4 +1,5 @@
-"""The data files a job left behind: finding them, and deleting the ones that will never be committed."""
+"""The data files a job left behind: finding them (writers), and deleting the ones that will never be
+committed (writers and committers both: it lives here, beside the tables, so no role imports another)."""
 
 from __future__ import annotations
 
