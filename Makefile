@@ -18,9 +18,10 @@ system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "Calve needs Java 17 for Spark: install it (Debian: apt-get install openjdk-17-jre-headless) and retry."; exit 1; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server..."; $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 
-# The test suite's own system packages: a real Prometheus for the dashboard and alert tests.
+# The test suite's own system packages: a real Prometheus for the dashboard and alert tests, and
+# Chromium for the console's browser tests (Playwright drives it; its own browser download fails here).
 test-deps: system-deps
-	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { echo "installing prometheus (the tests scrape Calve with it)..."; $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 && [ -x /usr/bin/chromium ] || { echo "installing prometheus and chromium (for the tests)..."; $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus chromium >/dev/null; }
 
 run: $(STAMP) system-deps
 	$(VENV)/bin/calve up

@@ -81,15 +81,15 @@ def test_prometheus_scrapes_calve_evaluates_the_rules_and_every_panel_has_data(s
             }).status_code == 201
             for i in range(6):
                 body = b"\n".join(orjson.dumps({"id": f"{i}-{n}", "msg": "x"}) for n in range(50))
-                assert http.post("/logs?wait=true", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
-            assert http.post("/strict?wait=true", json=[{"id": "ok"}, {"other": 1}]).json()["dlq_events"] == 1
+                assert http.post("/logs?wait=true&timeout=90", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
+            assert http.post("/strict?wait=true&timeout=90", json=[{"id": "ok"}, {"other": 1}]).json()["dlq_events"] == 1
             assert http.post("/logs", content=b"{not json", headers={"Content-Type": "application/json"}).status_code == 400
             assert http.post("/v1/tables/logs/maintenance", json={"tasks": ["expire"], "wait_s": 20}).status_code == 200
         with stack.client("calve_not-a-token") as http:
             assert http.post("/logs", json={"id": "x"}).status_code == 401
         with stack.client() as http:
             for i in range(4):
-                assert http.post("/logs?wait=true", json={"id": f"late-{i}"}).status_code == 200
+                assert http.post("/logs?wait=true&timeout=90", json={"id": f"late-{i}"}).status_code == 200
 
         scraped = httpx.get(f"{stack.url}/metrics", headers={"Authorization": f"Bearer {operator}"}, timeout=10).text
         linted = subprocess.run([binary("promtool"), "check", "metrics"], input=scraped, capture_output=True, text=True, timeout=60)

@@ -188,7 +188,13 @@ def test_console_page_is_served(stack_factory) -> None:  # noqa: ANN001
         page = http.get("/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
         probe = http.get("/", headers={"Accept": "application/vnd.elasticsearch+json; compatible-with=8"})
     assert page.status_code == 200
-    assert "Calve console" in page.text and "/v1/tables" in page.text
+    assert "Calve console" in page.text and '<script src="/console/console.js"' in page.text
+    with stack.client(None) as http:
+        script = http.get("/console/console.js")
+        assert script.status_code == 200 and "/v1/tables" in script.text
+        assert script.headers["content-type"].startswith("text/javascript")
+        assert http.get("/console/../service/core/config.py").status_code == 404, "only the console's own files"
+        assert http.get("/console/index.py").status_code == 404
     assert probe.headers["x-elastic-product"] == "Elasticsearch", "shippers' probe of an Elasticsearch endpoint"
     assert probe.json()["version"]["number"].startswith("8.")
 

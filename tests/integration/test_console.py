@@ -1,0 +1,99 @@
+"""The console in a real browser: Debian's Chromium driven by Playwright (`make test` installs both;
+Playwright's own browser download does not work here). Screenshots of each page go to the test's
+directory (pytest's tmp_path), to look at."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_TOKEN, Stack
+
+pytestmark = pytest.mark.spark
+
+CHROMIUM = "/usr/bin/chromium"
+HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+
+
+@pytest.fixture
+def browser_page(tmp_path: Path):  # noqa: ANN201
+    if shutil.which(CHROMIUM) is None:
+        pytest.skip("Chromium is not installed: `make test` installs Debian's chromium package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.errors = errors
+            yield page
+        finally:
+            browser.close()
+
+
+def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_shows_events_as_text(
+    stack: Stack, browser_page, tmp_path: Path,  # noqa: ANN001
+) -> None:
+    page = browser_page
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json={
+            "name": "strict", "source": {"http": {"path": "/strict"}},
+            "sinks": [{"table": "strict", "auto_create": True, "schema": {"columns": [{"name": "id", "type": "string", "required": True}]}}],
+        }).status_code == 201
+        assert http.post("/logs?wait=true&timeout=90", json=[{"id": "a", "msg": HOSTILE}, {"id": "b", "msg": "plain"}]).status_code == 200
+        assert http.post("/strict?wait=true&timeout=90", json=[{"id": "ok"}, {"note": HOSTILE}]).json()["dlq_events"] == 1
+        snapshot_id = http.get("/v1/tables/logs").json()["current_snapshot_id"]
+        page_answer = http.get("/", headers={"Accept": "text/html"})
+    assert snapshot_id > 2**53, "Iceberg snapshot ids are 63-bit: the point of this check"
+    assert "script-src 'self'" in page_answer.headers["content-security-policy"]
+    assert "<script>" not in page_answer.text.replace('<script src="/console/console.js" defer></script>', ""), "no inline script"
+
+    page.goto(stack.url + "/")
+    page.fill("#token", "calve_not-a-token")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#view .err")
+    assert "401" in page.inner_text("#view .err") and "Sign in with a valid token" in page.inner_text("#view .err")
+
+    page.fill("#token", TEST_TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#view .list a")
+    assert set(page.locator("#view .list a").all_inner_texts()) >= {"logs", "strict", "_calve_dlq"}
+    page.screenshot(path=str(tmp_path / "tables.png"), full_page=True)
+
+    page.click("#view .list a:text-is('logs')")
+    page.wait_for_selector("#view table")
+    assert page.url.endswith("#table/logs")
+    assert page.locator("#view h2").first.inner_text() == "Table logs", "the table's page replaces the list, at the top"
+    text = page.inner_text("#view")
+    assert str(snapshot_id) in text, f"snapshot id {snapshot_id} shown exactly"
+    assert HOSTILE in text, "an event's HTML is shown as text"
+    page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
+
+    page.reload()
+    page.wait_for_selector("#view table")
+    assert page.locator("#view h2").first.inner_text() == "Table logs", "a reload keeps the tab's token and page"
+
+    page.click("#nav a[href='#dlq']")
+    page.wait_for_selector("#view table")
+    dlq_text = page.inner_text("#view")
+    assert "<script>window.pwned=2</script>" in dlq_text and "no field of the event matches a column" in dlq_text, "the DLQ's event JSON, as text"
+    page.screenshot(path=str(tmp_path / "dlq.png"), full_page=True)
+    page.click("#nav a[href='#pipelines']")
+    page.wait_for_selector("#view table")
+    assert "strict" in page.inner_text("#view")
+    page.screenshot(path=str(tmp_path / "pipelines.png"), full_page=True)
+
+    assert page.evaluate("window.pwned") is None, "nothing from an event ran"
+    assert page.evaluate("sessionStorage.getItem('calve-token')") == TEST_TOKEN
+    assert TEST_TOKEN not in page.url
+    page.click("#signout")
+    assert page.evaluate("sessionStorage.getItem('calve-token')") is None
+    assert not [e for e in page.errors if "401" not in e], page.errors
