@@ -1,4 +1,5 @@
-// Calve console: a page per resource behind the hash (#tables, #table/NAME, #pipelines, #dlq).
+// Calve console: a page per resource behind the hash (#tables, #table/NAME, #pipelines,
+// #pipeline/NAME, #dlq, #tokens, #try).
 // Everything an event, a name or a reason holds is set as text, never as HTML; the page's
 // Content-Security-Policy allows no inline script. The token lives in sessionStorage (this tab).
 "use strict";
@@ -13,17 +14,36 @@ function parseExact(text) {
     typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source) ? context.source : value);
 }
 
-async function api(path) {
-  const answer = await fetch(path, { headers: { Authorization: "Bearer " + sessionStorage.getItem(TOKEN_KEY) } });
-  const text = await answer.text();
-  let body;
-  try { body = parseExact(text); } catch { body = { detail: text || answer.statusText }; }
-  if (!answer.ok) {
-    const hint = answer.status === 401 ? " Sign in with a valid token." : answer.status === 403 ? " This token's scopes do not allow it." : "";
-    throw new Error(`${answer.status}: ${body.detail || answer.statusText}.${hint}`);
+class ApiError extends Error {
+  constructor(status, body) {
+    const hint = status === 401 ? " Sign in with a valid token." : status === 403 ? " This token's scopes do not allow it." : "";
+    super(`${status}: ${body.detail || "the request failed"}${hint}`);
+    this.status = status;
+    this.errors = body.errors || [];  // [{field, error}] of a 422
   }
-  return body;
 }
+
+async function api(path, options = {}) {
+  const headers = { Authorization: "Bearer " + sessionStorage.getItem(TOKEN_KEY) };
+  let body = options.body;
+  if (body !== undefined && typeof body !== "string") { body = JSON.stringify(body); headers["Content-Type"] = "application/json"; }
+  if (options.contentType) headers["Content-Type"] = options.contentType;
+  const answer = await fetch(path, { method: options.method || "GET", headers, body });
+  const text = answer.status === 204 ? "{}" : await answer.text();
+  let parsed;
+  try { parsed = parseExact(text); } catch { parsed = { detail: text || answer.statusText }; }
+  if (!answer.ok) throw new ApiError(answer.status, parsed);
+  return parsed;
+}
+
+function button(text, onClick) {
+  const b = el("button", text);
+  b.type = "button";
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -37,13 +57,19 @@ function show(value) {
   return typeof value === "object" ? JSON.stringify(value) : String(value);
 }
 
-function grid(rows) {
+// A table of rows; `actions(row, index)`, when given, fills a last cell with buttons or boxes.
+function grid(rows, actions) {
   if (!rows.length) return el("p", "none");
   const table = document.createElement("table");
   const head = table.createTHead().insertRow();
   Object.keys(rows[0]).forEach((k) => head.appendChild(el("th", k)));
+  if (actions) head.appendChild(el("th", ""));
   const body = table.createTBody();
-  rows.forEach((row) => { const tr = body.insertRow(); Object.values(row).forEach((v) => tr.appendChild(el("td", show(v)))); });
+  rows.forEach((row, index) => {
+    const tr = body.insertRow();
+    Object.values(row).forEach((v) => tr.appendChild(el("td", show(v))));
+    if (actions) { const td = el("td"); td.append(...actions(row, index)); tr.appendChild(td); }
+  });
   return table;
 }
 
@@ -99,17 +125,71 @@ async function tablePage(name) {
   } catch (e) { view.replaceChildren(el("h2", `Table ${name}`)); fail(view, e); }
 }
 
+const NEW_PIPELINE = `name: orders
+source: {http: {path: /orders}}
+sinks:
+  - table: orders
+    auto_create: true
+    schema:
+      columns:
+        - {name: id, type: string, required: true}
+        - {name: amount, type: double}
+`;
+
 async function pipelinesPage() {
   const view = page("Pipelines");
+  view.appendChild(el("p", "Click a pipeline to edit it, or write a new one below."));
   try {
     const { pipelines } = await api("/v1/pipelines");
     view.appendChild(grid(pipelines.map((p) => ({
       name: p.name, version: p.builtin ? "built-in" : p.version, path: p.path,
       processors: (p.definition.processors || []).length, routes: Object.keys(p.definition.routes || {}).join(", "),
-      tables: p.definition.sinks.map((s) => s.table).join(", ") }))));
-    const details = el("details");
-    details.append(el("summary", "definitions"), el("pre", pipelines.map((p) => JSON.stringify(p.definition, null, 2)).join("\n\n")));
-    view.appendChild(details);
+      tables: p.definition.sinks.map((s) => s.table).join(", ") })), (row) => {
+      const edit = el("a", "edit"); edit.href = "#pipeline/" + encodeURIComponent(row.name);
+      return [edit];
+    }));
+  } catch (e) { fail(view, e); return; }
+  view.appendChild(el("h2", "New pipeline"));
+  view.appendChild(editor(NEW_PIPELINE, (text) => api("/v1/pipelines", { method: "POST", body: text, contentType: "application/yaml" })));
+}
+
+// A definition in a text box (YAML or JSON), saved by `save(text)`; a 422's field errors are
+// listed under the box, each naming its field.
+function editor(text, save) {
+  const box = el("div");
+  const area = el("textarea");
+  area.id = "definition"; area.rows = 16; area.cols = 80; area.spellcheck = false; area.value = text;
+  const problems = el("ul", undefined, "err"); problems.id = "definition-errors";
+  const outcome = el("p"); outcome.id = "definition-outcome";
+  const saveButton = button("Save", async () => {
+    problems.replaceChildren(); outcome.textContent = "saving…"; outcome.className = "";
+    try {
+      const saved = await save(area.value);
+      outcome.textContent = `saved ${saved.name} version ${saved.version}; its path is ${saved.path}`;
+    } catch (e) {
+      outcome.textContent = e.message; outcome.className = "err";
+      e.errors.forEach((problem) => problems.appendChild(el("li", `${problem.field}: ${problem.error}`)));
+    }
+  });
+  saveButton.id = "save-definition";
+  box.append(area, el("br"), saveButton, outcome, problems);
+  return box;
+}
+
+async function pipelinePage(name) {
+  const view = page(`Pipeline ${name}`);
+  try {
+    const pipeline = await api("/v1/pipelines/" + encodeURIComponent(name));
+    view.appendChild(facts({ version: pipeline.builtin ? "built-in" : pipeline.version, path: pipeline.path }));
+    view.appendChild(el("p", "Edit the definition (JSON is YAML too) and save a new version:"));
+    view.appendChild(editor(JSON.stringify(pipeline.definition, null, 2),
+      (text) => api("/v1/pipelines/" + encodeURIComponent(name), { method: "PUT", body: text, contentType: "application/yaml" })));
+    if (!pipeline.builtin) {
+      view.appendChild(button("Delete this pipeline", async () => {
+        if (!confirm(`Delete pipeline ${name}? Its path stops taking events; its versions stay readable.`)) return;
+        try { await api("/v1/pipelines/" + encodeURIComponent(name), { method: "DELETE" }); location.hash = "#pipelines"; } catch (e) { fail(view, e); }
+      }));
+    }
   } catch (e) { fail(view, e); }
 }
 
@@ -117,18 +197,113 @@ async function dlqPage() {
   const view = page("Dead letters");
   try {
     const { entries, next_cursor } = await api("/v1/dlq?limit=50");
-    view.appendChild(el("p", `first ${entries.length}${next_cursor ? ", more exist" : ""}`));
+    view.appendChild(el("p", `first ${entries.length}${next_cursor ? ", more exist" : ""}; tick entries and replay them through their pipeline's current version`));
+    const boxes = [];
     view.appendChild(grid(entries.map((e) => ({
-      failed_at: e.failed_at, pipeline: e.pipeline, table: e.table, reason: e.reason, event: e.event, receipt: e.receipt }))));
+      failed_at: e.failed_at, pipeline: e.pipeline, table: e.table, reason: e.reason, event: e.event, receipt: e.receipt })), (_row, index) => {
+      const box = el("input"); box.type = "checkbox"; box.value = entries[index].dlq_id; boxes.push(box);
+      return [box];
+    }));
+    const outcome = el("p"); outcome.id = "replay-outcome";
+    const replay = button("Replay selected", async () => {
+      const ids = boxes.filter((b) => b.checked).map((b) => b.value);
+      if (!ids.length) { outcome.textContent = "Tick the entries to replay first."; return; }
+      try {
+        const answer = await api("/v1/dlq/replay", { method: "POST", body: { ids } });
+        outcome.textContent = `replayed ${answer.replayed}; waiting for the commit…`;
+        const statuses = await Promise.all(Object.values(answer.receipts).map(followReceipt));
+        outcome.textContent = `replayed ${answer.replayed}: receipt ${Object.values(answer.receipts).join(", ")} ${statuses.join(", ")}`;
+      } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+    });
+    replay.id = "replay";
+    view.append(replay, outcome);
   } catch (e) { fail(view, e); }
+}
+
+// A receipt's status once it is settled (committed or failed), or after a minute of waiting.
+async function followReceipt(id) {
+  for (let i = 0; i < 60; i++) {
+    const receipt = await api("/v1/receipts/" + encodeURIComponent(id));
+    if (receipt.status === "committed" || receipt.status === "failed") return receipt.status;
+    await sleep(1000);
+  }
+  return "still pending (look again at /v1/receipts/" + id + ")";
+}
+
+async function tokensPage() {
+  const view = page("Tokens");
+  const created = el("div"); created.id = "new-token";
+  try {
+    const { tokens } = await api("/v1/tokens");
+    view.appendChild(grid(tokens.map((t) => ({
+      id: t.id, prefix: t.prefix, scopes: t.scopes, pipelines: t.pipelines, label: t.label,
+      expires_at: t.expires_at, last_used_at: t.last_used_at, revoked_at: t.revoked_at })), (row) => row.revoked_at ? [] : [
+      button("Revoke", async () => {
+        if (!confirm(`Revoke token ${row.prefix}…? Requests with it are refused at once.`)) return;
+        try { await api("/v1/tokens/" + row.id, { method: "DELETE" }); tokensPage(); } catch (e) { fail(view, e); }
+      }),
+    ]));
+  } catch (e) { fail(view, e); return; }
+  view.appendChild(el("h2", "New token"));
+  const form = el("form");
+  const scopes = ["ingest", "read", "admin"].map((scope) => {
+    const box = el("input"); box.type = "checkbox"; box.value = scope; box.checked = scope === "ingest";
+    const label = el("label"); label.append(box, " " + scope + " ");
+    form.appendChild(label);
+    return box;
+  });
+  const label = el("input"); label.placeholder = "label (who uses it)"; label.id = "token-label";
+  const pipelines = el("input"); pipelines.placeholder = "pipelines (comma-separated; empty: all)";
+  const days = el("input"); days.type = "number"; days.min = "1"; days.placeholder = "expires in days (empty: never)";
+  form.append(label, " ", pipelines, " ", days, " ");
+  const submit = el("button", "Create"); submit.type = "submit"; submit.id = "create-token";
+  form.appendChild(submit);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const body = { scopes: scopes.filter((b) => b.checked).map((b) => b.value), label: label.value };
+    if (pipelines.value.trim()) body.pipelines = pipelines.value.split(",").map((p) => p.trim()).filter(Boolean);
+    if (days.value) body.expires_in_s = Math.round(Number(days.value) * 86400);
+    try {
+      const token = await api("/v1/tokens", { method: "POST", body });
+      const shown = el("code", token.token); shown.id = "token-value";
+      created.replaceChildren(el("p", "The new token, shown this once: copy it now."), shown,
+        button("Copy", () => navigator.clipboard.writeText(token.token)));
+    } catch (e) { created.replaceChildren(el("p", e.message, "err")); }
+  });
+  view.append(form, created);
+}
+
+async function tryPage() {
+  const view = page("Try it");
+  view.appendChild(el("p", "Send events to a pipeline and see the answer once they are committed (wait=true)."));
+  const select = el("select"); select.id = "try-path";
+  try {
+    const { pipelines } = await api("/v1/pipelines");
+    pipelines.filter((p) => p.path).forEach((p) => { const o = el("option", `${p.path} (${p.name})`); o.value = p.path; select.appendChild(o); });
+  } catch (e) { fail(view, e); return; }
+  const area = el("textarea"); area.id = "try-events"; area.rows = 8; area.cols = 80;
+  area.value = '{"id": "1", "msg": "hello"}\n{"id": "2", "msg": "world"}';
+  const answer = el("pre"); answer.id = "try-answer";
+  const send = button("Send", async () => {
+    answer.textContent = "sending…";
+    try {
+      const result = await api(select.value + "?wait=true&timeout=60", { method: "POST", body: area.value, contentType: "application/x-ndjson" });
+      answer.textContent = JSON.stringify(result, null, 2);
+    } catch (e) { answer.textContent = e.message; }
+  });
+  send.id = "try-send";
+  view.append(select, el("br"), area, el("br"), send, answer);
 }
 
 function route() {
   if (!sessionStorage.getItem(TOKEN_KEY)) return;
   const hash = decodeURIComponent(location.hash.slice(1));
   if (hash.startsWith("table/")) return tablePage(hash.slice("table/".length));
+  if (hash.startsWith("pipeline/")) return pipelinePage(hash.slice("pipeline/".length));
   if (hash === "pipelines") return pipelinesPage();
   if (hash === "dlq") return dlqPage();
+  if (hash === "tokens") return tokensPage();
+  if (hash === "try") return tryPage();
   return tablesPage();
 }
 

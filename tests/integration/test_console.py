@@ -97,3 +97,84 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     page.click("#signout")
     assert page.evaluate("sessionStorage.getItem('calve-token')") is None
     assert not [e for e in page.errors if "401" not in e], page.errors
+
+
+BAD_DEFINITION = """name: orders
+source: {http: {path: /orders}}
+sinks:
+  - table: orders
+    auto_create: true
+    schema:
+      columns:
+        - {name: id, type: string, required: true}
+        - {name: amount, type: strng}
+"""
+
+
+def test_a_user_creates_a_pipeline_sends_events_replays_the_dlq_and_manages_tokens_in_the_browser(
+    stack: Stack, browser_page, tmp_path: Path,  # noqa: ANN001
+) -> None:
+    import httpx
+
+    page = browser_page
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations of revoke and delete
+    page.goto(stack.url + "/#pipelines")
+    page.fill("#token", TEST_TOKEN)
+    page.click("button[type=submit]")
+
+    # A definition with a wrong type: the 422 names the field; fixed, it is saved.
+    page.wait_for_selector("#definition")
+    page.fill("#definition", BAD_DEFINITION)
+    page.click("#save-definition")
+    page.wait_for_selector("#definition-errors li")
+    assert "sinks[0].schema.columns[1].type" in page.inner_text("#definition-errors")
+    page.screenshot(path=str(tmp_path / "pipeline-error.png"), full_page=True)
+    page.fill("#definition", BAD_DEFINITION.replace("strng", "double"))
+    page.click("#save-definition")
+    page.wait_for_selector("#definition-outcome:has-text('saved')")  # no wait_for_function: the CSP forbids its eval
+    assert "saved orders version 1" in page.inner_text("#definition-outcome")
+
+    # Try it: one good event, one without its required id (to the DLQ).
+    page.click("#nav a[href='#try']")
+    page.wait_for_selector("#try-path option[value='/orders']", state="attached")
+    page.select_option("#try-path", "/orders")
+    page.fill("#try-events", '{"id": "o-1", "amount": 2.5}\n{"amount": 3}')
+    page.click("#try-send")
+    page.wait_for_selector("#try-answer:has-text('committed')", timeout=90_000)
+    answer = page.inner_text("#try-answer")
+    assert '"dlq_events": 1' in answer and '"rows": 1' in answer
+    page.screenshot(path=str(tmp_path / "try.png"), full_page=True)
+
+    page.click("#nav a[href='#tables']")
+    page.click("#view .list a:text-is('orders')")
+    page.wait_for_selector("#view table")
+    assert "o-1" in page.inner_text("#view")
+
+    # Replay the dead letter: it fails again (still no id), and the replay's receipt completes.
+    page.click("#nav a[href='#dlq']")
+    page.wait_for_selector("#view input[type=checkbox]")
+    page.check("#view input[type=checkbox]")
+    page.click("#replay")
+    page.wait_for_selector("#replay-outcome:has-text('committed')", timeout=90_000)
+    assert "replayed 1" in page.inner_text("#replay-outcome")
+    page.screenshot(path=str(tmp_path / "replay.png"), full_page=True)
+
+    # A token created is shown once; revoked, it no longer works.
+    page.click("#nav a[href='#tokens']")
+    page.wait_for_selector("#token-label")
+    page.fill("#token-label", "shipper")
+    page.click("#create-token")
+    page.wait_for_selector("#token-value")
+    new_token = page.inner_text("#token-value")
+    assert new_token.startswith("calve_")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {new_token}"}) as http:
+        assert http.post("/orders", json={"id": "o-2"}).status_code == 202
+    page.screenshot(path=str(tmp_path / "token.png"), full_page=True)
+    page.reload()
+    row = page.locator("#view tr", has_text="shipper")
+    row.locator("button", has_text="Revoke").click()
+    page.locator("#view tr", has_text="shipper").locator("button").wait_for(state="detached")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {new_token}"}) as http:
+        assert http.post("/orders", json={"id": "o-3"}).status_code == 401
+    assert new_token not in page.content(), "a token is shown only once"
+    assert not [e for e in page.errors if "401" not in e and "422" not in e], page.errors
