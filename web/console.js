@@ -1,5 +1,5 @@
-// Calve console: a page per resource behind the hash (#tables, #table/NAME, #pipelines,
-// #pipeline/NAME, #dlq, #tokens, #try).
+// Calve console: a page per resource behind the hash (#overview, #tables, #table/NAME,
+// #pipelines, #pipeline/NAME, #dlq, #tokens, #try).
 // Everything an event, a name or a reason holds is set as text, never as HTML; the page's
 // Content-Security-Policy allows no inline script. The token lives in sessionStorage (this tab).
 "use strict";
@@ -88,6 +88,89 @@ function page(title) {
 
 function fail(view, error) {
   view.appendChild(el("p", error.message, "err"));
+}
+
+// -- overview: the tenant's counters sampled every 2 s, drawn as rates over the last 5 minutes --
+
+const SAMPLE_MS = 2000;
+const KEEP_SAMPLES = 150;
+const DLQ_TABLE = "_calve_dlq";
+let samples = [];
+let sampler = null;
+
+const sum = (values) => Object.values(values || {}).reduce((a, b) => a + b, 0);
+const committedRows = (stats) => sum(stats.committed) - ((stats.committed || {})[DLQ_TABLE] || 0);
+
+// Each chart: its title, and its value between two samples (a rate per second, or a level).
+const CHARTS = [
+  ["Events received /s", (a, b, dt) => (sum(b.received) - sum(a.received)) / dt],
+  ["Events committed /s", (a, b, dt) => (committedRows(b) - committedRows(a)) / dt],
+  ["Backlog (events)", (_a, b) => b.backlog_events],
+  ["wait=true latency, mean (s)", (a, b) => {
+    const n = b.wait_count - a.wait_count;
+    return n > 0 ? (b.wait_seconds_sum - a.wait_seconds_sum) / n : null;
+  }],
+  ["DLQ events /s", (a, b, dt) => (((b.committed || {})[DLQ_TABLE] || 0) - ((a.committed || {})[DLQ_TABLE] || 0)) / dt],
+  ["Commit failures /s", (a, b, dt) => (sum(b.commit_failures) - sum(a.commit_failures)) / dt],
+  ["Refused requests /s", (a, b, dt) => (sum(b.refused) - sum(a.refused)) / dt],
+];
+
+function sparkline(title, points) {
+  const figure = el("figure", undefined, "chart");
+  const values = points.filter((v) => v !== null && Number.isFinite(v));
+  const max = values.length ? Math.max(...values) : 0;
+  const latest = values.length ? values[values.length - 1] : 0;
+  figure.dataset.title = title;
+  figure.dataset.max = String(max);
+  figure.dataset.latest = String(latest);
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${KEEP_SAMPLES} 40`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const line = document.createElementNS(ns, "polyline");
+  const scale = max > 0 ? 38 / max : 0;
+  line.setAttribute("points", points.map((v, i) => `${i + KEEP_SAMPLES - points.length},${39 - (v === null ? 0 : v) * scale}`).join(" "));
+  svg.appendChild(line);
+  const round = (v) => (v >= 100 ? Math.round(v).toLocaleString() : v.toFixed(2));
+  figure.append(el("figcaption", `${title}: now ${round(latest)}, max ${round(max)}`), svg);
+  return figure;
+}
+
+function drawOverview(view) {
+  const charts = el("div"); charts.id = "overview-charts";
+  const pairs = samples.slice(1).map((b, i) => [samples[i], b, Math.max(0.001, b.at - samples[i].at)]);
+  CHARTS.forEach(([title, value]) => charts.appendChild(sparkline(title, pairs.map(([a, b, dt]) => value(a, b, dt)))));
+  const last = samples[samples.length - 1];
+  const before = samples.length > 1 ? samples[samples.length - 2] : last;
+  const dt = Math.max(0.001, last.at - before.at);
+  const tables = grid(Object.keys(last.committed || {}).sort().map((table) => ({
+    table,
+    "committed /s": (((last.committed[table] || 0) - ((before.committed || {})[table] || 0)) / dt).toFixed(1),
+    "committed since start": last.committed[table],
+    "commit failures": (last.commit_failures || {})[table] || 0,
+  })));
+  const old = $("overview-body");
+  const body = el("div"); body.id = "overview-body";
+  body.append(charts, el("h2", "Per table"), tables);
+  if (old) old.replaceWith(body); else view.appendChild(body);
+}
+
+async function overviewPage() {
+  const view = page("Overview");
+  view.appendChild(el("p", `Every ${SAMPLE_MS / 1000} s, the last ${(KEEP_SAMPLES * SAMPLE_MS) / 60000} minutes (counters since the processes started; the page keeps what it has seen).`));
+  const tick = async () => {
+    try {
+      samples.push(await api("/v1/stats"));
+      samples = samples.slice(-KEEP_SAMPLES);
+      if (location.hash === "#overview") drawOverview(view);
+    } catch (e) { stopSampling(); fail(view, e); }
+  };
+  await tick();
+  sampler = setInterval(tick, SAMPLE_MS);
+}
+
+function stopSampling() {
+  if (sampler !== null) { clearInterval(sampler); sampler = null; }
 }
 
 async function tablesPage() {
@@ -296,8 +379,10 @@ async function tryPage() {
 }
 
 function route() {
+  stopSampling();
   if (!sessionStorage.getItem(TOKEN_KEY)) return;
   const hash = decodeURIComponent(location.hash.slice(1));
+  if (hash === "overview") return overviewPage();
   if (hash.startsWith("table/")) return tablePage(hash.slice("table/".length));
   if (hash.startsWith("pipeline/")) return pipelinePage(hash.slice("pipeline/".length));
   if (hash === "pipelines") return pipelinesPage();

@@ -27,6 +27,7 @@ from service.api.routes import (
     otlp,
     pipelines,
     receipts,
+    stats,
     tables,
     tenants,
     tokens,
@@ -124,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(CONSOLE_DIR / name, media_type=CONSOLE_ASSETS[name], headers=CONSOLE_HEADERS)
 
     # The ingest router last: it answers POST on any path that is not one of Calve's own.
-    routers = (health, receipts, tables, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
+    routers = (health, receipts, stats, tables, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
     for router in (module.router for module in routers):
         app.include_router(router)
 

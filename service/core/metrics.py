@@ -154,12 +154,47 @@ def _input_backlog(client: redis.Redis, stream: str) -> float:
     return float(client.xlen(stream))
 
 
-def render(client: redis.Redis) -> bytes:
+def _registry() -> CollectorRegistry:
+    """Every role's metrics under `calve up` (one multiprocess directory), else this process's."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
     registry = CollectorRegistry()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        MultiProcessCollector(registry)
-    else:
-        registry = REGISTRY
+    MultiProcessCollector(registry)
+    return registry
+
+
+# What a tenant's overview reads: sample name -> (key in the answer, the label that splits it).
+TENANT_TOTALS = {
+    "calve_events_received_total": ("received", "pipeline"),
+    "calve_events_committed_total": ("committed", "table"),
+    "calve_commit_failures_total": ("commit_failures", "table"),
+    "calve_requests_rejected_total": ("refused", "reason"),
+    "calve_accept_to_commit_seconds_sum": ("wait_seconds_sum", None),
+    "calve_accept_to_commit_seconds_count": ("wait_count", None),
+}
+
+
+def tenant_totals(tenant: str) -> dict:
+    """One tenant's counters since the processes started, for the console's live overview (the
+    browser turns two of them into rates): events received per pipeline, committed per table, commit
+    failures per table, refusals per reason, and the wait=true latency sum and count."""
+    totals: dict = {key: ({} if label else 0.0) for key, label in TENANT_TOTALS.values()}
+    for family in _registry().collect():
+        for sample in family.samples:
+            wanted = TENANT_TOTALS.get(sample.name)
+            if wanted is None or sample.labels.get("tenant") != tenant:
+                continue
+            key, label = wanted
+            if label is None:
+                totals[key] += sample.value
+            else:
+                split = totals[key]
+                split[sample.labels[label]] = split.get(sample.labels[label], 0.0) + sample.value
+    return totals
+
+
+def render(client: redis.Redis) -> bytes:
+    registry = _registry()
     backlog = BacklogCollector(client)
     registry.register(backlog)
     try:

@@ -91,6 +91,20 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     assert "strict" in page.inner_text("#view")
     page.screenshot(path=str(tmp_path / "pipelines.png"), full_page=True)
 
+    # The overview draws rates from /v1/stats, sampled every 2 s while events keep coming.
+    page.click("#nav a[href='#overview']")
+    page.wait_for_selector("#overview-charts figure")
+    committed = page.locator("figure[data-title='Events committed /s']")
+    with stack.client() as http:
+        for i in range(30):
+            assert http.post("/logs?wait=true&timeout=90", json=[{"id": f"o{i}-{n}"} for n in range(20)]).status_code == 200
+            if float(committed.get_attribute("data-max")) > 0:
+                break
+    assert float(committed.get_attribute("data-max")) > 0, "the committed rate was drawn"
+    assert float(page.locator("figure[data-title='Events received /s']").get_attribute("data-max")) > 0
+    assert "logs" in page.inner_text("#overview-body")
+    page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
     assert page.evaluate("window.pwned") is None, "nothing from an event ran"
     assert page.evaluate("sessionStorage.getItem('calve-token')") == TEST_TOKEN
     assert TEST_TOKEN not in page.url
