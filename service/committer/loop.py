@@ -49,6 +49,7 @@ from service.iceberg.catalog import (
     load_table,
 )
 from service.iceberg.compaction import CompactionPolicy, plan_compaction
+from service.iceberg.files import delete_files
 from service.iceberg.rewrites import (
     FilesNotLive,
     Rewritten,
@@ -70,7 +71,6 @@ from service.protocol.compaction import CompactionRequest
 from service.protocol.heartbeats import Heartbeats
 from service.protocol.stream_ids import id_after, parse_id, text
 from service.protocol.upkeep import record_upkeep
-from service.iceberg.files import delete_files
 
 log = logging.getLogger(__name__)
 

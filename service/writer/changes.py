@@ -17,10 +17,10 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
+from service.iceberg.files import delete_files, list_data_files
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import CHANGES
-from service.iceberg.files import delete_files, list_data_files
 from service.writer.requests import LeaderRequests
 from service.writer.spark_errors import is_spark_outage
 from spark_jobs.changes_job import apply_changes, change_rows

@@ -14,10 +14,10 @@ import time
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
+from service.iceberg.files import delete_files, list_data_files
 from service.protocol.commit_entry import REPLACE, FilesWritten
 from service.protocol.compaction import CompactionRequest
 from service.protocol.upkeep import record_upkeep
-from service.iceberg.files import delete_files, list_data_files
 from service.writer.requests import LeaderRequests
 from spark_jobs.compact_job import rewrite_files
 from spark_jobs.pipeline_job import new_directory

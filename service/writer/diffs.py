@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 from service.core import keys
 from service.iceberg.catalog import load_table
 from service.iceberg.changelog import Changelog, snapshot_files
+from service.iceberg.files import delete_files, list_data_files
 from service.protocol import feeds
 from service.protocol.feeds import DiffRequest, DiffResult
-from service.iceberg.files import delete_files, list_data_files
 from service.writer.requests import LeaderRequests
 from service.writer.spark_errors import is_spark_outage
 from spark_jobs.diff_job import diff_snapshot

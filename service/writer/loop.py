@@ -33,18 +33,18 @@ from service.core.exceptions import NotFound
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.catalog import CATALOG_UNAVAILABLE
+from service.iceberg.files import delete_files, list_data_files
 from service.pipelines.spec import PipelineDefinition
 from service.pipelines.store import PipelineCache, PipelineRecord, get_pipeline
 from service.protocol.commit_entry import FilesWritten
-from service.protocol.input_entry import InputEntry
 from service.protocol.heartbeats import SPARK_REACHABLE, Heartbeats
+from service.protocol.input_entry import InputEntry
 from service.protocol.receipts import written_fields
 from service.protocol.stream_ids import text
 from service.writer.batches import Batch
 from service.writer.changes import ChangeApplier, changes_fields
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
-from service.iceberg.files import delete_files, list_data_files
 from service.writer.hand_off import HandOffPlan, HandOffScript
 from service.writer.spark_errors import (
     is_deterministic,
