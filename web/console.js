@@ -276,10 +276,32 @@ async function pipelinePage(name) {
   } catch (e) { fail(view, e); }
 }
 
+let dlqFilter = { pipeline: "", table: "", reason: "" };
+
+function filterQuery(filter) {
+  return Object.entries(filter).filter(([, v]) => v).map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("&");
+}
+
 async function dlqPage() {
   const view = page("Dead letters");
+  const form = el("form"); form.id = "dlq-filter";
+  const inputs = Object.keys(dlqFilter).map((key) => {
+    const input = el("input"); input.name = key; input.value = dlqFilter[key];
+    input.placeholder = key === "reason" ? "reason contains" : key;
+    form.append(input, " ");
+    return input;
+  });
+  const apply = el("button", "Filter"); apply.type = "submit";
+  form.appendChild(apply);
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    inputs.forEach((input) => { dlqFilter[input.name] = input.value.trim(); });
+    dlqPage();
+  });
+  view.appendChild(form);
+  const query = filterQuery(dlqFilter);
   try {
-    const { entries, next_cursor } = await api("/v1/dlq?limit=50");
+    const { entries, next_cursor } = await api("/v1/dlq?limit=50" + (query ? "&" + query : ""));
     view.appendChild(el("p", `first ${entries.length}${next_cursor ? ", more exist" : ""}; tick entries and replay them through their pipeline's current version`));
     const boxes = [];
     view.appendChild(grid(entries.map((e) => ({
@@ -299,8 +321,66 @@ async function dlqPage() {
       } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
     });
     replay.id = "replay";
-    view.append(replay, outcome);
+    const matching = Object.fromEntries(Object.entries(dlqFilter).filter(([, v]) => v));
+    const replayAll = button("Replay all matching", async () => {
+      if (!query) { outcome.textContent = "Set a filter first: replaying needs at least one."; return; }
+      try {
+        const answer = await api("/v1/dlq/replay", { method: "POST", body: matching });
+        outcome.textContent = `replayed ${answer.replayed}; waiting for the commit…`;
+        const statuses = await Promise.all(Object.values(answer.receipts).map(followReceipt));
+        outcome.textContent = `replayed ${answer.replayed}: ${statuses.join(", ") || "nothing to wait for"}`;
+      } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+    });
+    const purge = button("Purge matching", async () => {
+      if (!query) { outcome.textContent = "Set a filter first (purging everything is DELETE /v1/dlq?all=true in the API)."; return; }
+      if (!confirm("Delete every DLQ entry matching the filter? They cannot be replayed afterwards.")) return;
+      try {
+        const answer = await api("/v1/dlq?" + query, { method: "DELETE" });
+        outcome.textContent = `purged ${answer.deleted}`;
+        dlqPage();
+      } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+    });
+    purge.id = "purge";
+    view.append(replay, replayAll, purge, outcome);
   } catch (e) { fail(view, e); }
+}
+
+async function tenantsPage() {
+  const view = page("Tenants (operator token)");
+  try {
+    const { tenants } = await api("/v1/tenants");
+    view.appendChild(grid(tenants.map((t) => ({
+      name: t.name, disabled: t.disabled, max_events_per_s: t.max_events_per_s, max_bytes_per_s: t.max_bytes_per_s,
+      max_backlog_events: t.max_backlog_events, created_at: t.created_at })), (row) => [
+      button(row.disabled ? "Enable" : "Disable", async () => {
+        if (!row.disabled && !confirm(`Disable tenant ${row.name}? Its tokens stop working at once.`)) return;
+        try { await api(`/v1/tenants/${encodeURIComponent(row.name)}/${row.disabled ? "enable" : "disable"}`, { method: "POST" }); tenantsPage(); } catch (e) { fail(view, e); }
+      }),
+    ]));
+  } catch (e) { fail(view, e); return; }
+  view.appendChild(el("h2", "New tenant"));
+  const form = el("form"); form.id = "new-tenant";
+  const fields = ["name", "max_events_per_s", "max_bytes_per_s", "max_backlog_events"].map((key) => {
+    const input = el("input"); input.name = key; input.placeholder = key === "name" ? "name" : `${key} (empty: default)`;
+    if (key !== "name") { input.type = "number"; input.min = "1"; }
+    form.append(input, " ");
+    return input;
+  });
+  const submit = el("button", "Create"); submit.type = "submit";
+  form.appendChild(submit);
+  const created = el("div"); created.id = "new-tenant-token";
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const body = {};
+    fields.forEach((input) => { if (input.value) body[input.name] = input.name === "name" ? input.value.trim() : Number(input.value); });
+    try {
+      const answer = await api("/v1/tenants", { method: "POST", body });
+      const shown = el("code", answer.admin_token); shown.id = "tenant-token-value";
+      created.replaceChildren(el("p", `Tenant ${answer.tenant.name} created. Its first admin token, shown this once:`), shown,
+        button("Copy", () => navigator.clipboard.writeText(answer.admin_token)));
+    } catch (e) { created.replaceChildren(el("p", e.message, "err")); }
+  });
+  view.append(form, created);
 }
 
 // A receipt's status once it is settled (committed or failed), or after a minute of waiting.
@@ -388,6 +468,7 @@ function route() {
   if (hash === "pipelines") return pipelinesPage();
   if (hash === "dlq") return dlqPage();
   if (hash === "tokens") return tokensPage();
+  if (hash === "tenants") return tenantsPage();
   if (hash === "try") return tryPage();
   return tablesPage();
 }

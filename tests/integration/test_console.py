@@ -173,6 +173,19 @@ def test_a_user_creates_a_pipeline_sends_events_replays_the_dlq_and_manages_toke
     assert "replayed 1" in page.inner_text("#replay-outcome")
     page.screenshot(path=str(tmp_path / "replay.png"), full_page=True)
 
+    # The entry failed again (still no id): filter the DLQ by reason and purge what matches.
+    page.click("#nav a[href='#tables']")
+    page.click("#nav a[href='#dlq']")
+    page.wait_for_selector("#dlq-filter")
+    page.fill("#dlq-filter input[name=reason]", "missing required field")
+    page.click("#dlq-filter button[type=submit]")
+    page.wait_for_selector("#view td:has-text('missing required field')")
+    assert page.locator("#view tbody tr").count() == 1
+    page.click("#purge")
+    page.wait_for_selector("#view p:text-is('none')")
+    with stack.client() as http:
+        assert http.get("/v1/dlq").json()["entries"] == []
+
     # A token created is shown once; revoked, it no longer works.
     page.click("#nav a[href='#tokens']")
     page.wait_for_selector("#token-label")
@@ -192,3 +205,40 @@ def test_a_user_creates_a_pipeline_sends_events_replays_the_dlq_and_manages_toke
         assert http.post("/orders", json={"id": "o-3"}).status_code == 401
     assert new_token not in page.content(), "a token is shown only once"
     assert not [e for e in page.errors if "401" not in e and "422" not in e], page.errors
+
+
+def test_an_operator_creates_disables_and_enables_a_tenant_in_the_browser(stack: Stack, browser_page, tmp_path: Path) -> None:  # noqa: ANN001
+    import httpx
+    from sqlmodel import Session
+
+    from service.core.db import get_engine
+    from service.tenancy.tenants import issue_token
+
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        _row, operator = issue_token(session, None, label="console")
+    page = browser_page
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(stack.url + "/#tenants")
+    page.fill("#token", operator)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#new-tenant")
+    page.fill("#new-tenant input[name=name]", "acme")
+    page.fill("#new-tenant input[name=max_events_per_s]", "1000")
+    page.click("#new-tenant button[type=submit]")
+    page.wait_for_selector("#tenant-token-value")
+    acme = page.inner_text("#tenant-token-value")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
+        assert http.get("/v1/tables").status_code == 200
+    page.reload()
+    row = page.locator("#view tr", has_text="acme")
+    assert "1000" in row.inner_text()
+    row.locator("button", has_text="Disable").click()
+    page.locator("#view tr", has_text="acme").locator("button", has_text="Enable").wait_for()
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
+        assert http.get("/v1/tables").status_code in (401, 403), "a disabled tenant's token is refused"
+    page.screenshot(path=str(tmp_path / "tenants.png"), full_page=True)
+    page.locator("#view tr", has_text="acme").locator("button", has_text="Enable").click()
+    page.locator("#view tr", has_text="acme").locator("button", has_text="Disable").wait_for()
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
+        assert http.get("/v1/tables").status_code == 200
+    assert acme not in page.content(), "the admin token is shown once"
