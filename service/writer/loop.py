@@ -77,6 +77,9 @@ RETRY_BUDGET_MIN_S = 0.25
 RETRY_BUDGET_MAX_S = 2.0
 
 
+PROBE_PROMPT_S = 5.0  # a serving Spark Connect answers range(1).collect() well within this
+
+
 class Writer:
     def __init__(self, settings: Settings, client: redis.Redis, catalog: Catalog, name: str | None = None) -> None:
         self.settings = settings
@@ -258,11 +261,15 @@ class Writer:
         server stops (a cancelled stream, a reset connection) looks like any other transport
         error, and must not send the request to the DLQ. Asked only before dead-lettering (one
         query per request that failed alone), not at each halving."""
+        started = time.monotonic()
         try:
             spark_session(self.settings.spark_remote).range(1).collect()
         except Exception:  # noqa: BLE001 - any failure of the probe means the server is not serving
             return True
-        return False
+        # The client retries while the server is away, so a probe that answers only after a wait
+        # was made while the server restarted: the job failed for that, not for its request
+        # (make chaos's spark_stopped sent a request to the DLQ after a 21 s probe that succeeded).
+        return time.monotonic() - started > PROBE_PROMPT_S
 
     def _after_job_failure(self, batch: Batch, exc: Exception) -> list[Batch]:
         """What is left to try of a batch whose job failed (Spark refused it, a task failed, or
