@@ -55,12 +55,16 @@ class RedisServer:
 
 
 class SparkServer:
-    """The Spark Connect server of `calve up`, on a port it keeps across restarts."""
+    """The Spark Connect server of `calve up`, on a port it keeps across restarts; with `workers`,
+    on a standalone cluster of that many workers (started once, kept across the server's restarts)."""
 
-    def __init__(self, base: Path, driver_memory: str = "3g") -> None:
+    def __init__(self, base: Path, driver_memory: str = "3g", workers: int = 0) -> None:
         self.base = base
         self.driver_memory = driver_memory
+        self.workers = workers
         self.port = processes.free_port()
+        self.ui_port = processes.free_port() if workers else 0
+        self.cluster: processes.SparkCluster | None = None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -68,11 +72,21 @@ class SparkServer:
         return f"sc://127.0.0.1:{self.port}"
 
     def start(self) -> SparkServer:
-        self.process = processes.start_spark_connect(self.port, self.driver_memory, self.base, self.base / "spark-connect.log")
+        connect = {}
+        if self.workers:
+            if self.cluster is None:
+                self.cluster = processes.start_spark_cluster(self.workers, 1, "1g", self.base, self.base)
+            connect = {"master": self.cluster.master_url, "executor_memory": "1g", "ui_port": self.ui_port}
+        self.process = processes.start_spark_connect(self.port, self.driver_memory, self.base, self.base / "spark-connect.log", **connect)
         return self
 
     def stop(self) -> None:
         processes.stop(self.process, 15)
+
+    def stop_cluster(self) -> None:
+        self.stop()
+        if self.cluster:
+            self.cluster.stop()
 
 
 @dataclass

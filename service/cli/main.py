@@ -22,6 +22,7 @@ def _logging() -> None:
     logging.basicConfig(level=os.environ.get("CALVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _stop_event() -> threading.Event:
@@ -89,6 +90,29 @@ def prepare_metadata(settings: Settings) -> None:
         print(f"\nCreated tenant 'demo'. Its admin token (shown once, also in {settings.data_path / BOOTSTRAP_TOKEN_FILE}):\n\n    {token}\n", flush=True)
 
 
+def start_spark(settings: Settings, logs) -> list:  # noqa: ANN001 - logs: Path
+    """The embedded Spark Connect server (in local mode, or on a standalone cluster of
+    `settings.spark_workers` workers); sets `settings.spark_remote`. Its processes, last to stop first."""
+    from service.cli import processes
+
+    work_dir = settings.data_path / "spark"
+    port = settings.spark_port or processes.free_port()
+    started = []
+    connect = {}
+    if settings.spark_workers:
+        print(f"starting a Spark standalone cluster: a master and {settings.spark_workers} workers "
+              f"({settings.spark_worker_cores} cores, {settings.spark_worker_memory} each; logs: {logs / 'spark-*.log'})", flush=True)
+        cluster = processes.start_spark_cluster(settings.spark_workers, settings.spark_worker_cores, settings.spark_worker_memory, work_dir, logs)
+        started.extend(cluster.processes)
+        ui_port = settings.spark_ui_port or processes.free_port()
+        connect = {"master": cluster.master_url, "executor_memory": settings.spark_worker_memory, "ui_port": ui_port}
+        print(f"Spark master UI: {cluster.master_ui}   Spark Connect application UI: http://127.0.0.1:{ui_port}", flush=True)
+    print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
+    started.append(processes.start_spark_connect(port, settings.spark_driver_memory, work_dir, logs / "spark-connect.log", **connect))
+    settings.spark_remote = f"sc://127.0.0.1:{port}"
+    return started[::-1]
+
+
 def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
     from service.cli import processes
 
@@ -104,11 +128,10 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
             print(f"starting redis-server on 127.0.0.1:{port} (AOF in {data / 'redis'})", flush=True)
             started.append(("redis", processes.start_redis(data, port, logs / "redis.log")))
             settings.redis_url = f"redis://127.0.0.1:{port}/0"
+        if settings.spark_remote and settings.spark_workers:
+            log.warning("CALVE_SPARK_REMOTE is set: Spark jobs run where %s runs them; --spark-workers is ignored", settings.spark_remote)
         if not settings.spark_remote:
-            port = settings.spark_port or processes.free_port()
-            print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
-            started.append(("spark", processes.start_spark_connect(port, settings.spark_driver_memory, data / "spark", logs / "spark-connect.log")))
-            settings.spark_remote = f"sc://127.0.0.1:{port}"
+            started.extend(("spark", process) for process in start_spark(settings, logs))
         env.update(CALVE_REDIS_URL=settings.redis_url, CALVE_SPARK_REMOTE=settings.spark_remote)
 
         metrics_dir = data / "metrics"
@@ -150,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     up = commands.add_parser("up", help="run every role on embedded defaults (Redis, Spark Connect, SQLite catalog)")
     up.add_argument("--writers", type=int, default=2, help="writer processes (default 2: one Spark job's set-up overlaps another's work)")
     up.add_argument("--committers", type=int, default=1, help="committer processes (tables are led by one at a time)")
+    up.add_argument("--spark-workers", type=int, default=None, metavar="N",
+                    help="run Spark jobs on a standalone cluster of N workers started here (default 0: in the Spark Connect server's JVM)")
     commands.add_parser("api", help="run the HTTP api")
     commands.add_parser("writer", help="run a writer (needs CALVE_REDIS_URL, CALVE_SPARK_REMOTE)")
     commands.add_parser("committer", help="run a committer (needs CALVE_REDIS_URL)")
@@ -165,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "up":
             if args.writers < 1 or args.committers < 1:
                 parser.error("--writers and --committers need at least 1")
+            if args.spark_workers is not None:
+                if args.spark_workers < 0:
+                    parser.error("--spark-workers needs 0 or more")
+                settings.spark_workers = args.spark_workers
             run_up(settings, writers=args.writers, committers=args.committers)
         else:
             {"api": run_api, "writer": run_writer, "committer": run_committer, "migrate": prepare_metadata}[args.command](settings)

@@ -8,7 +8,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 import pyspark
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
@@ -17,6 +21,8 @@ from service.core.exceptions import StartupError
 
 PR_SET_PDEATHSIG = 1
 SPARK_CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+SPARK_MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+SPARK_WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
 def free_port() -> int:
@@ -42,6 +48,9 @@ def spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path | Non
             [setpriv, "--pdeathsig", "TERM", "--", *args] if setpriv else args,
             env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
             stdin=subprocess.DEVNULL, preexec_fn=None if setpriv else _die_with_parent,
+            # Its own process group: a terminal's Ctrl-C (sent to the whole foreground group) reaches
+            # only the supervisor, which stops the children in order (Redis and Spark last), not all at once.
+            process_group=0,
         )
     finally:
         if out:
@@ -98,22 +107,99 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def start_spark_connect(port: int, driver_memory: str, work_dir: Path, log: Path) -> subprocess.Popen:
-    """A Spark Connect server from the pyspark package's own scripts, bound to 127.0.0.1."""
+def _spark_env(work_dir: Path, **extra: str) -> dict[str, str]:
+    # SPARK_LOCAL_IP binds every Spark socket, web UIs included, to the loopback interface.
+    return dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(work_dir), SPARK_PID_DIR=str(work_dir), **extra)
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone master and its workers, each a JVM of its own (`calve up --spark-workers N`)."""
+
+    master_url: str
+    master_ui: str
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self, grace_s: float = 15) -> None:
+        for process in reversed(self.processes):  # workers first: the master outlives its workers
+            stop(process, grace_s)
+
+
+def start_spark_cluster(workers: int, cores: int, memory: str, work_dir: Path, logs: Path) -> SparkCluster:
+    """A standalone master and `workers` workers from the pyspark package's own `spark-class`, all
+    on 127.0.0.1, each worker offering `cores` cores and `memory` to executors. The master's REST
+    submission server (unauthenticated) stays off: applications come through Spark Connect only."""
+    _which("java", "Calve needs Java 17: `apt-get install openjdk-17-jre-headless`")
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    port, ui_port = free_port(), free_port()
+    cluster = SparkCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}")
+    try:
+        master = spawn(
+            [spark_class, SPARK_MASTER_CLASS, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)],
+            env=_spark_env(work_dir, SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false"), log=logs / "spark-master.log", cwd=work_dir,
+        )
+        cluster.processes.append(master)
+        wait_for_port(port, 120, master, "Spark master", logs / "spark-master.log")
+        for n in range(1, workers + 1):
+            directory = work_dir / f"worker-{n}"
+            directory.mkdir(exist_ok=True)
+            cluster.processes.append(spawn(
+                [
+                    spark_class, SPARK_WORKER_CLASS, "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
+                    "--webui-port", str(free_port()), "--work-dir", str(directory), cluster.master_url,
+                ],
+                env=_spark_env(directory, SPARK_LOCAL_DIRS=str(directory / "tmp")), log=logs / f"spark-worker-{n}.log", cwd=directory,
+            ))
+        _wait_for_workers(cluster, workers, 120, logs)
+    except BaseException:
+        cluster.stop(5)
+        raise
+    return cluster
+
+
+def _wait_for_workers(cluster: SparkCluster, workers: int, timeout_s: float, logs: Path) -> None:
+    # The Connect server asks for executors once, when it starts: every worker must be there first.
+    deadline = time.monotonic() + timeout_s
+    alive = 0
+    while time.monotonic() < deadline:
+        for process in cluster.processes:
+            if process.poll() is not None:
+                raise StartupError(f"a Spark master or worker exited with code {process.returncode} while starting; see {logs}/spark-*.log")
+        try:
+            alive = httpx.get(f"{cluster.master_ui}/json/", timeout=2).json().get("aliveworkers", 0)
+        except (httpx.HTTPError, ValueError):
+            alive = 0
+        if alive >= workers:
+            return
+        time.sleep(0.5)
+    raise StartupError(f"{alive} of {workers} Spark workers registered with the master within {timeout_s:.0f}s; see {logs}/spark-worker-*.log")
+
+
+def start_spark_connect(
+    port: int, driver_memory: str, work_dir: Path, log: Path, *, master: str = "local[*]", executor_memory: str | None = None,
+    ui_port: int = 0,
+) -> subprocess.Popen:
+    """A Spark Connect server from the pyspark package's own scripts, bound to 127.0.0.1; its driver
+    runs the jobs itself (`local[*]`) or on a cluster's executors (`spark://host:port`). With a
+    `ui_port` it serves Spark's web UI and REST API (/api/v1) there."""
     _which("java", "Calve needs Java 17: `apt-get install openjdk-17-jre-headless`")
     home = spark_home()
     work_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(work_dir), SPARK_PID_DIR=str(work_dir))
+    cluster = [
+        "--conf", f"spark.executor.memory={executor_memory}",
+    ] if executor_memory else []
+    ui = ["--conf", f"spark.ui.port={ui_port}"] if ui_port else ["--conf", "spark.ui.enabled=false"]
     # spark-submit execs the JVM in this very process, so it dies with its parent.
     process = spawn(
         [
             str(home / "bin" / "spark-submit"), "--class", SPARK_CONNECT_CLASS, "--name", "calve-spark-connect",
-            "--master", "local[*]", "--driver-memory", driver_memory,
+            "--master", master, "--driver-memory", driver_memory,
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.driver.host=127.0.0.1",
             "--conf", "spark.driver.bindAddress=127.0.0.1",
-            "--conf", "spark.ui.enabled=false",
+            *ui, *cluster,
             "--conf", "spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS",
             "--conf", "spark.sql.shuffle.partitions=4",
             "--conf", "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs=false",
@@ -121,7 +207,7 @@ def start_spark_connect(port: int, driver_memory: str, work_dir: Path, log: Path
             "--conf", f"spark.local.dir={work_dir / 'tmp'}",
             "--conf", "spark.connect.grpc.maxInboundMessageSize=268435456",
         ],
-        env=env,
+        env=_spark_env(work_dir),
         log=log,
         cwd=work_dir,
     )

@@ -31,9 +31,16 @@ class Settings(BaseSettings):
     auth_cache_s: float = 5.0
     pipeline_cache_s: float = 2.0  # how long an api or writer keeps a looked-up pipeline
 
-    # Embedded Spark Connect server.
+    # Embedded Spark Connect server. With spark_workers > 0, `calve up` also starts a Spark
+    # standalone master and that many workers (each offering spark_worker_cores and
+    # spark_worker_memory to one executor), and the jobs run on their executors instead of in
+    # the Connect server's own JVM.
     spark_driver_memory: str = "4g"
     spark_port: int = 0  # 0: pick a free port
+    spark_workers: int = Field(default=0, ge=0)
+    spark_worker_cores: int = Field(default=1, ge=1)
+    spark_worker_memory: str = "2g"
+    spark_ui_port: int = 0  # the Connect server's web UI and REST API, in cluster mode (0: pick a free port)
 
     # Ingest limits.
     max_body_bytes: int = 10 * 1024 * 1024
