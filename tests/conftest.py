@@ -105,11 +105,17 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def stack_factory(tmp_path: Path, redis_url: str, spark_remote: str, redis_client: redis.Redis) -> Iterator:
+def stack_overrides() -> dict[str, str]:
+    """Settings every stack of a test gets (a module overrides this: a Redis Cluster, ...)."""
+    return {}
+
+
+@pytest.fixture
+def stack_factory(tmp_path: Path, redis_url: str, spark_remote: str, redis_client: redis.Redis, stack_overrides: dict[str, str]) -> Iterator:
     stacks: list[Stack] = []
 
     def build(roles: tuple[str, ...] = ("api", "writer", "committer"), **overrides: str) -> Stack:
-        stack = build_stack(tmp_path, redis_url, spark_remote, redis_client, roles, **overrides)
+        stack = build_stack(tmp_path, redis_url, spark_remote, redis_client, roles, **(stack_overrides | overrides))
         stacks.append(stack)
         return stack
 

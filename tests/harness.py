@@ -54,6 +54,47 @@ class RedisServer:
         processes.stop(self.process, 10)
 
 
+class RedisClusterServers:
+    """A Redis Cluster of `masters` redis-server processes (no replicas) under `base`, made with
+    `redis-cli --cluster create`; `url` names its first node, as CALVE_REDIS_URL would."""
+
+    def __init__(self, base: Path, masters: int = 3) -> None:
+        self.base = base
+        self.ports = [processes.free_port() for _ in range(masters)]
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def start(self) -> RedisClusterServers:
+        for port in self.ports:
+            directory = self.base / str(port)
+            directory.mkdir(parents=True, exist_ok=True)
+            process = processes.spawn(
+                ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory), "--cluster-enabled", "yes",
+                 # The bus port: by default the port + 10000, out of range for a free port above 55535.
+                 "--cluster-config-file", "nodes.conf", "--cluster-port", str(processes.free_port()),
+                 "--cluster-node-timeout", "5000", "--appendonly", "yes", "--save", ""],
+                log=directory / "redis.log",
+            )
+            self.processes.append(process)
+            processes.wait_for_port(port, 30, process, "redis-server (cluster node)", directory / "redis.log")
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{port}" for port in self.ports], "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        for port in self.ports:
+            node = redis.Redis(port=port)
+            wait_until(lambda node=node: node.cluster("info").get("cluster_state") == "ok", timeout_s=30, what="the cluster state ok")
+            node.close()
+        return self
+
+    def stop(self) -> None:
+        for process in self.processes:
+            processes.stop(process, 10)
+
+
 class SparkServer:
     """The Spark Connect server of `calve up`, on a port it keeps across restarts; with `workers`,
     on a standalone cluster of that many workers (started once, kept across the server's restarts)."""

@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pyarrow as pa
-import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -34,6 +33,7 @@ from service.api.routes import (
 )
 from service.api.waiter import ReceiptWaiter, follow_channel
 from service.core.config import Settings, get_settings
+from service.core.connections import async_redis_client, redis_client
 from service.core.db import get_engine
 from service.core.exceptions import NotFound
 from service.core.keys import AUTH_CHANNEL, PIPELINES_CHANNEL
@@ -83,11 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.principals = PrincipalCache(settings.auth_cache_s)
         app.state.pipelines = PipelineCache(settings.pipeline_cache_s)
         # A blocking pool: under a burst, requests queue for a connection instead of failing.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
-        )
-        app.state.redis = aioredis.Redis(connection_pool=pool)
-        app.state.sync_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+        app.state.redis = async_redis_client(settings)
+        app.state.sync_redis = redis_client(settings, socket_timeout=5)
         app.state.waiter = ReceiptWaiter(app.state.redis)
         app.state.limits = TenantLimits(app.state.redis, settings.rate_burst_s)
         app.state.buffer = RequestBuffer(app.state.redis, settings)

@@ -49,8 +49,9 @@ def run_api(settings: Settings) -> None:
 
 
 def _catalog_and_redis(settings: Settings):  # noqa: ANN202
-    import redis
     from prometheus_client import start_http_server
+
+    from service.core.connections import redis_client
 
     from service.iceberg.catalog import open_catalog
 
@@ -58,7 +59,7 @@ def _catalog_and_redis(settings: Settings):  # noqa: ANN202
     # Under `calve up` the api serves every role's metrics; a role run alone serves its own.
     if settings.metrics_port and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         start_http_server(settings.metrics_port, addr=settings.host)
-    return redis.Redis.from_url(settings.redis_url), open_catalog(settings)
+    return redis_client(settings), open_catalog(settings)
 
 
 def run_writer(settings: Settings) -> None:

@@ -223,10 +223,13 @@ class Committer:
         """Run the upkeep tasks asked for by hand (POST /v1/tables/{name}/maintenance) now; each
         task's record carries the request's id, which the api waits for."""
         key = keys.maintenance_key(tenant, table_name)
+        # Off the registry first, then the tasks taken: a request arriving in between puts the
+        # table back on the registry, and the next round finds its tasks (or nothing: harmless).
+        # Two steps, because the registry and the table's keys are in different cluster slots.
+        self.client.srem(keys.MAINTENANCE, keys.member(tenant, table_name))
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(key)
         pipe.delete(key)
-        pipe.srem(keys.MAINTENANCE, keys.member(tenant, table_name))
         asked = {text(task): text(request) for task, request in pipe.execute()[0].items()}
         work = {
             "expire": self._expire, "orphans": self._orphans, "manifests": self._merge_manifests,
@@ -430,8 +433,10 @@ class Committer:
         pipe.delete(key)
         pipe.hset(key, changes.REQUEST, request.to_json())
         pipe.expire(key, int(self.settings.apply_timeout_s))
-        pipe.rpush(keys.APPLIES, request.to_json())
         pipe.execute()
+        # Queued after: a crash in between leaves a request no writer saw, asked again after
+        # apply_timeout_s, as a request lost with its writer is.
+        self.client.rpush(keys.APPLIES, request.to_json())
 
     def drop_rewrite(self, tenant: str, table_name: str, entry: PendingFiles, exc: Exception) -> None:
         """A rewrite that cannot be committed (the files it replaces changed meanwhile, or it is

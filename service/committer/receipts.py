@@ -35,19 +35,19 @@ class ReceiptPublisher:
     ) -> list[str]:
         """`changes`: row changes' effects per receipt (inserted, updated, deleted, noop)."""
         now = f"{time.time():.3f}"
-        pipe = self._client.pipeline(transaction=False)
         ids = list(rows_by_receipt)
-        for receipt_id, counts in (changes or {}).items():
-            if receipt_id in rows_by_receipt:
-                pipe.hset(receipt_key(tenant, receipt_id), f"{CHANGES_PREFIX}{table}", orjson.dumps(counts))
-        for receipt_id in ids:
-            self._mark(
-                keys=[receipt_key(tenant, receipt_id), backlog_key(tenant)],
-                args=[table, f"{snapshot_id}:{rows_by_receipt[receipt_id]}", now],
-                client=pipe,
-            )
+        if changes:
+            pipe = self._client.pipeline(transaction=True)  # one tenant's keys: one slot, on a cluster too
+            for receipt_id, counts in changes.items():
+                if receipt_id in rows_by_receipt:
+                    pipe.hset(receipt_key(tenant, receipt_id), f"{CHANGES_PREFIX}{table}", orjson.dumps(counts))
+            pipe.execute()
+        marked = self._mark(
+            keys=[backlog_key(tenant), *(receipt_key(tenant, r) for r in ids)],
+            args=[table, now, *(f"{snapshot_id}:{rows_by_receipt[r]}" for r in ids)],
+        ) if ids else []
         completed = []
-        for receipt_id, done in zip(ids, pipe.execute()[-len(ids):] if ids else []):
+        for receipt_id, done in zip(ids, marked):
             if done:  # its created_at: the request's acceptance
                 completed.append(receipt_id)
                 if float(done) > 0:
@@ -58,17 +58,19 @@ class ReceiptPublisher:
 
     def dead_letter(self, tenant: str, table: str, entry_id: str, fields: dict[bytes, bytes], reason: str) -> list[str]:
         """Park a commit-stream entry that can never be committed on the table's dead commit stream
-        with the reason, and fail its receipts, in one transaction; returns the receipts failed."""
+        with the reason, and fail its receipts; returns the receipts failed."""
         receipts = list(orjson.loads(fields[commit_entry.RECEIPTS.encode()]))
         now = f"{time.time():.3f}"
+        # Its receipts failed first, then the entry parked: a crash in between leaves the entry to
+        # be parked again, and failing a failed receipt does nothing.
+        marked = self._fail(keys=[backlog_key(tenant), *(receipt_key(tenant, r) for r in receipts)], args=[reason, now]) if receipts else []
+        failed = [receipt_id for receipt_id, done in zip(receipts, marked) if done]
         pipe = self._client.pipeline(transaction=True)
         parked = {**fields, commit_entry.DEAD_REASON.encode(): reason.encode(), commit_entry.DEAD_AT.encode(): now.encode(),
                   commit_entry.DEAD_ENTRY.encode(): entry_id.encode()}
         pipe.xadd(dead_commit_stream_key(tenant, table), parked)
         pipe.xdel(commit_stream_key(tenant, table), entry_id)
-        for receipt_id in receipts:
-            self._fail(keys=[receipt_key(tenant, receipt_id), backlog_key(tenant)], args=[reason, now], client=pipe)
-        failed = [receipt_id for receipt_id, done in zip(receipts, pipe.execute()[2:]) if done]
+        pipe.execute()
         if failed:
             self._client.publish(COMMITTED_CHANNEL, orjson.dumps(failed))
         return failed

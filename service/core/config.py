@@ -17,6 +17,7 @@ class Settings(BaseSettings):
 
     # External services; when unset, `calve up` starts embedded ones under data_dir.
     redis_url: str | None = None
+    redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
     spark_remote: str | None = None
     catalog_uri: str | None = None
     warehouse: str | None = None

@@ -35,10 +35,8 @@ class SparkDiffs:
         key = keys.feed_diff_key(tenant, table, snapshot_id, schema_id)
         request = DiffRequest(tenant, table, snapshot_id, schema_id, uuid.uuid4().hex)
         if self.client.hsetnx(key, feeds.REQUEST, request.to_json()):  # nobody asked yet
-            pipe = self.client.pipeline(transaction=True)
-            pipe.expire(key, int(self.timeout_s))  # a request lost with its writer is asked again after this
-            pipe.rpush(keys.FEED_DIFFS, request.to_json())
-            pipe.execute()
+            self.client.expire(key, int(self.timeout_s))  # a request lost with its writer (or before it) is asked again after this
+            self.client.rpush(keys.FEED_DIFFS, request.to_json())
             log.info("feed: asked a writer for the changes of snapshot %s of %s.%s (%d rows)", snapshot_id, tenant, table, rows)
         deadline = time.monotonic() + self.timeout_s
         while (raw := self.client.hget(key, feeds.RESULT)) is None:

@@ -73,37 +73,51 @@ if plan.decr ~= cjson.null then redis.call('DECRBY', KEYS[plan.decr[1]], plan.de
 return 1
 """)
 
-# The committer marks one table of a receipt committed; when all its tables are, marks the receipt
-# committed and takes its events off the tenant's backlog (KEYS[2]). Returns 1 only for the call
-# that completed the receipt, so it is announced, and the backlog lowered, once (it returns the
-# receipt's created_at then, else 0).
-# ARGV: table, "<snapshot id>:<rows>", committed_at.
+# The committer marks one table of receipts committed (KEYS[2..]); each receipt all of whose tables
+# are committed is marked committed and its events leave the tenant's backlog (KEYS[1]). For each
+# receipt, returns its created_at only for the call that completed it, so that it is announced, and
+# the backlog lowered, once (else 0). One call for many receipts: a Redis Cluster runs no script
+# inside a pipeline. ARGV: table, committed_at, then "<snapshot id>:<rows>" per receipt.
 MARK_COMMITTED = _lua("""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], '$committed_prefix' .. ARGV[1], ARGV[2])
-local status = redis.call('HGET', KEYS[1], '$status')
-if status == '$committed' or status == '$failed' then return 0 end
-local expected = tonumber(redis.call('HGET', KEYS[1], '$tables') or '0')
-local done = 0
-for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if string.sub(name, 1, $committed_prefix_len) == '$committed_prefix' then done = done + 1 end
+local done_at = {}
+for i = 2, #KEYS do
+  local key, result = KEYS[i], 0
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, '$committed_prefix' .. ARGV[1], ARGV[i + 1])
+    local status = redis.call('HGET', key, '$status')
+    if status ~= '$committed' and status ~= '$failed' then
+      local expected = tonumber(redis.call('HGET', key, '$tables') or '0')
+      local done = 0
+      for _, name in ipairs(redis.call('HKEYS', key)) do
+        if string.sub(name, 1, $committed_prefix_len) == '$committed_prefix' then done = done + 1 end
+      end
+      if done >= expected then
+        redis.call('HSET', key, '$status', '$committed', '$committed_at', ARGV[2])
+        redis.call('DECRBY', KEYS[1], tonumber(redis.call('HGET', key, '$events') or '0'))
+        result = redis.call('HGET', key, '$created_at') or '0'
+      end
+    end
+  end
+  done_at[i - 1] = result
 end
-if done >= expected then
-  redis.call('HSET', KEYS[1], '$status', '$committed', '$committed_at', ARGV[3])
-  redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], '$events') or '0'))
-  return redis.call('HGET', KEYS[1], '$created_at') or '0'
-end
-return 0
+return done_at
 """)
 
 # The committer gives up on a commit-stream entry that can never be committed: each of its receipts
-# not settled yet becomes failed with the reason and leaves the tenant's backlog (KEYS[2]). A later
-# commit of the receipt's other tables (or of this entry, retried by hand) records its snapshot but
-# leaves the status failed: the producer was told. ARGV: reason, failed_at.
+# (KEYS[2..]) not settled yet becomes failed with the reason and leaves the tenant's backlog
+# (KEYS[1]). A later commit of the receipt's other tables (or of this entry, retried by hand)
+# records its snapshot but leaves the status failed: the producer was told. ARGV: reason,
+# failed_at. Returns 1 per receipt it failed, else 0.
 MARK_FAILED = _lua("""
-local status = redis.call('HGET', KEYS[1], '$status')
-if status == false or status == '$committed' or status == '$failed' then return 0 end
-redis.call('HSET', KEYS[1], '$status', '$failed', '$error', ARGV[1], '$committed_at', ARGV[2])
-redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], '$events') or '0'))
-return 1
+local failed = {}
+for i = 2, #KEYS do
+  local status = redis.call('HGET', KEYS[i], '$status')
+  failed[i - 1] = 0
+  if status ~= false and status ~= '$committed' and status ~= '$failed' then
+    redis.call('HSET', KEYS[i], '$status', '$failed', '$error', ARGV[1], '$committed_at', ARGV[2])
+    redis.call('DECRBY', KEYS[1], tonumber(redis.call('HGET', KEYS[i], '$events') or '0'))
+    failed[i - 1] = 1
+  end
+end
+return failed
 """)

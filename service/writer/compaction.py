@@ -46,11 +46,9 @@ class Compactor(LeaderRequests):
                 rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs)
             written = FilesWritten(request.tenant, request.table, list_data_files(directory), {},
                                    removes=request.files, operation=REPLACE, request=request.request)
-            pipe = self.client.pipeline(transaction=True)
             fields = written.to_fields(self.name)
-            pipe.xadd(keys.commit_stream_key(request.tenant, request.table), dict(zip(fields[::2], fields[1::2])))
-            pipe.sadd(keys.TABLES, keys.member(request.tenant, request.table))
-            pipe.execute()
+            self.client.xadd(keys.commit_stream_key(request.tenant, request.table), dict(zip(fields[::2], fields[1::2])))
+            self.client.sadd(keys.TABLES, keys.member(request.tenant, request.table))
         except Exception as exc:  # noqa: BLE001 - compaction is optional work; the leader plans it again
             log.warning("writer: compaction of %s.%s failed: %s", request.tenant, request.table, exc)
             if directory is not None:

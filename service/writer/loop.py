@@ -62,6 +62,7 @@ from spark_jobs.session import close_sessions, reset_session, spark_session
 
 log = logging.getLogger(__name__)
 
+CLUSTER_POLL_MS = 50  # on a Redis Cluster with several tenants' streams, how long an empty read round sleeps
 READ_COUNT = 200  # entries per XREADGROUP call
 # A request that fails its job this many times alone goes to the DLQ (the second attempt rules out
 # a passing fault, such as an executor lost mid-job).
@@ -140,10 +141,7 @@ class Writer:
                 block_ms = 1 if self._retries else 1000  # earlier failures are waiting: only look
             else:
                 block_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            response = self.client.xreadgroup(
-                keys.WRITER_GROUP, self.name, {stream: ">" for stream in streams}, count=READ_COUNT, block=block_ms
-            )
-            for stream, entries in response or []:
+            for stream, entries in self._read(streams, block_ms):
                 stream = text(stream)
                 for entry_id, fields in entries:
                     entry = InputEntry.from_fields(entry_id, fields)
@@ -162,6 +160,22 @@ class Writer:
             if full or time.monotonic() >= deadline:
                 break
         return list(batches.values())
+
+    def _read(self, streams: list[str], block_ms: int) -> list:
+        """New entries of `streams`, waiting up to `block_ms` for some. On a Redis Cluster, which
+        serves one slot per command, each tenant's streams (one slot: their hash tag) are read
+        by a command of their own, without blocking, and an empty round sleeps instead."""
+        by_tenant: dict[str, dict[str, str]] = {}
+        for stream in streams:
+            by_tenant.setdefault(keys.parse_input_stream_key(stream)[0], {})[stream] = ">"
+        if len(by_tenant) == 1 or not self.settings.redis_cluster:
+            return self.client.xreadgroup(keys.WRITER_GROUP, self.name, dict.fromkeys(streams, ">"), count=READ_COUNT, block=block_ms) or []
+        response = []
+        for tenant_streams in by_tenant.values():
+            response += self.client.xreadgroup(keys.WRITER_GROUP, self.name, tenant_streams, count=READ_COUNT) or []
+        if not response:
+            time.sleep(min(block_ms, CLUSTER_POLL_MS) / 1000)
+        return response
 
     def reclaim_stale(self) -> list[Batch]:
         """Take over entries that a crashed writer read but never acknowledged."""

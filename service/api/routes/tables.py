@@ -184,11 +184,11 @@ async def run_maintenance(
     await run_in_threadpool(table_or_404, catalog, principal.tenant, name)
     request, tasks = uuid.uuid4().hex, sorted(set(body.tasks))
     member = keys.member(principal.tenant, name)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.maintenance_key(principal.tenant, name), mapping=dict.fromkeys(tasks, request))
-        pipe.sadd(keys.MAINTENANCE, member)
-        pipe.sadd(keys.TABLES, member)
-        await pipe.execute()
+    # The tasks first, then the registries the leaders scan (another cluster slot): a leader that
+    # finds the table there finds its tasks.
+    await client.hset(keys.maintenance_key(principal.tenant, name), mapping=dict.fromkeys(tasks, request))
+    await client.sadd(keys.MAINTENANCE, member)
+    await client.sadd(keys.TABLES, member)
     deadline = time.monotonic() + body.wait_s
     while True:
         runs = await client.hgetall(keys.upkeep_key(principal.tenant, name))
