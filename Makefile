@@ -31,6 +31,7 @@ run: $(STAMP) system-deps
 test: $(STAMP) test-deps
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
+# CALVE_SPARK_WORKERS=2 make bench: the same on a 2-worker Spark standalone cluster.
 bench: $(STAMP) system-deps
 	$(PY) -m tests.bench.ingest_bench
 

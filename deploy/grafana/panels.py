@@ -100,6 +100,7 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    target = Path(__file__).with_name("calve.json")
-    target.write_text(render())
+    # The chart carries a copy: Helm reads only files inside the chart.
+    for target in (Path(__file__).with_name("calve.json"), Path(__file__).parents[2] / "helm" / "calve" / "dashboards" / "calve.json"):
+        target.write_text(render())
     print(f"wrote {target}", file=sys.stderr)

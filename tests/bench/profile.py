@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-ROLE_ORDER = ("api", "writer", "committer", "spark", "redis", "supervisor", "load generator")
+ROLE_ORDER = ("api", "writer", "committer", "spark", "spark executors", "spark cluster", "redis", "supervisor", "load generator")
 METRIC = re.compile(r"^(calve_(?:spark_job|commit)_duration_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
@@ -31,6 +31,10 @@ def role_of(process: psutil.Process) -> str | None:
         return "supervisor"
     if "java" in command and "SparkConnect" in command:
         return "spark"
+    if "java" in command and ("deploy.master.Master" in command or "deploy.worker.Worker" in command):
+        return "spark cluster"  # CALVE_SPARK_WORKERS: the standalone master and workers
+    if "java" in command and "CoarseGrainedExecutorBackend" in command:
+        return "spark executors"
     if "redis-server" in command:
         return "redis"
     return None
