@@ -345,17 +345,44 @@ async function dlqPage() {
   } catch (e) { fail(view, e); }
 }
 
+// One tenant's limits: a value replaces the tenant's own, an empty field sets it back to the default.
+function limitsForm(tenant) {
+  const form = el("form"); form.id = "tenant-limits";
+  form.appendChild(el("h2", `Limits of ${tenant.name}`));
+  const fields = ["max_events_per_s", "max_bytes_per_s", "max_backlog_events"].map((key) => {
+    const input = el("input"); input.name = key; input.type = "number"; input.min = "1";
+    input.placeholder = `${key} (empty: default)`;
+    if (tenant[key] !== null && tenant[key] !== undefined) input.value = String(tenant[key]);
+    form.append(el("label", key), input, " ");
+    return input;
+  });
+  const save = el("button", "Save"); save.type = "submit";
+  const outcome = el("p"); outcome.id = "tenant-limits-outcome";
+  form.append(save, button("Back", () => tenantsPage()), outcome);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const body = {};
+    fields.forEach((input) => { body[input.name] = input.value ? Number(input.value) : null; });
+    try {
+      await api(`/v1/tenants/${encodeURIComponent(tenant.name)}`, { method: "PATCH", body });
+      tenantsPage();
+    } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+  });
+  return form;
+}
+
 async function tenantsPage() {
   const view = page("Tenants (operator token)");
   try {
     const { tenants } = await api("/v1/tenants");
     view.appendChild(grid(tenants.map((t) => ({
-      name: t.name, disabled: t.disabled, max_events_per_s: t.max_events_per_s, max_bytes_per_s: t.max_bytes_per_s,
-      max_backlog_events: t.max_backlog_events, created_at: t.created_at })), (row) => [
+      name: t.name, disabled: t.disabled, backlog_events: t.backlog_events, max_events_per_s: t.max_events_per_s,
+      max_bytes_per_s: t.max_bytes_per_s, max_backlog_events: t.max_backlog_events, created_at: t.created_at })), (row) => [
       button(row.disabled ? "Enable" : "Disable", async () => {
         if (!row.disabled && !confirm(`Disable tenant ${row.name}? Its tokens stop working at once.`)) return;
         try { await api(`/v1/tenants/${encodeURIComponent(row.name)}/${row.disabled ? "enable" : "disable"}`, { method: "POST" }); tenantsPage(); } catch (e) { fail(view, e); }
       }),
+      button("Limits", () => view.replaceChildren(limitsForm(row))),
     ]));
   } catch (e) { fail(view, e); return; }
   view.appendChild(el("h2", "New tenant"));

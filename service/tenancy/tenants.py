@@ -135,6 +135,19 @@ def create_tenant(session: Session, name: str, **limits: int | None) -> Tenant:
     return tenant
 
 
+def set_tenant_limits(session: Session, name: str, **limits: int | None) -> Tenant:
+    """Change a tenant's limits: each one given replaces its value (None: back to the default)."""
+    tenant = get_tenant(session, name)
+    if tenant is None:
+        raise NotFound(f"no tenant {name!r}")
+    for limit, value in limits.items():
+        setattr(tenant, limit, value)
+    session.add(tenant)
+    session.commit()
+    session.refresh(tenant)
+    return tenant
+
+
 def list_tenants(session: Session) -> list[Tenant]:
     return list(session.exec(select(Tenant).order_by(Tenant.name)))
 

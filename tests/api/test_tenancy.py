@@ -217,6 +217,30 @@ def test_backlog_cap_is_503_for_that_tenant_only(api: Stack) -> None:
     assert int(api.redis.get(keys.backlog_key("small"))) == 120
 
 
+@SQLITE_ONLY
+def test_an_operator_changes_a_tenants_limits_and_sees_its_backlog(api: Stack) -> None:
+    """A tighter backlog cap applies to the next request, null sets it back to the default; the
+    tenants list shows each tenant's backlog (no writer runs here: nothing is committed)."""
+    events = [{"n": i} for i in range(30)]
+    assert call(api, api.beta, "POST", "/logs", events).status_code == 202
+    with api.client(api.operator) as http:
+        listed = {t["name"]: t for t in http.get("/v1/tenants").json()["tenants"]}
+        assert listed["beta"]["backlog_events"] == 30 and listed["demo"]["backlog_events"] == 0
+        # A request is refused once the backlog has reached the cap: beta's 30 reach 30.
+        changed = http.patch("/v1/tenants/beta", json={"max_backlog_events": 30, "max_events_per_s": 1000})
+        assert changed.status_code == 200 and changed.json()["max_backlog_events"] == 30, changed.text
+        assert http.patch("/v1/tenants/nobody", json={"max_backlog_events": 40}).status_code == 404
+        assert http.patch("/v1/tenants/beta", json={"max_backlog_events": 0}).status_code == 422
+        assert http.patch("/v1/tenants/beta", json={"max_backlog_events": "40"}).status_code == 422
+        assert http.patch("/v1/tenants/beta", json={"max_bytes_per_s": 5e6}).json()["max_bytes_per_s"] == 5_000_000, "JSON's 5e6 is an integer"
+    assert call(api, api.beta, "POST", "/logs", events).status_code == 503, "the new cap applies at once"
+    assert call(api, api.beta, "PATCH", "/v1/tenants/beta", {"max_backlog_events": None}).status_code == 403, "operators only"
+    with api.client(api.operator) as http:
+        reset = http.patch("/v1/tenants/beta", json={"max_backlog_events": None}).json()
+    assert reset["max_backlog_events"] is None and reset["max_events_per_s"] == 1000, "only the limits given change"
+    assert call(api, api.beta, "POST", "/logs", events).status_code == 202, "back to the default cap"
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

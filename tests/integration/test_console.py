@@ -237,6 +237,17 @@ def test_an_operator_creates_disables_and_enables_a_tenant_in_the_browser(stack:
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
         assert http.get("/v1/tables").status_code in (401, 403), "a disabled tenant's token is refused"
     page.screenshot(path=str(tmp_path / "tenants.png"), full_page=True)
+    # Limits: one changed, one back to the default; the list shows them and the backlog.
+    page.locator("#view tr", has_text="acme").locator("button", has_text="Limits").click()
+    page.fill("#tenant-limits input[name=max_backlog_events]", "777")
+    page.fill("#tenant-limits input[name=max_events_per_s]", "")
+    page.click("#tenant-limits button[type=submit]")
+    page.wait_for_selector("#new-tenant")
+    assert "backlog_events" in page.inner_text("#view thead")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {operator}"}) as http:
+        (listed,) = [t for t in http.get("/v1/tenants").json()["tenants"] if t["name"] == "acme"]
+    assert listed["max_backlog_events"] == 777 and listed["max_events_per_s"] is None and listed["backlog_events"] == 0
+    assert "777" in page.locator("#view tr", has_text="acme").inner_text()
     page.locator("#view tr", has_text="acme").locator("button", has_text="Enable").click()
     page.locator("#view tr", has_text="acme").locator("button", has_text="Disable").wait_for()
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from typing import Annotated
+
+from fastapi import APIRouter, Request, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, TenantName
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.core.keys import AUTH_CHANNEL
+from service.core.keys import AUTH_CHANNEL, backlog_key
 from service.core.models import TenantPublic
 from service.tenancy.names import NAME_PATTERN, RULE
 from service.tenancy.tenants import (
@@ -16,19 +18,36 @@ from service.tenancy.tenants import (
     issue_token,
     list_tenants,
     set_tenant_disabled,
+    set_tenant_limits,
 )
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"], responses=error_responses(*AUTH_ERRORS))
 MAX_LIMIT = 2**53
 
 
+def _whole_number(value: object) -> object:
+    # JSON Schema's integer includes 1757.0; a string ("40") stays a string, and is refused.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Bounded so that Redis's Lua numbers (doubles) hold them exactly.
+Limit = Annotated[int, Field(gt=0, le=MAX_LIMIT, strict=True), BeforeValidator(_whole_number)]
+
+
 class TenantCreate(BaseModel):
     # The pattern is declared for the document; create_tenant checks it, with a message naming the rule.
     name: str = Field(json_schema_extra={"pattern": NAME_PATTERN}, description=f"{RULE}; becomes the Iceberg namespace")
-    # Bounded so that Redis's Lua numbers (doubles) hold them exactly.
-    max_events_per_s: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
-    max_bytes_per_s: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
-    max_backlog_events: int | None = Field(None, gt=0, le=MAX_LIMIT, strict=True)
+    max_events_per_s: Limit | None = None
+    max_bytes_per_s: Limit | None = None
+    max_backlog_events: Limit | None = None
+
+
+class TenantLimits(BaseModel):
+    """Each limit given replaces the tenant's own; null sets it back to the service default."""
+
+    max_events_per_s: Limit | None = None
+    max_bytes_per_s: Limit | None = None
+    max_backlog_events: Limit | None = None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 409, 413, 422))
@@ -39,8 +58,30 @@ def add_tenant(body: TenantCreate, _operator: OperatorPrincipal, session: Sessio
 
 
 @router.get("")
-def read_tenants(_operator: OperatorPrincipal, session: SessionDep) -> dict:
-    return {"tenants": [TenantPublic.model_validate(t, from_attributes=True) for t in list_tenants(session)]}
+async def read_tenants(_operator: OperatorPrincipal, session: SessionDep, client: RedisDep) -> dict:
+    """Every tenant with its limits and its backlog now (events accepted, not yet committed)."""
+    tenants = await run_in_threadpool(list_tenants, session)
+    # One key per tenant, each in its tenant's slot: a pipeline, not MGET (a cluster splits it).
+    async with client.pipeline(transaction=False) as pipe:
+        for tenant in tenants:
+            pipe.get(backlog_key(tenant.name))
+        backlogs = await pipe.execute()
+    return {"tenants": [
+        TenantPublic.model_validate(t, from_attributes=True).model_dump() | {"backlog_events": max(0, int(backlog or 0))}
+        for t, backlog in zip(tenants, backlogs)
+    ]}
+
+
+@router.patch("/{name}", responses=error_responses(404, 413, 422))
+async def change_tenant_limits(
+    name: TenantName, body: TenantLimits, request: Request, _operator: OperatorPrincipal, session: SessionDep, client: RedisDep,
+) -> TenantPublic:
+    """Change a tenant's rate and backlog limits: this api process applies them to the next
+    request, the others when they hear of it (within CALVE_AUTH_CACHE_S at worst)."""
+    tenant = await run_in_threadpool(set_tenant_limits, session, name, **body.model_dump(exclude_unset=True))
+    request.app.state.principals.clear()
+    await client.publish(AUTH_CHANNEL, b"tenant-limits")
+    return TenantPublic.model_validate(tenant, from_attributes=True)
 
 
 @router.post("/{name}/disable", responses=error_responses(404, 422))
