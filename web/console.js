@@ -282,6 +282,28 @@ function filterQuery(filter) {
   return Object.entries(filter).filter(([, v]) => v).map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("&");
 }
 
+// One dead letter whole: every field, and its event pretty-printed when it is JSON (as text:
+// nothing in it is ever markup), with a replay of it alone.
+function showDeadLetter(detail, entry) {
+  let event = entry.event;
+  try { event = JSON.stringify(parseExact(entry.event), null, 2); } catch { /* not JSON: shown as it came */ }
+  const fields = el("dl", undefined, "facts");
+  Object.entries(entry).filter(([key]) => key !== "event").forEach(([key, value]) => {
+    fields.append(el("dt", key), el("dd", value === null || value === undefined ? "" : String(value)));
+  });
+  const outcome = el("p"); outcome.id = "dlq-entry-outcome";
+  const replay = button("Replay this one", async () => {
+    try {
+      const answer = await api("/v1/dlq/replay", { method: "POST", body: { ids: [entry.dlq_id] } });
+      outcome.textContent = `replayed ${answer.replayed}; waiting for the commit…`;
+      const statuses = await Promise.all(Object.values(answer.receipts).map(followReceipt));
+      outcome.textContent = `replayed ${answer.replayed}: receipt ${Object.values(answer.receipts).join(", ")} ${statuses.join(", ")}`;
+    } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+  });
+  detail.replaceChildren(el("h2", `Dead letter ${entry.dlq_id}`), fields, el("pre", event), replay, outcome);
+  detail.scrollIntoView();
+}
+
 async function dlqPage() {
   const view = page("Dead letters");
   const form = el("form"); form.id = "dlq-filter";
@@ -307,8 +329,10 @@ async function dlqPage() {
     view.appendChild(grid(entries.map((e) => ({
       failed_at: e.failed_at, pipeline: e.pipeline, table: e.table, reason: e.reason, event: e.event, receipt: e.receipt })), (_row, index) => {
       const box = el("input"); box.type = "checkbox"; box.value = entries[index].dlq_id; boxes.push(box);
-      return [box];
+      return [box, button("View", () => showDeadLetter(detail, entries[index]))];
     }));
+    const detail = el("div"); detail.id = "dlq-entry";
+    view.appendChild(detail);
     const outcome = el("p"); outcome.id = "replay-outcome";
     const replay = button("Replay selected", async () => {
       const ids = boxes.filter((b) => b.checked).map((b) => b.value);

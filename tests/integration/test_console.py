@@ -167,6 +167,11 @@ def test_a_user_creates_a_pipeline_sends_events_replays_the_dlq_and_manages_toke
     # Replay the dead letter: it fails again (still no id), and the replay's receipt completes.
     page.click("#nav a[href='#dlq']")
     page.wait_for_selector("#view input[type=checkbox]")
+    # Its detail first: every field, and the event pretty-printed.
+    page.click("#view tbody button:text-is('View')")
+    page.wait_for_selector("#dlq-entry pre")
+    assert '"amount": 3' in page.inner_text("#dlq-entry pre")
+    assert "missing required field" in page.inner_text("#dlq-entry dl") and "orders" in page.inner_text("#dlq-entry dl")
     page.check("#view input[type=checkbox]")
     page.click("#replay")
     page.wait_for_selector("#replay-outcome:has-text('committed')", timeout=90_000)
