@@ -400,7 +400,8 @@ async function tenantsPage() {
   try {
     const { tenants } = await api("/v1/tenants");
     view.appendChild(grid(tenants.map((t) => ({
-      name: t.name, disabled: t.disabled, backlog_events: t.backlog_events, max_events_per_s: t.max_events_per_s,
+      name: t.name, disabled: t.disabled, backlog_events: t.backlog_events, received_events: t.received_events,
+      committed_events: t.committed_events, max_events_per_s: t.max_events_per_s,
       max_bytes_per_s: t.max_bytes_per_s, max_backlog_events: t.max_backlog_events, created_at: t.created_at })), (row) => [
       button(row.disabled ? "Enable" : "Disable", async () => {
         if (!row.disabled && !confirm(`Disable tenant ${row.name}? Its tokens stop working at once.`)) return;

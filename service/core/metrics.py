@@ -178,19 +178,30 @@ def tenant_totals(tenant: str) -> dict:
     """One tenant's counters since the processes started, for the console's live overview (the
     browser turns two of them into rates): events received per pipeline, committed per table, commit
     failures per table, refusals per reason, and the wait=true latency sum and count."""
-    totals: dict = {key: ({} if label else 0.0) for key, label in TENANT_TOTALS.values()}
+    return every_tenant_totals().get(tenant) or _no_totals()
+
+
+def every_tenant_totals() -> dict[str, dict]:
+    """tenant_totals of every tenant that has any, read in one pass over the metrics."""
+    every: dict[str, dict] = {}
     for family in _registry().collect():
         for sample in family.samples:
             wanted = TENANT_TOTALS.get(sample.name)
-            if wanted is None or sample.labels.get("tenant") != tenant:
+            tenant = sample.labels.get("tenant")
+            if wanted is None or tenant is None:
                 continue
+            totals = every.setdefault(tenant, _no_totals())
             key, label = wanted
             if label is None:
                 totals[key] += sample.value
             else:
                 split = totals[key]
                 split[sample.labels[label]] = split.get(sample.labels[label], 0.0) + sample.value
-    return totals
+    return every
+
+
+def _no_totals() -> dict:
+    return {key: ({} if label else 0.0) for key, label in TENANT_TOTALS.values()}
 
 
 def render(client: redis.Redis) -> bytes:

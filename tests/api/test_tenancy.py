@@ -226,6 +226,7 @@ def test_an_operator_changes_a_tenants_limits_and_sees_its_backlog(api: Stack) -
     with api.client(api.operator) as http:
         listed = {t["name"]: t for t in http.get("/v1/tenants").json()["tenants"]}
         assert listed["beta"]["backlog_events"] == 30 and listed["demo"]["backlog_events"] == 0
+        assert listed["beta"]["received_events"] == 30 and listed["beta"]["committed_events"] == 0
         # A request is refused once the backlog has reached the cap: beta's 30 reach 30.
         changed = http.patch("/v1/tenants/beta", json={"max_backlog_events": 30, "max_events_per_s": 1000})
         assert changed.status_code == 200 and changed.json()["max_backlog_events"] == 30, changed.text

@@ -248,7 +248,7 @@ def test_an_operator_creates_disables_and_enables_a_tenant_in_the_browser(stack:
     page.fill("#tenant-limits input[name=max_events_per_s]", "")
     page.click("#tenant-limits button[type=submit]")
     page.wait_for_selector("#new-tenant")
-    assert "backlog_events" in page.inner_text("#view thead")
+    assert "backlog_events" in page.inner_text("#view thead") and "committed_events" in page.inner_text("#view thead")
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {operator}"}) as http:
         (listed,) = [t for t in http.get("/v1/tenants").json()["tenants"] if t["name"] == "acme"]
     assert listed["max_backlog_events"] == 777 and listed["max_events_per_s"] is None and listed["backlog_events"] == 0

@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, TenantName
 from service.api.errors import AUTH_ERRORS, error_responses
+from service.core import metrics
 from service.core.keys import AUTH_CHANNEL, backlog_key
 from service.core.models import TenantPublic
 from service.tenancy.names import NAME_PATTERN, RULE
@@ -59,15 +60,22 @@ def add_tenant(body: TenantCreate, _operator: OperatorPrincipal, session: Sessio
 
 @router.get("")
 async def read_tenants(_operator: OperatorPrincipal, session: SessionDep, client: RedisDep) -> dict:
-    """Every tenant with its limits and its backlog now (events accepted, not yet committed)."""
+    """Every tenant with its limits, its backlog now (events accepted, not yet committed), and the
+    events it sent and had committed since the processes started."""
     tenants = await run_in_threadpool(list_tenants, session)
+    usage = await run_in_threadpool(metrics.every_tenant_totals)
     # One key per tenant, each in its tenant's slot: a pipeline, not MGET (a cluster splits it).
     async with client.pipeline(transaction=False) as pipe:
         for tenant in tenants:
             pipe.get(backlog_key(tenant.name))
         backlogs = await pipe.execute()
     return {"tenants": [
-        TenantPublic.model_validate(t, from_attributes=True).model_dump() | {"backlog_events": max(0, int(backlog or 0))}
+        TenantPublic.model_validate(t, from_attributes=True).model_dump() | {
+            "backlog_events": max(0, int(backlog or 0)),
+            # Since the processes started (the console turns them into rates between two looks).
+            "received_events": int(sum(usage.get(t.name, {}).get("received", {}).values())),
+            "committed_events": int(sum(usage.get(t.name, {}).get("committed", {}).values())),
+        }
         for t, backlog in zip(tenants, backlogs)
     ]}
 
