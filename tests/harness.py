@@ -1,16 +1,21 @@
 """The real parts, for the tests and the fault suite (`make chaos`).
 
 Servers that can be killed and started again on the same port and data (Redis from its AOF, Spark
-Connect), and a Stack: Calve's roles as real `python -m service.cli <role>` processes.
+Connect), and a Stack: Calve's roles as real `service.cli <role>` processes, forked from a process
+that has imported their libraries already (tests/forkserver.py; CALVE_TEST_FORK=0 starts each with
+`python -m service.cli <role>` instead).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +33,81 @@ from service.iceberg.catalog import load_table, open_catalog
 from service.tenancy.tenants import bootstrap
 
 TEST_TOKEN = "calve_test-token-not-a-secret-0123456789abcdef"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class Forked:
+    """A role forked by the ForkServer: the subprocess.Popen calls the tests make, on a child of
+    this process (it was reparented here), so its exit status is this process's to read."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """tests/forkserver.py, started once per test process: it saves each role 3 to 4 CPU-seconds
+    of imports, which on this 2-core machine is most of what starting a stack costs."""
+
+    _instance: ForkServer | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CALVE_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )
+        if self.process.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"tests/forkserver.py did not start (exit code {self.process.wait()})")
+
+    @classmethod
+    def shared(cls) -> ForkServer | None:
+        """This process's fork server; None on CALVE_TEST_FORK=0 (or where Linux offers no subreaper)."""
+        if os.environ.get("CALVE_TEST_FORK", "1") == "0" or not sys.platform.startswith("linux"):
+            return None
+        with cls._lock:
+            if cls._instance is None or cls._instance.process.poll() is not None:
+                cls._instance = ForkServer()
+            return cls._instance
+
+    def start(self, role: str, env: dict[str, str], log: Path) -> Forked:
+        request = {"role": role, "env": env, "cwd": os.getcwd(), "log": str(log)}
+        with self._lock:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"tests/forkserver.py exited (code {self.process.wait()}) instead of starting {role}")
+        return Forked(int(answer), [sys.executable, "-m", "service.cli", role])
 
 
 class RedisServer:
@@ -139,7 +219,7 @@ class Stack:
     settings: Settings
     redis: redis.Redis
     port: int
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -152,12 +232,16 @@ class Stack:
 
     def start(
         self, role: str, name: str | None = None, port: int | None = None, env: dict[str, str] | None = None
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen | Forked:
         """Start a role process; an api on another `port` is a second replica; `env` adds variables."""
-        log = open(self.data_dir / f"{name or role}.log", "ab")  # noqa: SIM115
+        log_path = self.data_dir / f"{name or role}.log"
         env = self.env | ({"CALVE_PORT": str(port)} if port else {}) | (env or {})
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        server = ForkServer.shared()
+        if server is not None:
+            proc = server.start(role, env, log_path)
+        else:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "service.cli", role], env=env, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name or role] = proc
         if role == "api":
             processes.wait_for_port(port or self.port, 60, proc, "api", self.data_dir / f"{name or role}.log")
