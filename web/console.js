@@ -189,7 +189,7 @@ async function tablePage(name) {
   view.appendChild(el("p", "loading…"));
   try {
     const path = "/v1/tables/" + encodeURIComponent(name);
-    const [info, preview] = await Promise.all([api(path), api(path + "/rows?limit=50")]);
+    const info = await api(path);
     view.lastChild.remove();
     const { upkeep, ...health } = info.health;
     view.appendChild(facts({ location: info.location, current_snapshot_id: info.current_snapshot_id, ...health }));
@@ -204,8 +204,31 @@ async function tablePage(name) {
     view.appendChild(el("h2", "Upkeep"));
     view.appendChild(grid(Object.entries(upkeep || {}).map(([task, run]) => ({ task, ...run }))));
     view.appendChild(el("h2", "Rows (first 50)"));
-    view.appendChild(grid(preview.rows));
+    view.appendChild(rowsPreview(path));
   } catch (e) { view.replaceChildren(el("h2", `Table ${name}`)); fail(view, e); }
+}
+
+// The first 50 rows, or the first 50 that match a filter (the API checks it and names what is wrong).
+function rowsPreview(path) {
+  const box = el("div");
+  const form = el("form"); form.id = "row-filter";
+  const input = el("input"); input.name = "filter"; input.size = 60;
+  input.placeholder = "level = 'error' and status >= 500";
+  const apply = el("button", "Filter"); apply.type = "submit";
+  form.append(input, " ", apply);
+  const rows = el("div"); rows.id = "rows";
+  const load = async () => {
+    rows.replaceChildren(el("p", "loading…"));
+    const filter = input.value.trim();
+    try {
+      const preview = await api(path + "/rows?limit=50" + (filter ? "&filter=" + encodeURIComponent(filter) : ""));
+      rows.replaceChildren(grid(preview.rows));
+    } catch (e) { rows.replaceChildren(); fail(rows, e); }
+  };
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); load(); });
+  box.append(form, rows);
+  load();
+  return box;
 }
 
 const NEW_PIPELINE = `name: orders

@@ -69,13 +69,23 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     page.screenshot(path=str(tmp_path / "tables.png"), full_page=True)
 
     page.click("#view .list a:text-is('logs')")
-    page.wait_for_selector("#view table")
+    page.wait_for_selector("#rows table")
     assert page.url.endswith("#table/logs")
     assert page.locator("#view h2").first.inner_text() == "Table logs", "the table's page replaces the list, at the top"
     text = page.inner_text("#view")
     assert str(snapshot_id) in text, f"snapshot id {snapshot_id} shown exactly"
     assert HOSTILE in text, "an event's HTML is shown as text"
     page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
+    page.fill("#row-filter input", "id = 'b'")
+    page.click("#row-filter button")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#rows tbody tr")).to_have_count(1)
+    assert "plain" in page.inner_text("#rows") and HOSTILE not in page.inner_text("#rows"), "only the row that matches"
+    page.fill("#row-filter input", "colour = 'red'")
+    page.click("#row-filter button")
+    page.wait_for_selector("#rows .err")
+    assert "query.filter" in page.inner_text("#rows .err") and "colour" in page.inner_text("#rows .err")
 
     page.reload()
     page.wait_for_selector("#view table")
@@ -110,7 +120,8 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     assert TEST_TOKEN not in page.url
     page.click("#signout")
     assert page.evaluate("sessionStorage.getItem('calve-token')") is None
-    assert not [e for e in page.errors if "401" not in e], page.errors
+    # The browser logs the answers to the bad token (401) and the bad filter (422) as errors; nothing else.
+    assert not [e for e in page.errors if "401" not in e and "422" not in e], page.errors
 
 
 BAD_DEFINITION = """name: orders

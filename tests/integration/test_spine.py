@@ -138,6 +138,16 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
         summary = described["snapshots"][0]["summary"]
         assert summary[keys.SUMMARY_WATERMARK] and summary[keys.SUMMARY_FENCE]
         assert http.get("/v1/tables/logs/rows?limit=5").json()["rows"] == [{"id": "t1", "level": "info"}]
+        body = "\n".join(f'{{"id": "e{i}", "level": "error", "n": {i}}}' for i in range(5))
+        assert http.post("/logs?wait=true", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
+        rows = http.get("/v1/tables/logs/rows", params={"filter": "level = 'error' and id in ('e1', 'e3', 't1')"}).json()["rows"]
+        assert sorted(row["id"] for row in rows) == ["e1", "e3"]
+        assert http.get("/v1/tables/logs/rows", params={"filter": "level = 'debug'"}).json()["rows"] == []
+        for bad, says in (("level = ", "at character 1"), ("colour = 'red'", "colour"), ("level = 'x' and", "character")):
+            answer = http.get("/v1/tables/logs/rows", params={"filter": bad})
+            assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "query.filter", answer.text
+            assert says in answer.json()["detail"], answer.text
+        assert "the columns are id, level" in http.get("/v1/tables/logs/rows", params={"filter": "colour = 'red'"}).json()["detail"]
         assert http.get("/v1/tables/nope").status_code == 404
         assert http.get("/v1/tables/..%2Fetc").status_code in (404, 422)
         assert http.get("/v1/receipts/" + "0" * 32).status_code == 404

@@ -11,10 +11,15 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from pyiceberg.exceptions import NoSuchNamespaceError
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.parser import parse as parse_row_filter
+from pyiceberg.expressions.visitors import bind
 from pyiceberg.table import Table
+from pyparsing import ParseException
 
 from service.api.deps import (
     AdminPrincipal,
@@ -97,12 +102,34 @@ def preview_rows(
     principal: ReadPrincipal,
     catalog: CatalogDep,
     limit: int = Query(20, ge=1, le=1000),
+    filter: str | None = Query(  # noqa: A002 - the query parameter's name
+        None, max_length=2000, examples=["level = 'error' and status >= 500"],
+        description="only rows that match: comparisons (= != < <= > >=), in (...), is null, like 'prefix%', "
+                    "between, joined with and, or, not; strings in single quotes",
+    ),
 ) -> Response:
     table = table_or_404(catalog, principal.tenant, name)
-    rows = table.scan(limit=limit).to_arrow().to_pylist()
+    rows = table.scan(row_filter=_row_filter(table, filter), limit=limit).to_arrow().to_pylist()
     # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
     content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
     return Response(content, media_type="application/json")
+
+
+def _row_filter(table: Table, text: str | None) -> BooleanExpression:
+    """The filter parsed and bound to the table's columns, or a 422 naming what is wrong."""
+    if not text or not text.strip():
+        return AlwaysTrue()
+    try:
+        expression = parse_row_filter(text)
+    except ParseException as exc:
+        problem = f"not a row filter at character {exc.loc + 1} (near {text[exc.loc:exc.loc + 20]!r}); e.g. level = 'error' and status >= 500"
+    else:
+        try:
+            bind(table.schema(), expression, case_sensitive=True)
+            return expression
+        except (ValueError, TypeError) as exc:  # an unknown column, a literal the column's type cannot take
+            problem = f"{exc}; the columns are {', '.join(table.schema().column_names)}"
+    raise RequestValidationError([{"loc": ("query", "filter"), "msg": problem, "type": "value_error"}])
 
 
 # -- commit-stream entries the committer gave up on ---------------------------------------------
