@@ -143,7 +143,8 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
         rows = http.get("/v1/tables/logs/rows", params={"filter": "level = 'error' and id in ('e1', 'e3', 't1')"}).json()["rows"]
         assert sorted(row["id"] for row in rows) == ["e1", "e3"]
         assert http.get("/v1/tables/logs/rows", params={"filter": "level = 'debug'"}).json()["rows"] == []
-        for bad, says in (("level = ", "at character 1"), ("colour = 'red'", "colour"), ("level = 'x' and", "character")):
+        for bad, says in (("level = ", "at character 1"), ("colour = 'red'", "colour"), ("level = 'x' and", "character"),
+                          ("level like '%rror'", "wildcard")):
             answer = http.get("/v1/tables/logs/rows", params={"filter": bad})
             assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "query.filter", answer.text
             assert says in answer.json()["detail"], answer.text

@@ -119,10 +119,15 @@ def _row_filter(table: Table, text: str | None) -> BooleanExpression:
     """The filter parsed and bound to the table's columns, or a 422 naming what is wrong."""
     if not text or not text.strip():
         return AlwaysTrue()
+    example = "e.g. level = 'error' and status >= 500"
     try:
         expression = parse_row_filter(text)
     except ParseException as exc:
-        problem = f"not a row filter at character {exc.loc + 1} (near {text[exc.loc:exc.loc + 20]!r}); e.g. level = 'error' and status >= 500"
+        problem = f"not a row filter at character {exc.loc + 1} (near {text[exc.loc:exc.loc + 20]!r}); {example}"
+    except ValueError as exc:  # parsed, but refused: a LIKE pattern with a leading wildcard
+        problem = f"{exc}; {example}"
+    except RecursionError:
+        problem = f"a row filter nested too deep; {example}"
     else:
         try:
             bind(table.schema(), expression, case_sensitive=True)
