@@ -78,6 +78,7 @@ class Target:
     directory: str
     target_file_size: int | None = None  # bytes; approximate (see rows_per_file)
     changes: ChangeSpec | None = None  # row changes by key instead of appends
+    extra_fields: str | None = None  # the map<string, string> column keeping fields no column takes
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,8 @@ class PipelineJob:
         reads (as strings); None when the batch's types must be inferred."""
         if self.known_schema is None:
             return None
-        schema = shadow_type(from_arrow_schema(self.known_schema))
+        extra = self.definition.sinks[0].extra_fields
+        schema = shadow_type(from_arrow_schema(pa.schema([f for f in self.known_schema if f.name != extra])))
         for sink in self.definition.sinks:
             for path in referenced_paths(sink.operation) if getattr(sink, "operation", None) else ():
                 if path[0] in schema.fieldNames():
@@ -371,6 +373,25 @@ class PipelineJob:
             return F.array().cast("array<string>")
         return F.filter(F.array(*[F.when(F.col(c).isNotNull(), F.lit(c)) for c in extra]), lambda name: name.isNotNull())
 
+    def _extra_fields(self, rows: DataFrame, target: Target, consumed: list[str]) -> Column:
+        """The event's top-level fields that no other column of the table takes (and no operation
+        reads), non-null ones, as a map of their JSON text (strings as they are); NULL when none."""
+        taken = {*[n for n in target.schema.names if n != target.extra_fields], *consumed}
+        if self.parsed_with_table_schema:
+            # Parsed with the table's own fields, the others were never read: parse them as text,
+            # only for the events that have any (listing the keys costs less than the map).
+            names = F.array(*[F.lit(n) for n in taken]).cast("array<string>")
+            others = F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast("array<string>")), names)
+            fields = F.from_json(F.col(EVENT), T.MapType(T.StringType(), T.StringType()))
+            kept = F.when(F.size(others) > 0, F.map_filter(fields, lambda k, v: v.isNotNull() & ~F.array_contains(names, k)))
+        else:
+            types = {f.name: f.dataType for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken}
+            if not types:
+                return F.lit(None).cast("map<string,string>")
+            entries = F.array(*[F.struct(F.lit(name).alias("key"), _as_text(F.col(name), data_type).alias("value")) for name, data_type in types.items()])
+            kept = F.map_from_entries(F.filter(entries, lambda entry: entry["value"].isNotNull()))
+        return F.when(F.size(kept) > 0, kept)
+
     def _convert(self, rows: DataFrame, target: Target, consumed: list[str] = ()) -> DataFrame:
         """Rows in the table's types, with a REASON for those that must go to the DLQ instead, and
         the fields no column takes (DROPPED)."""
@@ -381,6 +402,11 @@ class PipelineJob:
         not_delete = F.col(OP) != F.lit("D") if keys else F.lit(True)
         columns, reasons, present = [], [], []
         for column in target_fields:
+            if column.name == target.extra_fields:
+                kept = self._extra_fields(rows, target, list(consumed))
+                columns.append(kept.alias(column.name))
+                present.append(kept.isNotNull())
+                continue
             if column.name in source_types:
                 converted = coerce(F.col(column.name), source_types[column.name], column.dataType)
                 present.append(F.col(column.name).isNotNull())
@@ -404,8 +430,8 @@ class PipelineJob:
                 F.lit(" is not insert, update or delete"),
             )))
             extra.append(OP)
-        return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON),
-                           self._dropped(rows, target, list(consumed)).alias(DROPPED))
+        dropped = F.array().cast("array<string>") if target.extra_fields else self._dropped(rows, target, list(consumed))
+        return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON), dropped.alias(DROPPED))
 
     def _counts(self, counted: list[DataFrame]) -> dict[str, dict[str, tuple[int, int]]]:
         """Rows per table and receipt to write and to send to the DLQ: one Spark action for all tables."""
@@ -464,6 +490,15 @@ class PipelineJob:
             return Output(self.dlq_directory, counts)
         finally:
             dead.unpersist()
+
+
+def _as_text(column: Column, data_type: T.DataType) -> Column:
+    """A field's value as an extra_fields map keeps it: strings as they are, others as JSON."""
+    if isinstance(data_type, T.StringType):
+        return column
+    if isinstance(data_type, (T.StructType, T.ArrayType, T.MapType)):
+        return F.to_json(column)
+    return column.cast("string")
 
 
 def without_null_types(schema: T.StructType) -> T.StructType:

@@ -62,14 +62,14 @@ def events(batches: list) -> tuple[bytes, int]:  # noqa: ANN001 - pyarrow record
     """NDJSON events of a page of changes, and how many."""
     lines = []
     for batch in batches:
-        for row in batch.to_pylist():
+        for row in batch.to_pylist(maps_as_pydicts="lossy"):  # a map column is a JSON object, as events send it
             operation = OPERATIONS.get(row.pop(CHANGE_TYPE))
             if operation is None:
                 continue
             for column in METADATA_COLUMNS:
                 row.pop(column, None)
             row[FEED_OPERATION] = operation
-            lines.append(orjson.dumps(row, default=str))
+            lines.append(orjson.dumps(row, default=str, option=orjson.OPT_NON_STR_KEYS))
     return b"\n".join(lines), len(lines)
 
 

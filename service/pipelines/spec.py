@@ -19,6 +19,7 @@ A definition is YAML or JSON:
           columns: [{name: ts, type: timestamptz, required: true}, {name: status, type: int}]
           partition_spec: [{column: ts, transform: day}]
         schema_evolution: false
+        extra_fields: extra           # a map<string,string> column keeps the fields no column takes
         commit_interval: 5            # seconds
         target_file_size: 134217728   # bytes (compaction's target too)
         snapshot_max_age: 86400       # seconds of snapshots kept (time travel)
@@ -131,6 +132,7 @@ MAX_BUCKETS = 2**31 - 1
 MAX_FILE_SIZE = 2**34  # 16 GiB
 MAX_IDENTIFIER_COLUMNS = 8
 MIN_FILE_SIZE = 2**20  # 1 MiB
+EXTRA_FIELDS_TYPE = "map<string,string>"  # a sink's extra_fields column
 
 _PRIMITIVES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -391,6 +393,10 @@ class Processor(_Strict):
         return next(name for name in ("where", "set", "drop", "rename") if getattr(self, name) is not None)
 
 
+def is_extra_fields_type(column_type: IcebergType) -> bool:
+    return isinstance(column_type, MapType) and column_type.key_type == StringType() and column_type.value_type == StringType()
+
+
 def _column_name(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
         raise ValueError(f"invalid column name {name!r}: letters, digits and '_', not starting with a digit")
@@ -489,6 +495,9 @@ class Sink(_Strict):
     auto_create: bool = False
     schema_: TableSchema | None = Field(default=None, alias="schema")
     schema_evolution: bool = False
+    # The map<string, string> column that keeps each event's top-level fields no other column
+    # takes (values as JSON text, strings as they are): nothing is dropped, no column is added.
+    extra_fields: str | None = Field(default=None, description="column keeping the fields no other column takes")
     commit_interval: float | None = Field(default=None, gt=0, le=3600, description="seconds between commits")
     target_file_size: int | None = Field(default=None, ge=MIN_FILE_SIZE, le=MAX_FILE_SIZE, description="bytes")
     snapshot_max_age: float | None = Field(default=None, gt=0, le=365 * 86400, description="seconds of history the table keeps")
@@ -517,6 +526,11 @@ class Sink(_Strict):
         if value.startswith(RESERVED_TABLE_PREFIX):
             raise ValueError(f"table names starting with {RESERVED_TABLE_PREFIX!r} are Calve's own (the DLQ is {DLQ_TABLE})")
         return value
+
+    @field_validator("extra_fields")
+    @classmethod
+    def _extra_fields(cls, value: str | None) -> str | None:
+        return None if value is None else _column_name(value)
 
     @property
     def dynamic(self) -> bool:
@@ -597,6 +611,21 @@ class PipelineDefinition(_Strict):
                     if not isinstance(column.iceberg_type(), PrimitiveType) or isinstance(column.iceberg_type(), (FloatType, DoubleType)):
                         raise SpecError(f"{where}.identifier_columns", f"column {name!r} is {column.type}; an identifier must be a "
                                         "primitive type other than float and double")
+        return self
+
+    @model_validator(mode="after")
+    def _extra_fields(self) -> PipelineDefinition:
+        for index, sink in enumerate(self.sinks):
+            name, where = sink.extra_fields, f"sinks[{index}].extra_fields"
+            if name is None:
+                continue
+            if name in (sink.identifier_columns or ()):
+                raise SpecError(where, f"column {name!r} identifies rows (identifier_columns); name another column")
+            declared = {column.name: column for column in sink.schema_.columns} if sink.schema_ is not None else {}
+            column = declared.get(name)
+            if column is not None and (column.required or not is_extra_fields_type(column.iceberg_type())):
+                raise SpecError(where, f"the schema declares column {name!r} as {column.type}{' (required)' if column.required else ''}: "
+                                f"leave it out of the schema or declare it an optional {EXTRA_FIELDS_TYPE}")
         return self
 
     @model_validator(mode="after")

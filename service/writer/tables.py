@@ -8,6 +8,7 @@ import logging
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
 from service.core import keys
@@ -19,7 +20,7 @@ from service.iceberg.catalog import (
 )
 from service.iceberg.schema import evolve_schema
 from service.iceberg.upkeep import sink_properties
-from service.pipelines.spec import PipelineDefinition, Sink
+from service.pipelines.spec import EXTRA_FIELDS_TYPE, PipelineDefinition, Sink, is_extra_fields_type
 from service.tenancy.names import RULE, is_valid_name
 from spark_jobs.pipeline_job import (
     DLQ_SCHEMA,
@@ -32,11 +33,14 @@ from spark_jobs.pipeline_job import (
 
 log = logging.getLogger(__name__)
 
+EXTRA_FIELDS_ARROW = pa.map_(pa.string(), pa.string())
+
 
 class TableResolver:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self._dlq_locations: dict[str, str] = {}
+        self._unfit_extra_columns: set[tuple[tuple[str, ...], str]] = set()  # warned about once
 
     def dlq_location(self, tenant: str) -> str:
         """Where the tenant's DLQ table keeps its data (created on first need; it never moves)."""
@@ -78,7 +82,10 @@ class TableResolver:
                 if absent:
                     return f"no event has identifier field {absent[0]!r} to create table {name!r} with"
                 # Identifier fields must be required: events without them go to the DLQ.
-                inferred = pa.schema([field.with_nullable(field.name not in identifiers) for field in inferred])
+                inferred = pa.schema([field.with_nullable(field.name not in identifiers) for field in inferred
+                                      if field.name != sink.extra_fields])
+                if sink.extra_fields:
+                    inferred = inferred.append(pa.field(sink.extra_fields, EXTRA_FIELDS_ARROW))
                 table = create_table_once(self.catalog, tenant, name, inferred)
             if identifiers and not table.schema().identifier_field_ids:
                 table = set_identifier_fields(self.catalog, table, identifiers)
@@ -91,6 +98,7 @@ class TableResolver:
             table = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows))
             if table.schema().schema_id != before:
                 log.info("evolved %s.%s: %s", tenant, name, table.schema())
+        table, extra_fields = self._extra_fields_column(table, sink)
         # Upkeep (planned by the table's leader) reads the sink's settings from the table.
         table = set_table_properties(self.catalog, table, sink_properties(sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count))
         schema = table.schema()
@@ -111,4 +119,25 @@ class TableResolver:
             directory=new_directory(table.location(), "changes" if changes is not None else "batch"),
             target_file_size=sink.target_file_size,
             changes=changes,
+            extra_fields=extra_fields,
         )
+
+    def _extra_fields_column(self, table: Table, sink: Sink) -> tuple[Table, str | None]:
+        """The table with the sink's extra_fields column (added when it lacks it: a table created
+        before, or from a declared schema without it), and the column's name; None when the sink
+        has none, or when the table's column of that name is no optional map<string, string>
+        (then the fields no column takes are named in the answers instead, as without one)."""
+        name = sink.extra_fields
+        if name is None:
+            return table, None
+        try:
+            column = table.schema().find_field(name)
+        except ValueError:
+            return evolve_schema(self.catalog, table, pa.schema([pa.field(name, EXTRA_FIELDS_ARROW)])), name
+        if is_extra_fields_type(column.field_type) and not column.required:
+            return table, name
+        if (table.name(), name) not in self._unfit_extra_columns:
+            self._unfit_extra_columns.add((table.name(), name))
+            log.warning("table %s: column %r is %s, not an optional %s: fields no column takes are dropped (and named in "
+                        "each answer); rename extra_fields in the pipeline", ".".join(table.name()), name, column.field_type, EXTRA_FIELDS_TYPE)
+        return table, None

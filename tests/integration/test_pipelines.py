@@ -4,6 +4,7 @@ DLQ, against the real Redis, Spark Connect and Iceberg tables read back."""
 from __future__ import annotations
 
 import base64
+from time import sleep as pause
 from datetime import date, datetime, time, timezone
 from decimal import Decimal
 
@@ -407,10 +408,11 @@ def test_a_request_that_breaks_its_batchs_plan_fails_alone(stack_factory) -> Non
     assert [(orjson.loads(r["event"])["id"], r["receipt"]) for r in dlq(stack)] == [(4, receipts[4])]
 
 
-def test_fields_no_column_takes_are_named_in_the_answer_and_counted(stack: Stack) -> None:
+def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_the_answer_and_counted(stack: Stack) -> None:
     """No field is dropped in silence: a table without schema evolution names, per request, the
     fields it did not take (whether the events were parsed with the table's schema or inferred),
-    a processor's `drop` is on purpose and not reported; the built-in `logs` names them too."""
+    a processor's `drop` is on purpose and not reported; a sink's extra_fields column (the built-in
+    `logs` has one) keeps them instead."""
     from sqlmodel import Session
 
     from service.core.db import get_engine
@@ -442,11 +444,32 @@ def test_fields_no_column_takes_are_named_in_the_answer_and_counted(stack: Stack
     assert receipt["tables"]["declared"]["dropped_fields"] == ["alpha", "zeta"]
     assert {r["id"]: r["n"] for r in stack.rows("declared")} == {"a": 1, "b": 2, "c": None, "d": 4, "e": None, "f": 6, "g": None}
 
-    # The built-in logs pipeline (no evolution) names what its table lacks.
+    # An extra_fields column keeps what no column takes, as JSON text: nothing is dropped. Here
+    # the events pass processors, so their types were inferred (the next case: never parsed).
+    # Its first version has none: the table is created without the column, which the second adds.
+    kept_pipeline = {
+        "name": "kept", "source": {"http": {"path": "/kept"}}, "processors": [{"drop": ["debug"]}, {"rename": {"svc": "service"}}],
+        "sinks": [{"table": "kept", "auto_create": True, "schema": {"columns": [{"name": "id", "type": "string", "required": True}]}}],
+    }
+    create(stack, kept_pipeline)
+    assert send(stack, "/kept", [{"id": "k0", "x": 0}])["tables"]["kept"]["dropped_fields"] == ["x"]
+    kept_pipeline["sinks"][0]["extra_fields"] = "rest"
+    with stack.client() as http:
+        assert http.put("/v1/pipelines/kept", json=kept_pipeline).status_code == 200
+    pause(stack.settings.pipeline_cache_s + 0.5)  # until the writer has the new version
+    kept = send(stack, "/kept", [{"id": "k1", "debug": 1, "svc": "a", "n": 2, "tags": [1, 2], "rest": "r", "gone": None}, {"id": "k2"}])
+    assert "dropped_fields" not in kept["tables"]["kept"]
+    assert {r["id"]: r["rest"] and dict(r["rest"]) for r in stack.rows("kept")} == {
+        "k0": None, "k1": {"service": "a", "n": "2", "tags": "[1,2]", "rest": "r"}, "k2": None,
+    }
+
+    # The built-in logs pipeline (no evolution) keeps what its table lacks in its _extra column.
     send(stack, "/logs", [{"id": "l1", "msg": "x"}])
-    later_logs = send(stack, "/logs", [{"id": "l2", "msg": "y", "user": {"name": "ann"}, "n": 3}])
-    assert later_logs["tables"]["logs"]["dropped_fields"] == ["n", "user"]
-    assert {r["id"]: r["msg"] for r in stack.rows("logs")} == {"l1": "x", "l2": "y"}
+    later_logs = send(stack, "/logs", [{"id": "l2", "msg": "y", "user": {"name": "ann"}, "n": 3, "gone": None}, {"only": "new"}])
+    assert "dropped_fields" not in later_logs["tables"]["logs"] and later_logs["tables"]["logs"]["rows"] == 2
+    assert {r["id"]: (r["msg"], r["_extra"] and dict(r["_extra"])) for r in stack.rows("logs")} == {
+        "l1": ("x", None), "l2": ("y", {"user": '{"name":"ann"}', "n": "3"}), None: (None, {"only": "new"}),
+    }
 
     with Session(get_engine(stack.settings.resolved_database_url())) as session:
         _row, operator = issue_token(session, None, label="prometheus")
@@ -454,4 +477,5 @@ def test_fields_no_column_takes_are_named_in_the_answer_and_counted(stack: Stack
         text = http.get("/metrics").text
     assert 'calve_events_with_dropped_fields_total{pipeline="declared",tenant="demo"} 4.0' in text
     assert 'calve_events_with_dropped_fields_total{pipeline="trimmed",tenant="demo"} 1.0' in text
-    assert 'calve_events_with_dropped_fields_total{pipeline="logs",tenant="demo"} 1.0' in text
+    assert 'calve_events_with_dropped_fields_total{pipeline="logs"' not in text
+    assert 'calve_events_with_dropped_fields_total{pipeline="kept",tenant="demo"} 1.0' in text, "only before extra_fields"

@@ -134,21 +134,21 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
         assert http.post("/logs?wait=true", json={"id": "t1", "level": "info"}).status_code == 200
         assert http.get("/v1/tables").json() == {"tables": ["_calve_dlq", "logs"]}  # the DLQ is a table of its own
         described = http.get("/v1/tables/logs").json()
-        assert {f["name"] for f in described["schema"]["fields"]} == {"id", "level"}
+        assert {f["name"] for f in described["schema"]["fields"]} == {"id", "level", "_extra"}
         summary = described["snapshots"][0]["summary"]
         assert summary[keys.SUMMARY_WATERMARK] and summary[keys.SUMMARY_FENCE]
-        assert http.get("/v1/tables/logs/rows?limit=5").json()["rows"] == [{"id": "t1", "level": "info"}]
+        assert http.get("/v1/tables/logs/rows?limit=5").json()["rows"] == [{"id": "t1", "level": "info", "_extra": None}]
         body = "\n".join(f'{{"id": "e{i}", "level": "error", "n": {i}}}' for i in range(5))
         assert http.post("/logs?wait=true", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
         rows = http.get("/v1/tables/logs/rows", params={"filter": "level = 'error' and id in ('e1', 'e3', 't1')"}).json()["rows"]
-        assert sorted(row["id"] for row in rows) == ["e1", "e3"]
+        assert sorted((row["id"], row["_extra"]) for row in rows) == [("e1", {"n": "1"}), ("e3", {"n": "3"})], "a map is an object"
         assert http.get("/v1/tables/logs/rows", params={"filter": "level = 'debug'"}).json()["rows"] == []
         for bad, says in (("level = ", "at character 1"), ("colour = 'red'", "colour"), ("level = 'x' and", "character"),
                           ("level like '%rror'", "wildcard")):
             answer = http.get("/v1/tables/logs/rows", params={"filter": bad})
             assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "query.filter", answer.text
             assert says in answer.json()["detail"], answer.text
-        assert "the columns are id, level" in http.get("/v1/tables/logs/rows", params={"filter": "colour = 'red'"}).json()["detail"]
+        assert "the columns are id, level, _extra" in http.get("/v1/tables/logs/rows", params={"filter": "colour = 'red'"}).json()["detail"]
         assert http.get("/v1/tables/nope").status_code == 404
         assert http.get("/v1/tables/..%2Fetc").status_code in (404, 422)
         assert http.get("/v1/receipts/" + "0" * 32).status_code == 404

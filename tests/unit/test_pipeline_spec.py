@@ -90,3 +90,30 @@ def test_row_change_settings_that_fit_are_accepted() -> None:
     assert sink.row_changes and sink.mode == "append"
     existing = parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [{"table": "t", "mode": "upsert"}]}).sinks[0]
     assert existing.row_changes and existing.identifier_columns is None, "an existing table's identifier fields serve"
+
+
+EXTRA_FIELDS_CASES = [
+    ({"extra_fields": "1st"}, "sinks[0].extra_fields", "invalid column name"),
+    ({"extra_fields": "_calve_rest"}, "sinks[0].extra_fields", "Calve's own"),
+    ({"extra_fields": "rest", "schema": {"columns": [{"name": "rest", "type": "string"}]}}, "sinks[0].extra_fields", "declares column 'rest' as string"),
+    ({"extra_fields": "rest", "schema": {"columns": [{"name": "rest", "type": "map<string,string>", "required": True}]}},
+     "sinks[0].extra_fields", "(required)"),
+    ({"extra_fields": "id", "mode": "upsert", "identifier_columns": ["id"], "schema": {"columns": [{"name": "id", "type": "long", "required": True}]}},
+     "sinks[0].extra_fields", "identifies rows"),
+]
+
+
+@pytest.mark.parametrize(("sink", "where", "message"), EXTRA_FIELDS_CASES)
+def test_an_extra_fields_column_must_be_free_to_be_an_optional_string_map(sink: dict, where: str, message: str) -> None:
+    with pytest.raises(DefinitionInvalid) as caught:
+        parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [{"table": "t", "auto_create": True, **sink}]})
+    (error,) = caught.value.detail()
+    assert error["field"] == where and message in error["error"], error
+
+
+def test_an_extra_fields_column_may_be_declared_or_left_to_the_writer() -> None:
+    declared = {"columns": [{"name": "id", "type": "long"}, {"name": "rest", "type": "map<string, string>"}]}
+    for schema in (declared, None):
+        sink = parse_definition({"name": "p", "source": {"http": {"path": "/p"}}, "sinks": [
+            {"table": "t", "auto_create": True, "extra_fields": "rest", **({"schema": schema} if schema else {})}]}).sinks[0]
+        assert sink.extra_fields == "rest"

@@ -56,7 +56,7 @@ def _json_value(value: Any) -> Any:  # noqa: ANN401 - whatever a column holds
 
 
 def _ndjson(batch: pa.RecordBatch) -> bytes:
-    return b"".join(orjson.dumps(row, default=_json_value, option=orjson.OPT_NON_STR_KEYS) + b"\n" for row in batch.to_pylist())
+    return b"".join(orjson.dumps(row, default=_json_value, option=orjson.OPT_NON_STR_KEYS) + b"\n" for row in batch.to_pylist(maps_as_pydicts="lossy"))
 
 
 # Feed reads run on these threads, not on the api's shared pool of ~40: Arrow's allocator keeps a
@@ -203,7 +203,7 @@ def _consumer_page(
 
 
 def _json_array_items(batch: pa.RecordBatch) -> bytes:
-    return orjson.dumps(batch.to_pylist(), default=_json_value, option=orjson.OPT_NON_STR_KEYS)[1:-1]
+    return orjson.dumps(batch.to_pylist(maps_as_pydicts="lossy"), default=_json_value, option=orjson.OPT_NON_STR_KEYS)[1:-1]
 
 
 def _lagging(record: ChangeConsumer, why: str) -> str:

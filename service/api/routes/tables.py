@@ -109,7 +109,7 @@ def preview_rows(
     ),
 ) -> Response:
     table = table_or_404(catalog, principal.tenant, name)
-    rows = table.scan(row_filter=_row_filter(table, filter), limit=limit).to_arrow().to_pylist()
+    rows = table.scan(row_filter=_row_filter(table, filter), limit=limit).to_arrow().to_pylist(maps_as_pydicts="lossy")
     # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
     content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
     return Response(content, media_type="application/json")
