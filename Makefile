@@ -27,12 +27,13 @@ run: $(STAMP) system-deps
 	$(VENV)/bin/calve up
 
 # Two pytest workers (each with its own redis-server and Spark Connect server); a test file runs
-# whole on one of them, so the fault suite's scenarios still run one after another. Calve's own
+# whole on one of them, so the fault suite's scenarios still run one after another, and the
+# longest files start first (tests/conftest.py LONGEST_FIRST). Calve's own
 # modules are compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the few hundred role
 # processes the tests start would compile them again.
 test: $(STAMP) test-deps
 	$(PY) -m compileall -q service spark_jobs tests
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # CALVE_SPARK_WORKERS=2 make bench: the same on a 2-worker Spark standalone cluster.
 bench: $(STAMP) system-deps
