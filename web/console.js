@@ -70,7 +70,9 @@ function grid(rows, actions) {
     Object.values(row).forEach((v) => tr.appendChild(el("td", show(v))));
     if (actions) { const td = el("td"); td.append(...actions(row, index)); tr.appendChild(td); }
   });
-  return table;
+  const scroll = el("div", undefined, "scroll");  // a wide table scrolls by itself, not the page
+  scroll.appendChild(table);
+  return scroll;
 }
 
 function facts(pairs) {
@@ -106,14 +108,29 @@ const CHARTS = [
   ["Events received /s", (a, b, dt) => (sum(b.received) - sum(a.received)) / dt],
   ["Events committed /s", (a, b, dt) => (committedRows(b) - committedRows(a)) / dt],
   ["Backlog (events)", (_a, b) => b.backlog_events],
-  ["wait=true latency, mean (s)", (a, b) => {
-    const n = b.wait_count - a.wait_count;
-    return n > 0 ? (b.wait_seconds_sum - a.wait_seconds_sum) / n : null;
-  }],
+  ["wait=true latency p50 (s)", (a, b) => quantile(0.5, a, b)],
+  ["wait=true latency p99 (s)", (a, b) => quantile(0.99, a, b)],
   ["DLQ events /s", (a, b, dt) => (((b.committed || {})[DLQ_TABLE] || 0) - ((a.committed || {})[DLQ_TABLE] || 0)) / dt],
   ["Commit failures /s", (a, b, dt) => (sum(b.commit_failures) - sum(a.commit_failures)) / dt],
   ["Refused requests /s", (a, b, dt) => (sum(b.refused) - sum(a.refused)) / dt],
 ];
+
+// The q-quantile of the wait=true latencies between two samples, from their histogram buckets
+// (cumulative counts by upper bound), interpolated within a bucket as Prometheus's
+// histogram_quantile does; null when nothing was acknowledged in between.
+function quantile(q, a, b) {
+  const bound = (le) => (le === "+Inf" ? Infinity : Number(le));
+  const les = Object.keys(b.wait_buckets || {}).sort((x, y) => bound(x) - bound(y));
+  const counts = les.map((le) => b.wait_buckets[le] - ((a.wait_buckets || {})[le] || 0));
+  const total = counts.length ? counts[counts.length - 1] : 0;
+  if (!(total > 0)) return null;
+  const rank = q * total;
+  const i = counts.findIndex((count) => count >= rank);
+  const lower = i > 0 ? bound(les[i - 1]) : 0;
+  if (!Number.isFinite(bound(les[i]))) return lower;  // beyond the largest bound: say the bound
+  const below = i > 0 ? counts[i - 1] : 0;
+  return lower + (bound(les[i]) - lower) * (rank - below) / Math.max(counts[i] - below, 1e-9);
+}
 
 function sparkline(title, points) {
   const figure = el("figure", undefined, "chart");
@@ -194,10 +211,11 @@ async function tablePage(name) {
     const { upkeep, ...health } = info.health;
     view.appendChild(facts({ location: info.location, current_snapshot_id: info.current_snapshot_id, ...health }));
     view.appendChild(el("h2", "Schema"));
-    view.appendChild(grid(info.schema.fields.map((f) => ({ id: f.id, name: f.name, type: f.type, required: f.required }))));
+    view.appendChild(grid(info.schema.fields.map((f) => ({ id: f.id, name: f.name, type: typeName(f.type), required: f.required }))));
     view.appendChild(el("h2", "Partition spec"));
     view.appendChild(grid(info.partition_spec.fields.map((f) => ({ name: f.name, source_id: f["source-id"], transform: f.transform }))));
     view.appendChild(el("h2", "Recent snapshots"));
+    view.appendChild(snapshotTimeline(info.snapshots));
     view.appendChild(grid(info.snapshots.map((x) => ({
       snapshot_id: x.snapshot_id, time: new Date(x.timestamp_ms).toISOString(), operation: x.summary.operation,
       added_records: x.summary["added-records"], watermark: x.summary["calve.watermark"], fence: x.summary["calve.fence"] }))));
@@ -209,6 +227,42 @@ async function tablePage(name) {
 }
 
 // The first 50 rows, or the first 50 that match a filter (the API checks it and names what is wrong).
+// An Iceberg type as the pipeline definitions spell it (`map<string, string>`), not as JSON.
+function typeName(type) {
+  if (typeof type === "string") return type;
+  if (type.type === "map") return `map<${typeName(type.key)}, ${typeName(type.value)}>`;
+  if (type.type === "list") return `list<${typeName(type.element)}>`;
+  if (type.type === "struct") return `struct<${type.fields.map((f) => `${f.name}: ${typeName(f.type)}`).join(", ")}>`;
+  return JSON.stringify(type);
+}
+
+// The snapshots on a time axis, oldest left: a mark each, coloured by operation, its summary in
+// a tooltip; the table below has the same snapshots in full.
+function snapshotTimeline(snapshots) {
+  const figure = el("figure", undefined, "chart"); figure.id = "snapshot-timeline";
+  if (!snapshots.length) return figure;
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 1000 30");
+  svg.setAttribute("preserveAspectRatio", "none");
+  const times = snapshots.map((x) => x.timestamp_ms);
+  const first = Math.min(...times), span = Math.max(1, Math.max(...times) - first);
+  snapshots.forEach((x) => {
+    const mark = document.createElementNS(ns, "rect");
+    mark.setAttribute("x", String(5 + ((x.timestamp_ms - first) / span) * 985));
+    mark.setAttribute("y", "4"); mark.setAttribute("width", "5"); mark.setAttribute("height", "22");
+    mark.setAttribute("class", "op-" + (x.summary.operation || "other"));
+    const tip = document.createElementNS(ns, "title");
+    tip.textContent = `${x.snapshot_id} ${new Date(x.timestamp_ms).toISOString()} ${x.summary.operation}: ` +
+      `+${x.summary["added-records"] || 0} −${x.summary["deleted-records"] || 0} records`;
+    mark.appendChild(tip);
+    svg.appendChild(mark);
+  });
+  const seconds = Math.round(span / 1000);
+  figure.append(el("figcaption", `${snapshots.length} snapshots over ${seconds} s: append, overwrite (row changes, compaction), delete`), svg);
+  return figure;
+}
+
 function rowsPreview(path) {
   const box = el("div");
   const form = el("form"); form.id = "row-filter";
@@ -282,6 +336,33 @@ function editor(text, save) {
   return box;
 }
 
+// Two versions of a pipeline compared: the server's unified diff, each line as text.
+function versionsDiff(name, current) {
+  const box = el("div"); box.id = "pipeline-versions";
+  const pick = (label, chosen) => {
+    const select = el("select"); select.name = label;
+    for (let v = 1; v <= current; v++) {
+      const option = el("option", `version ${v}`); option.value = String(v); option.selected = v === chosen; select.appendChild(option);
+    }
+    return select;
+  };
+  const older = pick("from", current - 1);
+  const newer = pick("to", current);
+  const shown = el("pre"); shown.id = "pipeline-diff";
+  const compare = button("Compare", async () => {
+    try {
+      const { diff } = await api(`/v1/pipelines/${encodeURIComponent(name)}/diff?from=${older.value}&to=${newer.value}`);
+      shown.replaceChildren(...(diff ? diff.split("\n") : ["(no difference)"]).map((line) => {
+        const kind = line.startsWith("+") && !line.startsWith("+++") ? "add" : line.startsWith("-") && !line.startsWith("---") ? "del" : "";
+        return el("span", line + "\n", kind);
+      }));
+    } catch (e) { shown.replaceChildren(); fail(box, e); }
+  });
+  compare.id = "compare-versions";
+  box.append(el("h2", "Versions"), older, " → ", newer, compare, shown);
+  return box;
+}
+
 async function pipelinePage(name) {
   const view = page(`Pipeline ${name}`);
   try {
@@ -290,6 +371,7 @@ async function pipelinePage(name) {
     view.appendChild(el("p", "Edit the definition (JSON is YAML too) and save a new version:"));
     view.appendChild(editor(JSON.stringify(pipeline.definition, null, 2),
       (text) => api("/v1/pipelines/" + encodeURIComponent(name), { method: "PUT", body: text, contentType: "application/yaml" })));
+    if (!pipeline.builtin && pipeline.version > 1) view.appendChild(versionsDiff(name, pipeline.version));
     if (!pipeline.builtin) {
       view.appendChild(button("Delete this pipeline", async () => {
         if (!confirm(`Delete pipeline ${name}? Its path stops taking events; its versions stay readable.`)) return;
@@ -418,12 +500,29 @@ function limitsForm(tenant) {
   return form;
 }
 
+// The tenants page's previous look: events per second are the counters' change since then.
+let tenantsLook = null;
+
 async function tenantsPage() {
   const view = page("Tenants (operator token)");
   try {
     const { tenants } = await api("/v1/tenants");
+    const look = { at: Date.now(), counts: Object.fromEntries(tenants.map((t) => [t.name, [t.received_events, t.committed_events]])) };
+    const before = tenantsLook && look.at - tenantsLook.at < 600_000 ? tenantsLook : null;
+    tenantsLook = look;
+    const rate = (name, which) => {
+      const then = before && before.counts[name];
+      if (!then) return "–";
+      return Math.max(0, (look.counts[name][which] - then[which]) / Math.max(0.001, (look.at - before.at) / 1000)).toFixed(1);
+    };
+    view.appendChild(el("p", before
+      ? `Events per second since the previous look, ${Math.round((look.at - before.at) / 1000)} s ago (counters since the processes started).`
+      : "Refresh to see events per second (the change of each counter between two looks)."));
+    view.appendChild(button("Refresh", () => tenantsPage()));
+    view.lastChild.id = "tenants-refresh";
     view.appendChild(grid(tenants.map((t) => ({
-      name: t.name, disabled: t.disabled, backlog_events: t.backlog_events, received_events: t.received_events,
+      name: t.name, disabled: t.disabled, backlog_events: t.backlog_events, "received /s": rate(t.name, 0),
+      "committed /s": rate(t.name, 1), received_events: t.received_events,
       committed_events: t.committed_events, max_events_per_s: t.max_events_per_s,
       max_bytes_per_s: t.max_bytes_per_s, max_backlog_events: t.max_backlog_events, created_at: t.created_at })), (row) => [
       button(row.disabled ? "Enable" : "Disable", async () => {

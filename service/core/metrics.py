@@ -171,13 +171,15 @@ TENANT_TOTALS = {
     "calve_requests_rejected_total": ("refused", "reason"),
     "calve_accept_to_commit_seconds_sum": ("wait_seconds_sum", None),
     "calve_accept_to_commit_seconds_count": ("wait_count", None),
+    "calve_accept_to_commit_seconds_bucket": ("wait_buckets", "le"),  # cumulative, per upper bound
 }
 
 
 def tenant_totals(tenant: str) -> dict:
     """One tenant's counters since the processes started, for the console's live overview (the
     browser turns two of them into rates): events received per pipeline, committed per table, commit
-    failures per table, refusals per reason, and the wait=true latency sum and count."""
+    failures per table, refusals per reason, and the wait=true latency sum, count and histogram
+    buckets (cumulative counts by upper bound, as Prometheus keeps them: quantiles between samples)."""
     return every_tenant_totals().get(tenant) or _no_totals()
 
 

@@ -40,6 +40,15 @@ def test_definitions_are_versioned_and_old_versions_stay_readable(api: Stack) ->
         assert first["definition"]["routes"]["errors"] == "status >= 500"
         assert first["definition"]["sinks"][0]["schema"]["partition_spec"] == [{"column": "ts", "transform": "day"}]
         assert [v["version"] for v in http.get("/v1/pipelines/checkout/versions").json()["versions"]] == [1, 2]
+        diff = http.get("/v1/pipelines/checkout/diff", params={"from": 1}).json()
+        assert (diff["from"], diff["to"]) == (1, 2), "to: the current version by default"
+        assert [line for line in diff["diff"].splitlines() if line[:1] in "+-"] == [
+            "--- checkout version 1", "+++ checkout version 2", "-  errors: status >= 500", "+  errors: status >= 400",
+        ], diff["diff"]
+        assert http.get("/v1/pipelines/checkout/diff", params={"from": 2, "to": 2}).json()["diff"] == ""
+        missing = http.get("/v1/pipelines/checkout/diff", params={"from": 1, "to": 9})
+        assert missing.status_code == 404 and "no version 9" in missing.json()["detail"]
+        assert http.get("/v1/pipelines/checkout/diff").status_code == 422, "from is required"
 
         listed = {p["name"]: p for p in http.get("/v1/pipelines").json()["pipelines"]}
         assert listed["logs"]["builtin"] and listed["logs"]["path"] == "/logs"

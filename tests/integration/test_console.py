@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_TOKEN, Stack
+from tests.conftest import TEST_TOKEN, Stack, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -42,6 +42,8 @@ def browser_page(tmp_path: Path):  # noqa: ANN201
 def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_shows_events_as_text(
     stack: Stack, browser_page, tmp_path: Path,  # noqa: ANN001
 ) -> None:
+    from playwright.sync_api import expect
+
     page = browser_page
     with stack.client() as http:
         assert http.post("/v1/pipelines", json={
@@ -49,8 +51,10 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
             "sinks": [{"table": "strict", "auto_create": True, "schema": {"columns": [{"name": "id", "type": "string", "required": True}]}}],
         }).status_code == 201
         assert http.post("/logs?wait=true&timeout=90", json=[{"id": "a", "msg": HOSTILE}, {"id": "b", "msg": "plain"}]).status_code == 200
+        assert http.post("/logs?wait=true&timeout=90", json={"id": "c", "msg": "later"}).status_code == 200  # a second snapshot
         assert http.post("/strict?wait=true&timeout=90", json=[{"id": "ok"}, {"note": HOSTILE}]).json()["dlq_events"] == 1
-        snapshot_id = http.get("/v1/tables/logs").json()["current_snapshot_id"]
+        described = http.get("/v1/tables/logs").json()
+        snapshot_id, snapshots = described["current_snapshot_id"], len(described["snapshots"])
         page_answer = http.get("/", headers={"Accept": "text/html"})
     assert snapshot_id > 2**53, "Iceberg snapshot ids are 63-bit: the point of this check"
     assert "script-src 'self'" in page_answer.headers["content-security-policy"]
@@ -74,11 +78,16 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     assert page.locator("#view h2").first.inner_text() == "Table logs", "the table's page replaces the list, at the top"
     text = page.inner_text("#view")
     assert str(snapshot_id) in text, f"snapshot id {snapshot_id} shown exactly"
+    assert "map<string, string>" in page.inner_text("#view"), "the _extra column's type, spelled as in a definition"
+    marks = page.locator("#snapshot-timeline rect")
+    expect(marks).to_have_count(snapshots)
+    xs = [float(x) for x in marks.evaluate_all("marks => marks.map((m) => m.getAttribute('x'))")]
+    newest = xs.index(max(xs))
+    assert str(snapshot_id) in marks.nth(newest).locator("title").text_content(), "the current snapshot is the rightmost mark"
     assert HOSTILE in text, "an event's HTML is shown as text"
     page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
     page.fill("#row-filter input", "id = 'b'")
     page.click("#row-filter button")
-    from playwright.sync_api import expect
 
     expect(page.locator("#rows tbody tr")).to_have_count(1)
     assert "plain" in page.inner_text("#rows") and HOSTILE not in page.inner_text("#rows"), "only the row that matches"
@@ -92,13 +101,13 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     assert page.locator("#view h2").first.inner_text() == "Table logs", "a reload keeps the tab's token and page"
 
     page.click("#nav a[href='#dlq']")
-    page.wait_for_selector("#view table")
+    expect(page.locator("#view")).to_contain_text("no field of the event matches a column")  # not the table page's tables
     dlq_text = page.inner_text("#view")
     assert "<script>window.pwned=2</script>" in dlq_text and "no field of the event matches a column" in dlq_text, "the DLQ's event JSON, as text"
     page.screenshot(path=str(tmp_path / "dlq.png"), full_page=True)
     page.click("#nav a[href='#pipelines']")
-    page.wait_for_selector("#view table")
-    assert "strict" in page.inner_text("#view")
+    expect(page.locator("#view h2").first).to_have_text("Pipelines")  # the DLQ's table may still be there a moment
+    expect(page.locator("#view tbody")).to_contain_text("strict")
     page.screenshot(path=str(tmp_path / "pipelines.png"), full_page=True)
 
     # The overview draws rates from /v1/stats, sampled every 2 s while events keep coming.
@@ -112,8 +121,22 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
                 break
     assert float(committed.get_attribute("data-max")) > 0, "the committed rate was drawn"
     assert float(page.locator("figure[data-title='Events received /s']").get_attribute("data-max")) > 0
+    # Latency quantiles from the histogram's buckets between two samples (each wait=true took > 0 s).
+    for title in ("wait=true latency p50 (s)", "wait=true latency p99 (s)"):
+        expect(page.locator(f"figure[data-title='{title}']")).not_to_have_attribute("data-max", "0", timeout=15_000)
     assert "logs" in page.inner_text("#overview-body")
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+    # On a phone's width no page is wider than the screen: a wide table scrolls inside its box.
+    page.set_viewport_size({"width": 390, "height": 844})
+    for hash_ in ("#tables", "#table/logs", "#pipelines", "#pipeline/strict", "#dlq", "#overview", "#tokens", "#try"):
+        page.goto(stack.url + "/" + hash_)
+        page.wait_for_load_state("networkidle")
+        expect(page.locator("#view")).not_to_contain_text("loading…")
+        width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], f"{hash_} is {width[0]} px wide on a {width[1]} px screen"
+        page.screenshot(path=str(tmp_path / f"narrow-{hash_[1:].replace('/', '-')}.png"), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
 
     assert page.evaluate("window.pwned") is None, "nothing from an event ran"
     assert page.evaluate("sessionStorage.getItem('calve-token')") == TEST_TOKEN
@@ -159,6 +182,17 @@ def test_a_user_creates_a_pipeline_sends_events_replays_the_dlq_and_manages_toke
     page.click("#save-definition")
     page.wait_for_selector("#definition-outcome:has-text('saved')")  # no wait_for_function: the CSP forbids its eval
     assert "saved orders version 1" in page.inner_text("#definition-outcome")
+    # A second version (through the API), compared with the first on the pipeline's page.
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {TEST_TOKEN}"}) as http:
+        second = http.get("/v1/pipelines/orders").json()["definition"]
+        second["sinks"][0]["snapshot_max_count"] = 500
+        assert http.put("/v1/pipelines/orders", json=second).json()["version"] == 2
+    page.goto(stack.url + "/#pipeline/orders")
+    page.click("#compare-versions")
+    expect(page.locator("#pipeline-diff span.add")).to_have_count(1)
+    assert page.inner_text("#pipeline-diff span.add").strip() == "+  snapshot_max_count: 500"
+    assert "--- orders version 1" in page.inner_text("#pipeline-diff")
+    page.screenshot(path=str(tmp_path / "pipeline-diff.png"), full_page=True)
 
     # Try it: one good event, one without its required id (to the DLQ).
     page.click("#nav a[href='#try']")
@@ -269,4 +303,15 @@ def test_an_operator_creates_disables_and_enables_a_tenant_in_the_browser(stack:
     page.locator("#view tr", has_text="acme").locator("button", has_text="Disable").wait_for()
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
         assert http.get("/v1/tables").status_code == 200
+        # Events per second: the change of the tenant's counters since the page's previous look.
+        assert http.post("/logs?wait=true&timeout=90", json=[{"n": n} for n in range(50)], timeout=120).status_code == 200
+    page.click("#tenants-refresh")
+    wait_until(lambda: page.evaluate("""() => {
+      const table = document.querySelector('#view table');
+      if (!table) return false;
+      const column = [...table.tHead.rows[0].cells].findIndex((c) => c.textContent === 'committed /s');
+      const row = [...table.tBodies[0].rows].find((r) => r.cells[0].textContent === 'acme');
+      return column > 0 && row !== undefined && Number(row.cells[column].textContent) > 0;
+    }"""), timeout_s=30, what="acme's committed events per second shown")
+    assert "since the previous look" in page.inner_text("#view")
     assert acme not in page.content(), "the admin token is shown once"

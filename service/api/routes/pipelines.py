@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import orjson
@@ -140,6 +141,24 @@ def read(name: TableName, principal: ReadPrincipal, session: SessionDep, version
 @router.get("/{name}/versions", responses=error_responses(404, 422))
 def read_versions(name: TableName, principal: ReadPrincipal, session: SessionDep) -> dict:
     return {"name": name, "versions": list_versions(session, principal.tenant, name)}
+
+
+@router.get("/{name}/diff", responses=error_responses(404, 422))
+def read_diff(
+    name: TableName, principal: ReadPrincipal, session: SessionDep,
+    from_: int = Query(..., alias="from", ge=0, le=2**31 - 1, description="the older version"),
+    to: int | None = Query(None, ge=0, le=2**31 - 1, description="the newer version (default: the current one)"),
+) -> dict:
+    """What changed from one version to another: a unified diff of the two definitions as YAML
+    (keys in their defined order; settings left at their defaults are not shown)."""
+    older = get_pipeline(session, principal.tenant, name, from_)
+    newer = get_pipeline(session, principal.tenant, name, to)
+    lines = [
+        yaml.safe_dump(record.public()["definition"], sort_keys=False, allow_unicode=True, width=120).splitlines()
+        for record in (older, newer)
+    ]
+    diff = difflib.unified_diff(*lines, f"{name} version {older.version}", f"{name} version {newer.version}", lineterm="")
+    return {"name": name, "from": older.version, "to": newer.version, "diff": "\n".join(diff)}
 
 
 @router.delete("/{name}", responses=error_responses(404, 409, 422))
