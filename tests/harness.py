@@ -175,6 +175,9 @@ class RedisClusterServers:
             processes.stop(process, 10)
 
 
+TEST_SPARK_JAVA_OPTIONS = ""
+
+
 class SparkServer:
     """The Spark Connect server of `calve up`, on a port it keeps across restarts; with `workers`,
     on a standalone cluster of that many workers (started once, kept across the server's restarts)."""
@@ -198,7 +201,10 @@ class SparkServer:
             if self.cluster is None:
                 self.cluster = processes.start_spark_cluster(self.workers, 1, "1g", self.base, self.base)
             connect = {"master": self.cluster.master_url, "executor_memory": "1g", "ui_port": self.ui_port}
-        self.process = processes.start_spark_connect(self.port, self.driver_memory, self.base, self.base / "spark-connect.log", **connect)
+        self.process = processes.start_spark_connect(
+            self.port, self.driver_memory, self.base, self.base / "spark-connect.log",
+            java_options=os.environ.get("CALVE_TEST_SPARK_JAVA_OPTIONS", TEST_SPARK_JAVA_OPTIONS), **connect,
+        )
         return self
 
     def stop(self) -> None:

@@ -178,7 +178,7 @@ def _wait_for_workers(cluster: SparkCluster, workers: int, timeout_s: float, log
 
 def start_spark_connect(
     port: int, driver_memory: str, work_dir: Path, log: Path, *, master: str = "local[*]", executor_memory: str | None = None,
-    ui_port: int = 0,
+    ui_port: int = 0, java_options: str = "",
 ) -> subprocess.Popen:
     """A Spark Connect server from the pyspark package's own scripts, bound to 127.0.0.1; its driver
     runs the jobs itself (`local[*]`) or on a cluster's executors (`spark://host:port`). With a
@@ -190,6 +190,7 @@ def start_spark_connect(
         "--conf", f"spark.executor.memory={executor_memory}",
     ] if executor_memory else []
     ui = ["--conf", f"spark.ui.port={ui_port}"] if ui_port else ["--conf", "spark.ui.enabled=false"]
+    driver = ["--driver-java-options", java_options] if java_options else []
     # spark-submit execs the JVM in this very process, so it dies with its parent.
     process = spawn(
         [
@@ -199,7 +200,7 @@ def start_spark_connect(
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.driver.host=127.0.0.1",
             "--conf", "spark.driver.bindAddress=127.0.0.1",
-            *ui, *cluster,
+            *ui, *cluster, *driver,
             "--conf", "spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS",
             "--conf", "spark.sql.shuffle.partitions=4",
             "--conf", "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs=false",
