@@ -52,6 +52,13 @@ function el(tag, text, className) {
   return node;
 }
 
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
 function show(value) {
   if (value === null || value === undefined) return "∅";
   return typeof value === "object" ? JSON.stringify(value) : String(value);
@@ -193,11 +200,25 @@ function stopSampling() {
 async function tablesPage() {
   const view = page("Tables");
   try {
-    const { tables } = await api("/v1/tables");
+    const { tables, described } = await api("/v1/tables?describe=true");
     if (!tables.length) { view.appendChild(el("p", "No tables yet: POST events to /logs.")); return; }
-    const list = el("div", undefined, "list");
-    tables.forEach((name) => { const a = el("a", name); a.href = "#table/" + encodeURIComponent(name); list.appendChild(a); });
-    view.appendChild(list);
+    const known = Object.fromEntries(described.map((d) => [d.name, d]));
+    const table = el("table", undefined, "list");
+    const head = table.createTHead().insertRow();
+    ["table", "rows", "size", "data files", "last commit"].forEach((title) => head.appendChild(el("th", title)));
+    const body = table.createTBody();
+    tables.forEach((name) => {
+      const d = known[name] || {};
+      const tr = body.insertRow();
+      const link = el("a", name); link.href = "#table/" + encodeURIComponent(name);
+      const cell = el("td"); cell.appendChild(link); tr.appendChild(cell);
+      [show(d.rows), d.bytes == null ? "∅" : bytes(d.bytes), show(d.data_files),
+       d.last_commit_ms ? new Date(d.last_commit_ms).toISOString() : "never"].forEach((v) => tr.appendChild(el("td", v)));
+    });
+    const scroll = el("div", undefined, "scroll");
+    scroll.appendChild(table);
+    view.appendChild(scroll);
+    if (described.length < tables.length) view.appendChild(el("p", `Sizes of the first ${described.length} of ${tables.length} tables.`));
   } catch (e) { fail(view, e); }
 }
 

@@ -70,6 +70,8 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     page.click("button[type=submit]")
     page.wait_for_selector("#view .list a")
     assert set(page.locator("#view .list a").all_inner_texts()) >= {"logs", "strict", "_calve_dlq"}
+    logs_row = page.locator("#view tbody tr").filter(has=page.locator("a:text-is('logs')")).locator("td").all_inner_texts()
+    assert (logs_row[1], logs_row[3]) == ("3", "2") and logs_row[2].endswith("B") and logs_row[4].startswith("20"), "rows, size, files, last commit"
     page.screenshot(path=str(tmp_path / "tables.png"), full_page=True)
 
     page.click("#view .list a:text-is('logs')")

@@ -133,6 +133,9 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
     with stack.client() as http:
         assert http.post("/logs?wait=true", json={"id": "t1", "level": "info"}).status_code == 200
         assert http.get("/v1/tables").json() == {"tables": ["_calve_dlq", "logs"]}  # the DLQ is a table of its own
+        dlq_table, logs = http.get("/v1/tables", params={"describe": "true"}).json()["described"]
+        assert (dlq_table["rows"], dlq_table["data_files"], dlq_table["last_commit_ms"]) == (0, 0, None), "never committed to"
+        assert (logs["name"], logs["rows"], logs["data_files"]) == ("logs", 1, 1) and logs["bytes"] > 0 and logs["last_commit_ms"] > 0
         described = http.get("/v1/tables/logs").json()
         assert {f["name"] for f in described["schema"]["fields"]} == {"id", "level", "_extra"}
         summary = described["snapshots"][0]["summary"]

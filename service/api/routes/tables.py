@@ -39,13 +39,36 @@ router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_respons
 RECENT_SNAPSHOTS = 10
 
 
+MAX_DESCRIBED_TABLES = 500  # ?describe=true opens each table: a bound on one request's work
+
+
 @router.get("")
-def list_tables(principal: ReadPrincipal, catalog: CatalogDep) -> dict:
+def list_tables(
+    principal: ReadPrincipal, catalog: CatalogDep,
+    describe: bool = Query(False, description=f"also each table's rows, bytes, data files and last commit (the first {MAX_DESCRIBED_TABLES})"),
+) -> dict:
     try:
         identifiers = catalog.list_tables(principal.tenant)
     except NoSuchNamespaceError:
         identifiers = []
-    return {"tables": sorted(identifier[-1] for identifier in identifiers)}
+    names = sorted(identifier[-1] for identifier in identifiers)
+    if not describe:
+        return {"tables": names}
+    return {"tables": names, "described": [_summary(catalog, principal.tenant, name) for name in names[:MAX_DESCRIBED_TABLES]]}
+
+
+def _summary(catalog, tenant: str, name: str) -> dict:  # noqa: ANN001 - a pyiceberg Catalog
+    """A table's size now, from its current snapshot's summary (no manifest is read)."""
+    try:
+        snapshot = catalog.load_table((tenant, name)).current_snapshot()
+    except Exception:  # noqa: BLE001 - dropped meanwhile, or unreadable: listed without numbers
+        return {"name": name}
+    totals = snapshot.summary if snapshot is not None and snapshot.summary is not None else {}
+    number = lambda key: int(totals[key]) if key in totals else (0 if snapshot is None else None)  # noqa: E731
+    return {
+        "name": name, "rows": number("total-records"), "bytes": number("total-files-size"),
+        "data_files": number("total-data-files"), "last_commit_ms": snapshot.timestamp_ms if snapshot is not None else None,
+    }
 
 
 def health(table: Table, policy: CompactionPolicy) -> dict:
