@@ -42,7 +42,7 @@ RECENT_SNAPSHOTS = 10
 MAX_DESCRIBED_TABLES = 500  # ?describe=true opens each table: a bound on one request's work
 
 
-@router.get("")
+@router.get("", responses=error_responses(422))
 def list_tables(
     principal: ReadPrincipal, catalog: CatalogDep,
     describe: bool = Query(False, description=f"also each table's rows, bytes, data files and last commit (the first {MAX_DESCRIBED_TABLES})"),
