@@ -15,7 +15,6 @@ computed against, and asks again otherwise.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -23,8 +22,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_schema
 
+from spark_jobs.files import read_parquet
 from spark_jobs.pipeline_job import OP, RECEIPT, SEQ, Target, write_data_files
 
 ORDER = "_calve_order"  # the entry's place among those applied together
@@ -41,16 +40,11 @@ class Applied:
     rows_written: int = 0
 
 
-def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema) -> DataFrame:
+def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema, filesystem: object | None = None) -> DataFrame:
     """The change events of `entries` (their files, in commit order) with one global order."""
-    spark_schema = from_arrow_schema(schema)
-    change_schema = T.StructType([*spark_schema.fields, T.StructField(OP, T.StringType()), T.StructField(SEQ, T.LongType()),
-                                  T.StructField(RECEIPT, T.StringType())])
+    change_schema = schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
     order = spark.createDataFrame([(path, index) for index, paths in enumerate(entries) for path in paths], [FILE, ORDER])
-    frame = spark.read.schema(change_schema).parquet(*[path for paths in entries for path in paths])
-    # input_file_name() may spell a local path file:/x where Calve wrote file:///x.
-    frame = frame.withColumn(FILE, F.regexp_replace(F.input_file_name(), "^file:/+", "/"))
-    order = order.withColumn(FILE, F.regexp_replace(F.col(FILE), "^file:/+", "/"))
+    frame = read_parquet(spark, [path for paths in entries for path in paths], change_schema, filesystem, file_column=FILE)
     return frame.join(F.broadcast(order), FILE).drop(FILE)
 
 
@@ -59,7 +53,7 @@ def apply_changes(
 ) -> Applied:
     """Write the table's new files for these changes under target.directory; what they replace
     and each receipt's counts."""
-    changes = change_rows(spark, entries, target.schema).cache()
+    changes = change_rows(spark, entries, target.schema, target.filesystem).cache()
     try:
         return _apply(spark, changes, candidates, target, keys, upsert)
     finally:
@@ -73,7 +67,7 @@ def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], targe
     carried = None
     existing = spark.createDataFrame([], T.StructType([changes.schema[key] for key in keys])).withColumn(EXISTS, F.lit(True))
     if candidates:
-        rows = spark.read.schema(from_arrow_schema(target.schema)).parquet(*candidates).withColumn(FILE, F.input_file_name())
+        rows = read_parquet(spark, candidates, target.schema, target.filesystem, file_column=FILE)
         hit = rows.join(changed_keys, keys, "left_semi").cache()
         try:
             hit_files = [row[0] for row in hit.select(FILE).distinct().collect()]
@@ -81,8 +75,7 @@ def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], targe
             existing.count()
         finally:
             hit.unpersist()
-        by_name = {_spelling(path): path for path in candidates}
-        removes = sorted(by_name[_spelling(path)] for path in hit_files)
+        removes = sorted(hit_files)
         if hit_files:
             carried = rows.where(F.col(FILE).isin(hit_files)).join(changed_keys, keys, "left_anti").select(*columns)
 
@@ -119,8 +112,3 @@ def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], targe
         events.unpersist()
         existing.unpersist()
     return Applied(removes, counts, written)
-
-
-def _spelling(path: str) -> str:
-    """One spelling of a local path whether written file:/x or file:///x."""
-    return re.sub(r"^file:/+", "/", path)

@@ -11,15 +11,20 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import declared_not_null
+from spark_jobs.files import read_parquet, write_parquet
 
 
-def rewrite_files(spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int) -> None:
-    """Write the rows of `paths` into `outputs` Parquet files under `directory`."""
+def rewrite_files(
+    spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int,
+    filesystem: object | None = None,
+) -> None:
+    """Write the rows of `paths` into `outputs` Parquet files under `directory` (filesystem: as
+    for spark_jobs.files)."""
     spark_schema = from_arrow_schema(schema)
-    frame = spark.read.schema(spark_schema).parquet(*paths)
+    frame = read_parquet(spark, paths, schema, filesystem)
     frame = frame.select(*[
         declared_not_null(F.col(field.name), field.dataType).alias(field.name) if field.name in required else F.col(field.name)
         for field in spark_schema.fields
     ])
     # coalesce, not repartition: each output task reads whole input files, without a shuffle.
-    frame.coalesce(max(1, outputs)).write.mode("error").option("compression", "zstd").parquet(directory)
+    write_parquet(frame.coalesce(max(1, outputs)), directory, filesystem, schema=schema)

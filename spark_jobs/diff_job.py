@@ -13,29 +13,25 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
+
+from spark_jobs.files import read_parquet, write_parquet
 
 CHANGE_COLUMN = "_change_type"
 SIDE, FILE, POS, RANK, REMOVED, ADDED, BOTH = (f"_calve_diff_{name}" for name in ("side", "file", "pos", "rank", "removed", "added", "both"))
 
 
-def _normal(path: str) -> str:
-    """A path as Spark's _metadata.file_path and Iceberg's manifests may spell it differently."""
-    return "/" + path.removeprefix("file:").lstrip("/")
-
-
 def diff_snapshot(
     spark: SparkSession, removed: list[str], added: list[str], schema: pa.Schema, identifier: list[str], directory: str,
+    filesystem: object | None = None,
 ) -> None:
-    spark_schema = from_arrow_schema(schema)
-    columns = spark_schema.fieldNames()
+    """filesystem: as for spark_jobs.files, for the table's files and `directory`."""
+    columns = schema.names
+    path_column = f"{FILE}_path"
 
     def side(paths: list[str], value: int):  # noqa: ANN202 - a DataFrame
-        index = F.create_map(*[item for i, path in enumerate(paths) for item in (F.lit(_normal(path)), F.lit(i))])
-        file_path = F.concat(F.lit("/"), F.regexp_replace(F.regexp_replace(F.col("_metadata.file_path"), "^file:", ""), "^/+", ""))
-        return spark.read.schema(spark_schema).parquet(*paths).select(
-            *columns, F.lit(value).alias(SIDE), index[file_path].alias(FILE), F.col("_metadata.row_index").alias(POS),
-        )
+        index = F.create_map(*[item for i, path in enumerate(paths) for item in (F.lit(path), F.lit(i))])
+        rows = read_parquet(spark, paths, schema, filesystem, file_column=path_column, position_column=POS)
+        return rows.select(*columns, F.lit(value).alias(SIDE), index[F.col(path_column)].alias(FILE), POS)
 
     rows = side(removed, 0).unionByName(side(added, 1))
     same_row = Window.partitionBy(*columns)
@@ -53,5 +49,4 @@ def diff_snapshot(
     else:
         change = plain
     out = kept.select(*columns, change.alias(CHANGE_COLUMN), SIDE, FILE, POS)
-    out.repartition(1).sortWithinPartitions(SIDE, FILE, POS).drop(SIDE, FILE, POS) \
-        .write.mode("error").option("compression", "zstd").parquet(directory)
+    write_parquet(out.repartition(1).sortWithinPartitions(SIDE, FILE, POS).drop(SIDE, FILE, POS), directory, filesystem)

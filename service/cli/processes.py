@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,11 @@ def spark_home() -> Path:
 
 def _spark_env(work_dir: Path, **extra: str) -> dict[str, str]:
     # SPARK_LOCAL_IP binds every Spark socket, web UIs included, to the loopback interface.
-    return dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(work_dir), SPARK_PID_DIR=str(work_dir), **extra)
+    # PYSPARK_PYTHON: the Python workers that run jobs' Python code (an object store's Parquet,
+    # spark_jobs/files.py) use this interpreter, which has pyarrow, not whatever `python3` is first
+    # on the PATH; an operator's own value wins.
+    env = {"PYSPARK_PYTHON": sys.executable, **os.environ}
+    return dict(env, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(work_dir), SPARK_PID_DIR=str(work_dir), **extra)
 
 
 @dataclass

@@ -47,9 +47,10 @@ from service.iceberg.catalog import (
     CATALOG_UNAVAILABLE,
     ensure_commit_properties,
     load_table,
+    table_identifier,
 )
 from service.iceberg.compaction import CompactionPolicy, plan_compaction
-from service.iceberg.files import delete_files
+from service.iceberg.files import catalog_io, delete_files
 from service.iceberg.rewrites import (
     FilesNotLive,
     Rewritten,
@@ -177,7 +178,7 @@ class Committer:
     def pump_feeds(self, tenant: str, table_name: str) -> None:
         """Put the table's new changes on the input of the pipelines it feeds (committer/feeds.py)."""
         try:
-            self.feeds.pump(tenant, table_name, lambda: self.catalog.load_table((tenant, table_name)))
+            self.feeds.pump(tenant, table_name, lambda: self.catalog.load_table(table_identifier(self.catalog, tenant, table_name)))
         except Exception:  # noqa: BLE001 - retried next time; one table's feeds must not stop the others
             log.exception("committer: feeding the pipelines of %s/%s failed; will retry", tenant, table_name)
 
@@ -202,11 +203,11 @@ class Committer:
             except Exception as exc:  # noqa: BLE001 - this entry's own failure: park it
                 if entry.is_rewrite:  # optional work: dropped, not parked
                     self.drop_rewrite(tenant, table_name, entry, exc)
-                    table = self.catalog.load_table((tenant, table_name))
+                    table = self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
                     continue
                 self.park(tenant, table_name, entry, f"commit failed alone after {self.settings.commit_max_failures} failed commits: {exc}")
                 return
-            table = self.catalog.load_table((tenant, table_name))
+            table = self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
 
     def park(self, tenant: str, table_name: str, entry: PendingFiles, reason: str) -> None:
         """Move an entry that cannot commit to the table's dead commit stream, failing its receipts
@@ -357,7 +358,7 @@ class Committer:
         committed = False
         for index, segment in enumerate(segments):
             if index:
-                table = self.catalog.load_table((tenant, table_name))
+                table = self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
             if segment.changes:
                 done = self.commit_changes(tenant, table_name, table, segment, lease)
                 if done is None:
@@ -417,9 +418,9 @@ class Committer:
             committed = False
         self.client.delete(key)
         if not committed:  # the table moved since the request (or a rival leader committed them)
-            delete_files(result.adds)
+            delete_files(result.adds, catalog_io(self.catalog))
             return False
-        delete_files(covered.files)  # the change files: applied and committed
+        delete_files(covered.files, catalog_io(self.catalog))  # the change files: applied and committed
         self.apply_alone.pop(member, None)
         self.change_failures.pop(member, None)
         return True
@@ -443,7 +444,7 @@ class Committer:
         broken): take it off the stream, then delete its files (a crash in between leaves them
         to orphan removal). The rows stay as they are; upkeep plans again from the table as it is."""
         self.client.xdel(keys.commit_stream_key(tenant, table_name), entry.entry_id)
-        delete_files(entry.files)
+        delete_files(entry.files, catalog_io(self.catalog))
         self._rewrite_settled(tenant, table_name, entry)
         metrics.COMPACTIONS_DROPPED.labels(tenant, table_name).inc()
         log.warning("committer: dropped the compaction %s of %s.%s: %s", entry.entry_id, tenant, table_name, exc)
@@ -488,7 +489,7 @@ class Committer:
                     metrics.COMMIT_FAILURES.labels(tenant, table_name, "conflict").inc()
                     # Someone else changed the table (possibly a stale leader that committed some
                     # of these very entries): reload and keep only what is still missing.
-                    table = self.catalog.load_table((tenant, table_name))
+                    table = self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
                     plan = CommitPlan.after(plan.entries, watermark(table))
                     if plan.empty:
                         self.acknowledge_committed(tenant, table_name, table)

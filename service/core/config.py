@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -108,6 +109,12 @@ class Settings(BaseSettings):
     orphan_interval_s: float = Field(default=3600.0, gt=0)
     orphan_min_age_s: float = Field(default=24 * 3600.0, ge=0)
     shutdown_grace_s: float = 30.0
+
+    @field_validator("catalog_properties", mode="before")
+    @classmethod
+    def _properties_json(cls, value: object) -> object:
+        # From the environment pydantic-settings parses the JSON; given as a value, it is parsed here.
+        return json.loads(value) if isinstance(value, str) else value
 
     @property
     def data_path(self) -> Path:

@@ -11,6 +11,7 @@ import uuid
 import redis
 
 from service.core import keys
+from service.iceberg.catalog import calve_table_name
 from service.iceberg.changelog import Changelog, SnapshotChanges, SnapshotFiles
 from service.protocol import feeds
 from service.protocol.feeds import DiffRequest, DiffResult
@@ -31,6 +32,7 @@ class SparkDiffs:
         if files.rearranges_only or not files.removed or not files.added or rows < self.min_rows:
             return None
         tenant, table = changelog.table.name()[-2:]
+        table = calve_table_name(changelog.table.catalog, table)
         snapshot_id, schema_id = files.snapshot.snapshot_id, changelog.schema.schema_id
         key = keys.feed_diff_key(tenant, table, snapshot_id, schema_id)
         request = DiffRequest(tenant, table, snapshot_id, schema_id, uuid.uuid4().hex)

@@ -41,6 +41,7 @@ from tenacity import (
 )
 
 from service.core.config import Settings
+from service.core.keys import RESERVED_TABLE_PREFIX
 
 CATALOG_NAME = "calve"
 
@@ -116,8 +117,36 @@ def _tune_sqlite(catalog: SqlCatalog, busy_timeout_ms: int) -> None:
     engine.dispose()
 
 
-def table_identifier(tenant: str, table: str) -> tuple[str, str]:
+# Calve's own tables (the DLQ) are named "_calve..." in Calve. Catalogs of the S3 Tables kind (AWS S3
+# Tables, SeaweedFS's REST catalog) refuse a table name that does not start with a letter or digit:
+# the catalog property `calve.own-table-prefix` (CALVE_CATALOG_PROPERTIES) spells them there with
+# another prefix ("calve": the DLQ is `calve_dlq` in the catalog, still `_calve_dlq` in Calve's
+# API), and the tenants' tables may then not start with that prefix.
+OWN_PREFIX_PROPERTY = "calve.own-table-prefix"
+
+
+def own_prefix(catalog: Catalog) -> str:
+    return catalog.properties.get(OWN_PREFIX_PROPERTY) or RESERVED_TABLE_PREFIX
+
+
+def table_identifier(catalog: Catalog, tenant: str, table: str) -> tuple[str, str]:
+    """The catalog's identifier of Calve's table `table` of `tenant`."""
+    if table.startswith(RESERVED_TABLE_PREFIX):
+        table = own_prefix(catalog) + table[len(RESERVED_TABLE_PREFIX):]
     return (tenant, table)
+
+
+def calve_table_name(catalog: Catalog, name: str) -> str:
+    """Calve's name of the catalog's table `name` (the inverse of table_identifier)."""
+    prefix = own_prefix(catalog)
+    if prefix != RESERVED_TABLE_PREFIX and name.startswith(prefix):
+        return RESERVED_TABLE_PREFIX + name[len(prefix):]
+    return name
+
+
+def is_reserved_table_name(catalog: Catalog, name: str) -> bool:
+    """Whether `name` is (or would be spelled in the catalog as) one of Calve's own tables."""
+    return name.startswith((RESERVED_TABLE_PREFIX, own_prefix(catalog)))
 
 
 def ensure_namespace(catalog: Catalog, tenant: str) -> None:
@@ -134,7 +163,7 @@ def ensure_namespace(catalog: Catalog, tenant: str) -> None:
 
 def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
     try:
-        return catalog.load_table(table_identifier(tenant, table))
+        return catalog.load_table(table_identifier(catalog, tenant, table))
     except NoSuchTableError:
         return None
 
@@ -144,11 +173,11 @@ def create_table_once(catalog: Catalog, tenant: str, table: str, schema, partiti
     ensure_namespace(catalog, tenant)
     try:
         return catalog.create_table(
-            table_identifier(tenant, table), schema=schema, partition_spec=partition_spec or UNPARTITIONED_PARTITION_SPEC,
+            table_identifier(catalog, tenant, table), schema=schema, partition_spec=partition_spec or UNPARTITIONED_PARTITION_SPEC,
             properties=TABLE_PROPERTIES,
         )
     except (TableAlreadyExistsError, IntegrityError):  # IntegrityError: the same race as above
-        return catalog.load_table(table_identifier(tenant, table))
+        return catalog.load_table(table_identifier(catalog, tenant, table))
 
 
 def ensure_commit_properties(table: Table) -> Table:

@@ -42,6 +42,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from service.iceberg.files import locate
 from service.iceberg.private import file_batches
 
 CHANGE_TYPE = "_change_type"
@@ -302,7 +303,10 @@ class Changelog:
     def _spilled_rows(self, changes: SnapshotChanges, skip: int) -> Iterator[pa.RecordBatch]:
         target = self.schema.as_arrow()
         for path in changes.spilled:
-            for batch in pq.ParquetFile(path.removeprefix("file://")).iter_batches():
+            store, location = locate(path, self.table.io)
+            with store.open_input_file(location) as stream:
+                batches = list(pq.ParquetFile(stream).iter_batches())
+            for batch in batches:
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
                     continue

@@ -25,7 +25,7 @@ from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
 from service.core import keys
-from service.iceberg import private
+from service.iceberg import files, private
 from service.iceberg.compaction import TARGET_FILE_SIZE_PROPERTY
 from service.iceberg.watermark import calve_snapshots, watermark
 
@@ -174,7 +174,7 @@ def remove_orphans(table: Table, min_age_s: float, protected: set[str] = frozens
     failed jobs, and Spark's `.crc` and `_SUCCESS` side files. The age keeps a file a writer is
     still writing, or has just handed off, safe."""
     data_location = f"{table.location().rstrip('/')}/data"
-    filesystem, root = pafs.FileSystem.from_uri(data_location)
+    filesystem, root = files.locate(data_location, table.io)
     if filesystem.get_file_info(root).type == pafs.FileType.NotFound:
         return 0
     scheme = data_location[: len(data_location) - len(root)] if data_location.endswith(root) else ""

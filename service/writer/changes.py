@@ -17,7 +17,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
-from service.iceberg.files import delete_files, list_data_files
+from service.iceberg.files import catalog_io, delete_files, list_data_files, spark_filesystem
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import CHANGES
@@ -45,6 +45,7 @@ class ChangeApplier(LeaderRequests):
         request = ApplyRequest.from_json(raw)
         started = time.perf_counter()
         directory = None
+        io = catalog_io(self.catalog)
         try:
             table = load_table(self.catalog, request.tenant, request.table)
             if table is None:
@@ -54,15 +55,16 @@ class ChangeApplier(LeaderRequests):
             target = Target(
                 name=request.table, schema=schema.as_arrow(), required=frozenset(f.name for f in schema.fields if f.required),
                 partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields], directory=directory,
+                filesystem=spark_filesystem(directory, io),
             )
             spark = spark_session(self.spark_remote)
             entries = [files for _entry_id, files in request.entries]
             candidates = self._candidates(table, request, spark, entries, target)
             applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
-            result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory), applied.counts)
+            result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, io), applied.counts)
         except Exception as exc:  # noqa: BLE001 - the leader sees the error and counts it as a failed commit
             if directory is not None:
-                delete_files(list_data_files(directory))
+                delete_files(list_data_files(directory, io), io)
             if is_spark_outage(exc):  # not the changes' fault: back on the queue, for when Spark is back
                 log.warning("writer: Spark is unavailable (%s); the changes of %s.%s wait for it", exc, request.tenant, request.table)
                 self.client.rpush(self.queue, raw)
@@ -79,7 +81,7 @@ class ChangeApplier(LeaderRequests):
         """Data files of the base snapshot that may hold a changed key."""
         if request.base_snapshot is None:
             return []
-        values = change_rows(spark, entries, target.schema).select(*request.keys).distinct().limit(MAX_PRUNING_KEYS + 1).collect()
+        values = change_rows(spark, entries, target.schema, target.filesystem).select(*request.keys).distinct().limit(MAX_PRUNING_KEYS + 1).collect()
         row_filter: BooleanExpression = AlwaysTrue()
         if len(values) <= MAX_PRUNING_KEYS:
             for index, key in enumerate(request.keys):
@@ -97,6 +99,6 @@ class ChangeApplier(LeaderRequests):
         asked = self.client.hget(key, changes.REQUEST)
         if asked is None or ApplyRequest.from_json(asked).request != request.request:
             # The leader gave up on this request (it expired, or the table moved): never committed.
-            delete_files(result.adds)
+            delete_files(result.adds, catalog_io(self.catalog))
             return
         self.client.hset(key, changes.RESULT, result.to_json())

@@ -14,7 +14,7 @@ import time
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
-from service.iceberg.files import delete_files, list_data_files
+from service.iceberg.files import catalog_io, delete_files, list_data_files, spark_filesystem
 from service.protocol.commit_entry import REPLACE, FilesWritten
 from service.protocol.compaction import CompactionRequest
 from service.protocol.upkeep import record_upkeep
@@ -33,6 +33,7 @@ class Compactor(LeaderRequests):
         request = CompactionRequest.from_json(raw)
         started = time.perf_counter()
         directory = None
+        io = catalog_io(self.catalog)
         try:
             table = load_table(self.catalog, request.tenant, request.table)
             if table is None:
@@ -43,8 +44,8 @@ class Compactor(LeaderRequests):
             directory = new_directory(table.location(), "compact")
             spark = spark_session(self.spark_remote)
             for index, (paths, outputs) in enumerate(request.groups):
-                rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs)
-            written = FilesWritten(request.tenant, request.table, list_data_files(directory), {},
+                rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, io))
+            written = FilesWritten(request.tenant, request.table, list_data_files(directory, io), {},
                                    removes=request.files, operation=REPLACE, request=request.request)
             fields = written.to_fields(self.name)
             self.client.xadd(keys.commit_stream_key(request.tenant, request.table), dict(zip(fields[::2], fields[1::2])))
@@ -52,7 +53,7 @@ class Compactor(LeaderRequests):
         except Exception as exc:  # noqa: BLE001 - compaction is optional work; the leader plans it again
             log.warning("writer: compaction of %s.%s failed: %s", request.tenant, request.table, exc)
             if directory is not None:
-                delete_files(list_data_files(directory))
+                delete_files(list_data_files(directory, io), io)
             metrics.COMPACTIONS_DROPPED.labels(request.tenant, request.table).inc()
             record_upkeep(self.client, request.tenant, request.table, "compact", {
                 "outcome": "failed", "error": str(exc)[:500], "request": request.request,

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from service.core import keys
 from service.iceberg.catalog import load_table
 from service.iceberg.changelog import Changelog, snapshot_files
-from service.iceberg.files import delete_files, list_data_files
+from service.iceberg.files import catalog_io, delete_files, list_data_files, locate, spark_filesystem
 from service.protocol import feeds
 from service.protocol.feeds import DiffRequest, DiffResult
 from service.writer.requests import LeaderRequests
@@ -32,6 +32,7 @@ class FeedDiffer(LeaderRequests):
         key = keys.feed_diff_key(request.tenant, request.table, request.snapshot_id, request.schema_id)
         started = time.perf_counter()
         directory = None
+        io = catalog_io(self.catalog)
         try:
             table = load_table(self.catalog, request.tenant, request.table)
             snapshot = table.metadata.snapshot_by_id(request.snapshot_id) if table is not None else None
@@ -41,13 +42,17 @@ class FeedDiffer(LeaderRequests):
             changelog = Changelog(table)
             directory = f"{table.location()}/data/_calve_feed/{request.snapshot_id}-{request.schema_id}-{request.request}"
             diff_snapshot(spark_session(self.spark_remote), [f.file_path for f in files.removed], [f.file_path for f in files.added],
-                          changelog.schema.as_arrow(), changelog.identifier, directory)
-            paths = list_data_files(directory)
-            rows = sum(pq.ParquetFile(path.removeprefix("file://")).metadata.num_rows for path in paths)
+                          changelog.schema.as_arrow(), changelog.identifier, directory, spark_filesystem(directory, io))
+            paths = list_data_files(directory, io)
+            rows = 0
+            for path in paths:
+                store, location = locate(path, io)
+                with store.open_input_file(location) as stream:
+                    rows += pq.ParquetFile(stream).metadata.num_rows
             result = DiffResult(request.request, paths, rows)
         except Exception as exc:  # noqa: BLE001 - the reader computes the changes itself then
             if directory is not None:
-                delete_files(list_data_files(directory))
+                delete_files(list_data_files(directory, io), io)
             if is_spark_outage(exc):
                 log.warning("writer: Spark is unavailable (%s); the feed diff of %s.%s waits for it", exc, request.tenant, request.table)
                 self.client.rpush(self.queue, raw)

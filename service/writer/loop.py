@@ -21,7 +21,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
-from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 from sqlmodel import Session
@@ -33,7 +32,7 @@ from service.core.exceptions import NotFound
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.catalog import CATALOG_UNAVAILABLE
-from service.iceberg.files import delete_files, list_data_files
+from service.iceberg.files import catalog_io, delete_files, list_data_files, locate, spark_filesystem
 from service.pipelines.spec import PipelineDefinition
 from service.pipelines.store import PipelineCache, PipelineRecord, get_pipeline
 from service.protocol.commit_entry import FilesWritten
@@ -94,6 +93,7 @@ class Writer:
         # A new pipeline version reaches this writer within pipeline_cache_s.
         self.pipelines = PipelineCache(settings.pipeline_cache_s)
         self.tables = TableResolver(catalog)
+        self.io = catalog_io(catalog)
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
@@ -324,7 +324,8 @@ class Writer:
         job = PipelineJob(
             spark, batch.pipeline, record.version, record.definition,
             resolve=lambda name, sink, rows: self.tables.resolve(batch.tenant, name, sink, rows),
-            dlq_directory=new_directory(self.tables.dlq_location(batch.tenant)),
+            dlq_directory=(dlq_directory := new_directory(self.tables.dlq_location(batch.tenant))),
+            dlq_filesystem=spark_filesystem(dlq_directory, self.io),
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
         )
         started = time.perf_counter()
@@ -332,7 +333,7 @@ class Writer:
         metrics.SPARK_JOB_SECONDS.labels(batch.tenant, batch.pipeline).observe(time.perf_counter() - started)
         intervals = self._commit_intervals(record.definition)
         written = [
-            FilesWritten(batch.tenant, table, list_data_files(output.directory), output.rows_by_receipt,
+            FilesWritten(batch.tenant, table, list_data_files(output.directory, self.io), output.rows_by_receipt,
                          commit_interval_s=intervals.get(table), **changes_fields(output.changes))
             for table, output in result.tables.items()
         ]
@@ -344,7 +345,7 @@ class Writer:
             for receipt, _dlq_id in replayed:
                 dlq_rows.setdefault(receipt, 0)
             written.append(FilesWritten(
-                batch.tenant, keys.DLQ_TABLE, list_data_files(result.dlq.directory) if result.dlq is not None else [],
+                batch.tenant, keys.DLQ_TABLE, list_data_files(result.dlq.directory, self.io) if result.dlq is not None else [],
                 dlq_rows, deletes=[dlq_id for _receipt, dlq_id in replayed],
             ))
         dropped: dict[str, dict[str, list[str]]] = {}  # receipt -> table -> names
@@ -436,7 +437,7 @@ class Writer:
                     columns[name].append(value)
                 rows_by_receipt[entry.receipt] = rows_by_receipt.get(entry.receipt, 0) + 1
         path = f"{new_directory(self.tables.dlq_location(batch.tenant))}/part-00000.parquet"
-        filesystem, location = pafs.FileSystem.from_uri(path)
+        filesystem, location = locate(path, self.io)
         filesystem.create_dir(location.rsplit("/", 1)[0])
         pq.write_table(pa.table(columns, schema=DLQ_SCHEMA), location, filesystem=filesystem, compression="zstd")
         deletes = [dlq_id for entry in batch.entries for dlq_id in entry.replays]
@@ -463,7 +464,7 @@ class Writer:
             self.name, len(batch.entries), batch.tenant, batch.pipeline, len(files),
         )
         metrics.BATCHES_SUPERSEDED.labels(batch.tenant, batch.pipeline).inc()
-        delete_files(files)
+        delete_files(files, self.io)
 
     # -- streams ----------------------------------------------------------------------------
 

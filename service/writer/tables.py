@@ -8,16 +8,19 @@ import logging
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import BadRequestError
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
 from service.core import keys
 from service.iceberg.catalog import (
     create_table_once,
+    is_reserved_table_name,
     load_table,
     set_identifier_fields,
     set_table_properties,
 )
+from service.iceberg.files import spark_filesystem
 from service.iceberg.schema import evolve_schema
 from service.iceberg.upkeep import sink_properties
 from service.pipelines.spec import EXTRA_FIELDS_TYPE, PipelineDefinition, Sink, is_extra_fields_type
@@ -62,8 +65,14 @@ class TableResolver:
 
     def resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
         """The table `name` as the job needs it, created when the sink may; or why its rows go to the DLQ."""
-        if not is_valid_name(name) or name.startswith(keys.RESERVED_TABLE_PREFIX):
+        if not is_valid_name(name) or is_reserved_table_name(self.catalog, name):
             return f"table name {name!r} made from {sink.table!r} is not valid ({RULE})"
+        try:
+            return self._resolve(tenant, name, sink, rows)
+        except BadRequestError as exc:  # a name or schema this catalog refuses: retrying cannot help
+            return f"the catalog refused table {name!r}: {exc}"
+
+    def _resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
         table = load_table(self.catalog, tenant, name)
         if table is None:
             if not sink.auto_create:
@@ -116,7 +125,8 @@ class TableResolver:
             schema=schema.as_arrow(),
             required=frozenset(f.name for f in schema.fields if f.required),
             partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields],
-            directory=new_directory(table.location(), "changes" if changes is not None else "batch"),
+            directory=(directory := new_directory(table.location(), "changes" if changes is not None else "batch")),
+            filesystem=spark_filesystem(directory, table.io),
             target_file_size=sink.target_file_size,
             changes=changes,
             extra_fields=extra_fields,

@@ -58,9 +58,11 @@ def rows(*pairs: tuple[int, str]) -> pa.Table:
 
 
 def parquet(table: Table, data: pa.Table) -> str:
-    path = f"{table.location().removeprefix('file://')}/data/test-{uuid.uuid4().hex}.parquet"
-    pq.write_table(data, path)
-    return f"file://{path}"
+    """A data file of `data` in the table's storage (through its FileIO: local or an object store)."""
+    path = f"{table.location()}/data/test-{uuid.uuid4().hex}.parquet"
+    with table.io.new_output(path).create() as stream:
+        pq.write_table(data, stream)
+    return path
 
 
 def rewrite(catalog: Catalog, table: Table, data: pa.Table, replace: bool = False) -> Table:

@@ -32,6 +32,7 @@ from service.api.deps import (
 )
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
+from service.iceberg.catalog import calve_table_name, table_identifier
 from service.iceberg.compaction import SMALL_FILE_RATIO, CompactionPolicy
 from service.protocol import commit_entry
 
@@ -51,7 +52,7 @@ def list_tables(
         identifiers = catalog.list_tables(principal.tenant)
     except NoSuchNamespaceError:
         identifiers = []
-    names = sorted(identifier[-1] for identifier in identifiers)
+    names = sorted(calve_table_name(catalog, identifier[-1]) for identifier in identifiers)
     if not describe:
         return {"tables": names}
     return {"tables": names, "described": [_summary(catalog, principal.tenant, name) for name in names[:MAX_DESCRIBED_TABLES]]}
@@ -60,7 +61,7 @@ def list_tables(
 def _summary(catalog, tenant: str, name: str) -> dict:  # noqa: ANN001 - a pyiceberg Catalog
     """A table's size now, from its current snapshot's summary (no manifest is read)."""
     try:
-        snapshot = catalog.load_table((tenant, name)).current_snapshot()
+        snapshot = catalog.load_table(table_identifier(catalog, tenant, name)).current_snapshot()
     except Exception:  # noqa: BLE001 - dropped meanwhile, or unreadable: listed without numbers
         return {"name": name}
     totals = snapshot.summary if snapshot is not None and snapshot.summary is not None else {}

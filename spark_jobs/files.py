@@ -1,0 +1,183 @@
+"""Reading and writing a job's Parquet, on whatever storage the table lives in.
+
+Spark's own reader and writer reach the file systems its Hadoop libraries know: local files
+(file://) and HDFS. An object store (s3://, gs://, abfs://) would need Hadoop's connector for it in
+every Spark JVM (hadoop-aws and the AWS SDK for S3), which the pyspark package does not carry. For
+those, the executors read and write Parquet themselves with pyarrow, through `mapInArrow`: the
+caller passes the pyarrow file system (built from the catalog's FileIO properties, credentials
+and endpoint included; it pickles), and the executors need only pyarrow, which every PySpark
+installation with Arrow support has. This module is shipped to them by value, so they need
+nothing of Calve installed.
+
+Either way a table's files are one per partition value (or per `max_records` rows), with the
+table's column names; their partition comes from their statistics when they are committed.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+# Executors unpickle the functions below by value: they need not have this package.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+WRITTEN = T.StructType([T.StructField("path", T.StringType()), T.StructField("rows", T.LongType())])
+WRITTEN_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("rows", pa.int64())])
+
+
+def write_parquet(
+    frame: DataFrame, directory: str, filesystem: object | None = None, *, schema: pa.Schema | None = None,
+    max_records: int | None = None, partition_by: list[str] | tuple[str, ...] = (),
+) -> None:
+    """Write `frame` as zstd Parquet files under `directory` (which must not exist yet).
+
+    partition_by: columns whose values split the files (one file per value in each task), left
+    out of the files. max_records: rows per file at most. filesystem: a pyarrow FileSystem for
+    `directory` when Spark cannot reach it itself (None: Spark's own writer). schema: the files'
+    Arrow schema (nullability included), for the pyarrow writer; Spark's otherwise.
+    """
+    if filesystem is None:
+        writer = frame.write.mode("error").option("compression", "zstd")
+        if max_records:
+            writer = writer.option("maxRecordsPerFile", str(max_records))
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.parquet(directory)
+        return
+    if partition_by:
+        frame = frame.sortWithinPartitions(*partition_by)  # each value's rows together: one file open at a time
+    columns = [name for name in frame.columns if name not in partition_by]
+    if schema is None:
+        schema = to_arrow_schema(frame.select(*columns).schema)
+    write = _arrow_writer(_path(directory), filesystem, schema, list(partition_by), max_records)
+    frame.mapInArrow(write, WRITTEN).collect()
+
+
+def read_parquet(
+    spark: SparkSession, paths: list[str], schema: pa.Schema, filesystem: object | None = None, *,
+    file_column: str | None = None, position_column: str | None = None,
+) -> DataFrame:
+    """The rows of Parquet files `paths`, in `schema` (a column a file lacks reads as null).
+
+    file_column: each row's file, spelled as in `paths`. position_column: its row's place in that
+    file (from 0). filesystem: as for `write_parquet`.
+    """
+    if filesystem is None:
+        frame = spark.read.schema(from_arrow_schema(schema)).parquet(*paths)
+        extra = {}
+        if file_column:
+            # Spark spells a local file file:/x however it was named: map its spelling back.
+            named = F.create_map(*[F.lit(item) for path in paths for item in (_normal(path), path)])
+            extra[file_column] = named[F.concat(F.lit("/"), F.regexp_replace(F.col("_metadata.file_path"), "^(file:)?/*", ""))]
+        if position_column:
+            extra[position_column] = F.col("_metadata.row_index")
+        return frame.withColumns(extra) if extra else frame
+    output = schema
+    if file_column:
+        output = output.append(pa.field(file_column, pa.string()))
+    if position_column:
+        output = output.append(pa.field(position_column, pa.int64()))
+    files = spark.createDataFrame([(path,) for path in paths], "path string")
+    files = files.repartition(max(1, min(len(paths), int(spark.conf.get("spark.sql.shuffle.partitions", "200")))))
+    read = _arrow_reader(filesystem, schema, output, file_column, position_column)
+    return files.mapInArrow(read, from_arrow_schema(output))
+
+
+def _normal(path: str) -> str:
+    return "/" + path.removeprefix("file:").lstrip("/")
+
+
+def _path(location: str) -> str:
+    """A location as a pyarrow FileSystem names it: without the scheme (bucket/key for S3)."""
+    return location.split("://", 1)[1] if "://" in location else location
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` in `schema`: its columns in that order and those types, missing ones null."""
+    columns = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
+        columns.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def runs(batch: pa.RecordBatch, keys: list[str]) -> Iterator[tuple[tuple, pa.RecordBatch]]:
+    """Consecutive rows of `batch` with the same values of `keys`, with those values."""
+    if not keys:
+        yield (), batch
+        return
+    import pyarrow.compute as pc
+
+    if batch.num_rows == 0:
+        return
+    changed = None
+    for key in keys:
+        codes = pc.dictionary_encode(batch.column(key), null_encoding="encode").indices
+        differs = pc.not_equal(codes.slice(1), codes.slice(0, len(codes) - 1))
+        changed = differs if changed is None else pc.or_(changed, differs)
+    starts = [0, *(i + 1 for i in pc.indices_nonzero(changed).to_pylist()), batch.num_rows]
+    for start, end in zip(starts, starts[1:]):
+        part = batch.slice(start, end - start)
+        yield tuple(part.column(key)[0].as_py() for key in keys), part
+
+
+def _arrow_writer(directory: str, filesystem, schema: pa.Schema, keys: list[str], max_records: int | None):  # noqa: ANN001, ANN202
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        task = uuid.uuid4().hex
+        written: list[tuple[str, int]] = []
+        current: dict = {}
+
+        def close() -> None:
+            if current:
+                current["writer"].close()
+                written.append((current["path"], current["rows"]))
+                current.clear()
+
+        for batch in batches:
+            for key, part in runs(batch, keys):
+                data = conform(part, schema)
+                while data.num_rows:
+                    if not current or current["key"] != key or (max_records and current["rows"] >= max_records):
+                        close()
+                        path = f"{directory}/part-{task}-{len(written):05d}.zstd.parquet"
+                        current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd"))
+                    take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])
+                    current["writer"].write_batch(data.slice(0, take))
+                    current["rows"] += take
+                    data = data.slice(take)
+        close()
+        yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows in written], schema=WRITTEN_ARROW)
+
+    return write
+
+
+def _arrow_reader(filesystem, schema: pa.Schema, output: pa.Schema, file_column: str | None, position_column: str | None):  # noqa: ANN001, ANN202
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        for listing in batches:
+            for path in listing.column(0).to_pylist():
+                position = 0
+                with filesystem.open_input_file(_path(path)) as stream:
+                    for batch in pq.ParquetFile(stream).iter_batches():
+                        data = conform(batch, schema)
+                        extra = []
+                        if file_column:
+                            extra.append(pa.array([path] * batch.num_rows, pa.string()))
+                        if position_column:
+                            extra.append(pa.array(range(position, position + batch.num_rows), pa.int64()))
+                        position += batch.num_rows
+                        yield pa.RecordBatch.from_arrays([*data.columns, *extra], schema=output)
+
+    return read

@@ -1,0 +1,63 @@
+"""How a job's Parquet reaches storage Spark cannot write itself (spark_jobs/files.py), and how the
+roles reach the same files (service/iceberg/files.py): the pure parts, without servers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyarrow import fs as pafs
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from service.iceberg.files import list_data_files, locate, spark_filesystem
+from spark_jobs.files import conform, runs
+
+
+def test_runs_split_a_batch_where_any_key_changes_nulls_included() -> None:
+    batch = pa.record_batch({"a": [1, 1, 2, 2, None, None, 1], "b": ["x", "x", "x", "y", "y", "y", "y"], "v": list(range(7))})
+    got = [(key, part.column("v").to_pylist()) for key, part in runs(batch, ["a", "b"])]
+    assert got == [((1, "x"), [0, 1]), ((2, "x"), [2]), ((2, "y"), [3]), ((None, "y"), [4, 5]), ((1, "y"), [6])]
+    assert [part.num_rows for _key, part in runs(batch, [])] == [7]
+    assert list(runs(batch.slice(0, 0), ["a"])) == []
+
+
+def test_conform_orders_casts_and_fills_missing_columns_with_nulls() -> None:
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("n", pa.int64()), pa.field("added", pa.string())])
+    batch = pa.record_batch({"n": pa.array([1, 2], pa.int32()), "id": pa.array([7, 8], pa.int64()), "dropped": ["a", "b"]})
+    got = conform(batch, schema)
+    assert got.schema == schema
+    assert got.to_pylist() == [{"id": 7, "n": 1, "added": None}, {"id": 8, "n": 2, "added": None}]
+
+
+def test_spark_writes_local_and_hdfs_itself_and_object_stores_through_the_catalogs_fileio(tmp_path) -> None:  # noqa: ANN001
+    io = PyArrowFileIO({"s3.endpoint": "http://127.0.0.1:1", "s3.access-key-id": "k", "s3.secret-access-key": "s", "s3.region": "us-east-1"})
+    assert spark_filesystem(tmp_path.as_uri(), io) is None
+    assert spark_filesystem("hdfs://namenode/warehouse/t", io) is None
+    store = spark_filesystem("s3://bucket/warehouse/t/data/batch-1", io)
+    assert isinstance(store, pafs.S3FileSystem) and store.region == "us-east-1"  # configured by the FileIO's properties
+    assert locate("s3://bucket/warehouse/t/data/x.parquet", io)[1] == "bucket/warehouse/t/data/x.parquet"
+
+
+def test_a_jobs_files_are_listed_without_spark_side_files(tmp_path) -> None:  # noqa: ANN001
+    directory = tmp_path / "batch-1"
+    for name in ("part-0.parquet", "p0=1/part-1.parquet", "_SUCCESS", ".part-0.parquet.crc", "p0=1/.hidden.parquet"):
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(b"x")
+    uri = directory.as_uri()
+    assert list_data_files(uri, PyArrowFileIO()) == [f"{uri}/p0=1/part-1.parquet", f"{uri}/part-0.parquet"]
+    assert list_data_files(f"{uri}-none", PyArrowFileIO()) == []
+
+
+@pytest.mark.parametrize("prefix, own, back", [
+    (None, ("demo", "_calve_dlq"), "_calve_dlq"),
+    ("calve", ("demo", "calve_dlq"), "_calve_dlq"),
+])
+def test_calves_own_tables_are_spelled_as_the_catalog_allows(prefix, own, back, tmp_path) -> None:  # noqa: ANN001
+    from service.iceberg.catalog import calve_table_name, get_catalog, is_reserved_table_name, table_identifier
+
+    properties = (("calve.own-table-prefix", prefix),) if prefix else ()
+    catalog = get_catalog(f"sqlite:///{tmp_path / 'c.db'}", tmp_path.as_uri(), 30_000, None, properties)
+    assert table_identifier(catalog, "demo", "_calve_dlq") == own
+    assert table_identifier(catalog, "demo", "logs") == ("demo", "logs")
+    assert calve_table_name(catalog, own[1]) == back and calve_table_name(catalog, "logs") == "logs"
+    assert is_reserved_table_name(catalog, "_calve_x") and not is_reserved_table_name(catalog, "logs")
+    assert is_reserved_table_name(catalog, "calve_x") == bool(prefix)
