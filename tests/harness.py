@@ -176,6 +176,72 @@ class RedisClusterServers:
             processes.stop(process, 10)
 
 
+class RedisSentinelServers:
+    """A Redis master with one replica, watched by one Sentinel (quorum 1) under `base`; `url` is
+    the redis+sentinel:// URL CALVE_REDIS_URL would hold. `fail_over` kills the master once the
+    replica has everything, and waits for Sentinel to promote the replica."""
+
+    MASTER = "calve"
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.master_port, self.replica_port, self.sentinel_port = (processes.free_port() for _ in range(3))
+        self.servers: dict[int, subprocess.Popen] = {}
+        self.sentinel: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.MASTER}/0"
+
+    def _server(self, port: int, *extra: str) -> None:
+        directory = self.base / str(port)
+        directory.mkdir(parents=True, exist_ok=True)
+        process = processes.spawn(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory), "--appendonly", "yes", "--save", "", *extra],
+            log=directory / "redis.log",
+        )
+        self.servers[port] = process
+        processes.wait_for_port(port, 30, process, "redis-server", directory / "redis.log")
+
+    def start(self) -> RedisSentinelServers:
+        self._server(self.master_port)
+        self._server(self.replica_port, "--replicaof", "127.0.0.1", str(self.master_port))
+        config = self.base / "sentinel.conf"  # Sentinel rewrites its own configuration file
+        config.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.base}\n"
+            f"sentinel monitor {self.MASTER} 127.0.0.1 {self.master_port} 1\n"
+            f"sentinel down-after-milliseconds {self.MASTER} 1000\nsentinel failover-timeout {self.MASTER} 10000\n"
+        )
+        self.sentinel = processes.spawn(["redis-server", str(config), "--sentinel"], log=self.base / "sentinel.log")
+        processes.wait_for_port(self.sentinel_port, 30, self.sentinel, "redis-sentinel", self.base / "sentinel.log")
+        wait_until(lambda: self._replicas_seen() >= 1, 30, 0.2, "Sentinel to see the replica")
+        return self
+
+    def _replicas_seen(self) -> int:
+        with redis.Redis(port=self.sentinel_port) as sentinel:
+            return len(sentinel.sentinel_slaves(self.MASTER))
+
+    def master(self) -> tuple[str, int]:
+        with redis.Redis(port=self.sentinel_port) as sentinel:
+            host, port = sentinel.sentinel_get_master_addr_by_name(self.MASTER)
+        return host.decode() if isinstance(host, bytes) else host, int(port)
+
+    def fail_over(self) -> int:
+        """Kill the master (SIGKILL) once its replica has caught up; the promoted replica's port."""
+        with redis.Redis(port=self.master_port) as master, redis.Redis(port=self.replica_port) as replica:
+            offset = master.info("replication")["master_repl_offset"]
+            wait_until(lambda: replica.info("replication").get("slave_repl_offset", -1) >= offset, 30, 0.1, "the replica to catch up")
+        self.servers[self.master_port].kill()
+        self.servers[self.master_port].wait(10)
+        wait_until(lambda: self.master()[1] == self.replica_port, 60, 0.25, "Sentinel to promote the replica")
+        return self.replica_port
+
+    def stop(self) -> None:
+        for process in [self.sentinel, *self.servers.values()]:
+            if process is not None and process.poll() is None:
+                processes.stop(process, 10)
+
+
 # The test Spark Connect servers' driver JVM compiles with C1 only. Tests send thousands of tiny
 # jobs of ever new shapes: measured over a whole `make test`, C2's compiler thread took 263 of the
 # servers' ~530 CPU-s (half, on a 2-core machine) compiling Catalyst code that never ran long

@@ -10,6 +10,7 @@ import redis
 from sqlmodel import Session
 
 from service.core.config import Settings
+from service.core.connections import client_for_url
 from service.core.db import get_engine, migrate
 from service.core.exceptions import CalveError, StartupError
 from service.core.keys import AUTH_CHANNEL
@@ -71,7 +72,7 @@ def _announce(settings: Settings) -> None:
         print(f"no running Calve found; api processes notice within CALVE_AUTH_CACHE_S ({settings.auth_cache_s:g} s)")
         return
     try:
-        with redis.Redis.from_url(url, socket_timeout=5) as client:
+        with client_for_url(url, cluster=settings.redis_cluster, socket_timeout=5) as client:
             client.publish(AUTH_CHANNEL, b"cli")
     except redis.RedisError as exc:
         print(f"could not tell the api processes ({exc}); they notice within {settings.auth_cache_s:g} s")

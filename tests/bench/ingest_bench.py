@@ -8,7 +8,10 @@ writers, committer, Spark JVM, redis-server, the load generator itself) and per 
 events, and the mean Spark job and commit times from Calve's metrics (tests/bench/profile.py).
 The last line of output is one JSON object.
 
-Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60).
+Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60);
+BENCH_WAREHOUSE=seaweedfs starts SeaweedFS and runs the stack on its REST catalog with the
+warehouse in its S3 (the baseline stays on local files). Any CALVE_* setting reaches the stack
+(CALVE_SPARK_WORKERS=2: a 2-worker Spark cluster).
 """
 
 from __future__ import annotations
@@ -188,6 +191,14 @@ def main() -> None:
         say(f"starting the embedded stack (data in {work}) ...")
         data_dir = work / "data"
         data_dir.mkdir()
+        seaweed = None
+        if os.environ.get("BENCH_WAREHOUSE") == "seaweedfs":
+            from tests.harness import SeaweedServer
+
+            (work / "seaweed").mkdir()
+            seaweed = SeaweedServer(work / "seaweed").start()
+            os.environ.update(seaweed.overrides(seaweed.new_bucket("calve-bench")))
+            say(f"warehouse: SeaweedFS's S3 ({seaweed.s3_endpoint}), REST catalog {seaweed.catalog_uri}")
         stack = start_stack(data_dir, port)
         operator = operator_token(data_dir)
         try:
@@ -198,6 +209,8 @@ def main() -> None:
         finally:
             stack.send_signal(signal.SIGTERM)
             stack.wait(120)
+            if seaweed is not None:
+                seaweed.stop()
         rate = committed / seconds
         p50 = statistics.median(latencies) if latencies else float("nan")
         p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
