@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from spark_jobs.buckets import bucket
 from spark_jobs.coerce import coerce, declared_not_null, shadow_type
+from spark_jobs.direct_append import append_directly, parse_schema
 from spark_jobs.files import write_parquet
 
 RECEIPT = "_calve_receipt"
@@ -108,6 +109,9 @@ class Output:
 class JobResult:
     tables: dict[str, Output] = field(default_factory=dict)
     dlq: Output | None = None
+    # spark_jobs/direct_append.py: "written" (it wrote the batch), "refused" (it tried; the Spark
+    # job wrote it), None (the batch could not take it)
+    direct: str | None = None
 
 
 # resolve(table name, the sink's definition, the rows bound for it) -> Target, a reason to send
@@ -279,6 +283,40 @@ class PipelineJob:
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
 
     def run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
+        result = self._append_directly(receipts, bodies)
+        if result is not None and result.direct == "written":
+            return result
+        direct = result.direct if result is not None else None
+        result = self._run(receipts, bodies)
+        result.direct = direct
+        return result
+
+    def _append_directly(self, receipts: list[str], bodies: list[bytes]) -> JobResult | None:
+        """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
+        None, or a result whose `direct` says it was refused, and the Spark job writes it."""
+        if self.known_schema is None or any(has_set_aside(body) for body in bodies):
+            return None
+        sink = self.definition.sinks[0]
+        if getattr(sink, "row_changes", False) or getattr(sink, "target_file_size", None):
+            return None
+        # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
+        # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
+        # then creates it from the real ones).
+        target = self.resolve(sink.table, sink, self.spark.range(0))
+        if not isinstance(target, Target) or target.changes is not None or target.partition:
+            return None
+        parsing = parse_schema(target.schema, target.extra_fields)
+        if parsing is None:
+            return None
+        counts, _refused = append_directly(
+            self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
+        )
+        if counts is None:
+            return JobResult(direct="refused")
+        good = {receipt: n for receipt, n in counts.items() if n}
+        return JobResult(tables={target.name: Output(target.directory, good)} if good else {}, direct="written")
+
+    def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)
         if any(has_set_aside(body) for body in bodies):
             self._to_dlq(set_aside_rows(events), F.col(REASON))

@@ -31,6 +31,10 @@ EVENTS_WITH_DROPPED_FIELDS = Counter(
 BATCHES_SUPERSEDED = Counter(
     "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
 )
+DIRECT_BATCHES = Counter(
+    "calve_direct_batches", "Batches whose events fit their table as they are, by outcome: written by pyarrow in Spark's "
+    "tasks, or refused by it (a value that needs the full Spark job) and written by that job", ["tenant", "pipeline", "outcome"],
+)
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),

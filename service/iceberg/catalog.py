@@ -35,6 +35,7 @@ from sqlalchemy.exc import (
 from tenacity import (
     Retrying,
     retry,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
     wait_incrementing,
@@ -110,8 +111,10 @@ def _tune_sqlite(catalog: SqlCatalog, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # The timeout first: switching to WAL takes a lock, and without it a connection opened while
+        # another holds one fails at once ("database is locked": seen with 8 writers starting together).
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
 
     engine.dispose()
@@ -168,6 +171,15 @@ def load_table(catalog: Catalog, tenant: str, table: str) -> Table | None:
         return None
 
 
+def _sqlite_busy(exc: BaseException) -> bool:
+    # SQLite answers "database is locked" at once, whatever the busy timeout, to a transaction that
+    # read before it wrote while another wrote meanwhile (it cannot wait without deadlocking):
+    # the SQL catalog's check-then-insert does that when writers create one table at once.
+    return isinstance(exc, OperationalError) and "database is locked" in str(exc)
+
+
+@retry(retry=retry_if_exception(_sqlite_busy), stop=stop_after_attempt(CATALOG_INIT_ATTEMPTS),
+       wait=wait_incrementing(start=0.05, increment=0.05), reraise=True)
 def create_table_once(catalog: Catalog, tenant: str, table: str, schema, partition_spec: PartitionSpec | None = None) -> Table:  # noqa: ANN001 - pyarrow or Iceberg schema
     """Create the table, or load it when another writer created it first."""
     ensure_namespace(catalog, tenant)

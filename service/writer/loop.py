@@ -331,6 +331,8 @@ class Writer:
         started = time.perf_counter()
         result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries])
         metrics.SPARK_JOB_SECONDS.labels(batch.tenant, batch.pipeline).observe(time.perf_counter() - started)
+        if result.direct is not None:
+            metrics.DIRECT_BATCHES.labels(batch.tenant, batch.pipeline, result.direct).inc()
         intervals = self._commit_intervals(record.definition)
         written = [
             FilesWritten(batch.tenant, table, list_data_files(output.directory, self.io), output.rows_by_receipt,

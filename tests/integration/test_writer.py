@@ -89,3 +89,36 @@ def test_a_writer_exits_promptly_when_spark_is_already_gone(stack_factory, spark
         assert time.monotonic() - started < 10, f"the writer took {time.monotonic() - started:.0f} s to exit"
     finally:
         spark_server.start()
+
+
+def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spark_job(stack) -> None:  # noqa: ANN001
+    """Once `logs` exists, a batch whose events fit it as they are is written by pyarrow in Spark's
+    tasks (spark_jobs/direct_append.py); one with a field the table lacks, or a value of another
+    type, is refused there and written by the Spark job, which keeps the field in `_extra` or
+    converts the value as it always does. The metrics say which way each batch went."""
+    import orjson
+    from sqlmodel import Session
+
+    from service.core.db import get_engine
+    from service.tenancy.tenants import issue_token
+
+    def send(*events: dict) -> dict:
+        with stack.client() as http:
+            body = b"\n".join(orjson.dumps(event) for event in events)
+            answer = http.post("/logs?wait=true&timeout=60", content=body, headers={"Content-Type": "application/x-ndjson"})
+        assert answer.status_code == 200 and answer.json()["status"] == "committed", answer.text
+        return answer.json()
+
+    send({"id": 1, "msg": "creates the table", "n": 1})
+    assert send({"id": 2, "msg": "fits", "n": 2}, {"id": 3, "msg": None, "n": 3})["tables"]["logs"]["rows"] == 2
+    send({"id": 4, "msg": "and more", "n": 4, "level": "warn"})
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        operator = issue_token(session, None, label="prometheus")[1]
+    with stack.client(operator) as http:
+        text = http.get("/metrics").text
+    assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 1.0' in text
+    assert 'calve_direct_batches_total{outcome="refused",pipeline="logs",tenant="demo"} 1.0' in text
+    rows = sorted(stack.rows(), key=lambda row: row["id"])
+    assert [(row["id"], row["msg"], row["n"], row["_extra"]) for row in rows] == [
+        (1, "creates the table", 1, None), (2, "fits", 2, None), (3, None, 3, None), (4, "and more", 4, [("level", "warn")]),
+    ]

@@ -1,0 +1,75 @@
+"""The short way for batches whose events fit their table as they are (spark_jobs/direct_append.py),
+run here on its own (no Spark: the function a Spark task runs, given the task's Arrow batch). What
+it writes must be what the Spark job writes; whatever the Spark job would treat otherwise than as
+a plain row, it must refuse, leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs as pafs
+from pyiceberg.schema import Schema
+from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType, TimestamptzType
+
+from spark_jobs.direct_append import _appender, parse_schema
+
+TABLE = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "msg", StringType()),
+    NestedField(3, "n", IntegerType()),
+    NestedField(4, "x", DoubleType()),
+    NestedField(5, "ok", BooleanType()),
+    NestedField(6, "_extra", MapType(7, StringType(), 8, StringType())),
+).as_arrow()
+
+
+def run(tmp_path, bodies: dict[str, bytes]) -> dict:  # noqa: ANN001
+    parsing = parse_schema(TABLE, "_extra")
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}))
+    batch = pa.record_batch({"receipt": list(bodies), "body": pa.array(list(bodies.values()), pa.large_binary())})
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    return answer
+
+
+def test_events_that_fit_are_one_file_in_the_tables_schema_with_counts_per_receipt(tmp_path) -> None:  # noqa: ANN001
+    answer = run(tmp_path, {
+        "r1": b'{"id": 1, "msg": "a", "n": 3, "x": 2, "ok": true}\n{"id": 2, "msg": "b\\u00e9"}\n',
+        "r2": b'{"id": 3, "x": 1.5}',
+    })
+    assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 2, "r2": 1}
+    written = pq.read_table(answer["path"])
+    assert written.schema == TABLE  # names, types and nullability
+    assert [f.metadata for f in written.schema] == [f.metadata for f in TABLE]  # and Iceberg's field ids
+    assert written.to_pylist() == [
+        {"id": 1, "msg": "a", "n": 3, "x": 2.0, "ok": True, "_extra": None},
+        {"id": 2, "msg": "bé", "n": None, "x": None, "ok": None, "_extra": None},
+        {"id": 3, "msg": None, "n": None, "x": 1.5, "ok": None, "_extra": None},
+    ]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id": 1, "level": "x"}',          # a field the table lacks (the Spark job keeps it in _extra)
+    b'{"id": 1, "msg": 5}',              # a number for a string column (the Spark job's coercion rules decide)
+    b'{"id": "1"}',                      # a string for a long column
+    b'{"id": 1, "n": 3000000000}',       # out of an int column's range
+    b'{"id": 1.5}',                      # a fraction for a long column
+    b'{"id": 1, "msg": "a", "msg": "b"}',  # a duplicate key (the Spark job keeps the last)
+    b'{"msg": "no id"}',                 # a required column missing (the DLQ)
+    b'{"id": null}',                     # ... or null
+    b'{"id": 1}\n{}',                    # an event with no field of the table
+    b'[1, 2]',                           # not an object
+])
+def test_anything_but_a_plain_row_is_refused_and_nothing_is_left(tmp_path, body: bytes) -> None:  # noqa: ANN001
+    answer = run(tmp_path, {"r1": b'{"id": 7, "msg": "fine"}', "r2": body})
+    assert answer["refused"] and answer["path"] is None
+    assert not list((tmp_path).rglob("*.parquet"))
+
+
+def test_only_tables_of_plain_columns_take_the_short_way() -> None:
+    assert parse_schema(TABLE, "_extra").names == ["id", "msg", "n", "x", "ok"]
+    assert parse_schema(TABLE, None) is None  # a map column pyarrow cannot read from JSON
+    with_time = Schema(NestedField(1, "id", LongType()), NestedField(2, "ts", TimestamptzType())).as_arrow()
+    assert parse_schema(with_time, None) is None  # timestamps: the Spark job's parsing rules
