@@ -13,6 +13,8 @@ like, creating it when the sink may. Expressions were checked when the pipeline 
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +71,9 @@ DLQ_SCHEMA = pa.schema([
 ])
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class Target:
     """A table as the job needs it: where to write, its schema, which columns are required."""
@@ -109,8 +114,9 @@ class Output:
 class JobResult:
     tables: dict[str, Output] = field(default_factory=dict)
     dlq: Output | None = None
-    # spark_jobs/direct_append.py: "written" (it wrote the batch), "refused" (it tried; the Spark
-    # job wrote it), None (the batch could not take it)
+    # spark_jobs/direct_append.py: "written" (it wrote the batch), "refused" (a value needs the
+    # Spark job, which wrote it), "failed" (it could not run: the Spark job wrote it), None (the
+    # batch could not take it)
     direct: str | None = None
 
 
@@ -267,6 +273,10 @@ def _truncate(column: Column, width: int, data_type: T.DataType) -> Column:
     return column - (((column % width) + width) % width)
 
 
+DIRECT_OFF_S = 300
+_direct_off_until = 0.0
+
+
 @dataclass
 class PipelineJob:
     spark: SparkSession
@@ -308,9 +318,20 @@ class PipelineJob:
         parsing = parse_schema(target.schema, target.extra_fields)
         if parsing is None:
             return None
-        counts, _refused = append_directly(
-            self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
-        )
+        global _direct_off_until  # noqa: PLW0603 - one switch for the process's jobs
+        if time.monotonic() < _direct_off_until:
+            return None
+        try:
+            counts, _refused = append_directly(
+                self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
+            )
+        except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
+            # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the
+            # Spark job then meets too. Off for a while, so that a lasting cause costs one try per spell.
+            _direct_off_until = time.monotonic() + DIRECT_OFF_S
+            log.warning("the short way failed (%s: %s); the Spark job writes batches for the next %d s",
+                        exc.__class__.__name__, str(exc)[:300], DIRECT_OFF_S)
+            return JobResult(direct="failed")
         if counts is None:
             return JobResult(direct="refused")
         good = {receipt: n for receipt, n in counts.items() if n}

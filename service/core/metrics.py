@@ -32,8 +32,9 @@ BATCHES_SUPERSEDED = Counter(
     "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
 )
 DIRECT_BATCHES = Counter(
-    "calve_direct_batches", "Batches whose events fit their table as they are, by outcome: written by pyarrow in Spark's "
-    "tasks, or refused by it (a value that needs the full Spark job) and written by that job", ["tenant", "pipeline", "outcome"],
+    "calve_direct_batches", "Batches whose pipeline and table allow the short way, by outcome: written (by pyarrow in Spark's "
+    "tasks), refused (a value needs the full Spark job, which wrote the batch), failed (it could not run: off for 5 minutes)",
+    ["tenant", "pipeline", "outcome"],
 )
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],

@@ -43,6 +43,7 @@ def role_of(process: psutil.Process) -> str | None:
 @dataclass
 class Sample:
     cpu: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (role, user + system seconds)
+    rss: dict[str, int] = field(default_factory=dict)  # role -> resident bytes, its processes together
     metrics: dict[tuple[str, str], float] = field(default_factory=dict)  # (metric, sum|count) -> value, summed over labels
 
 
@@ -56,6 +57,7 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
             continue
         try:
             times = process.cpu_times()
+            taken.rss[role] = taken.rss.get(role, 0) + process.memory_info().rss
         except psutil.NoSuchProcess:
             continue
         # Threads count; children a role waited for (spark-submit's exec'd JVM is itself) too.
@@ -83,13 +85,18 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
         "cpu_s": {role: round(cpu[role], 2) for role in sorted(cpu, key=order.get)},
         "cpu_s_per_100k_events": {role: per_100k[role] for role in sorted(per_100k, key=order.get)},
         "timings": timings,
+        # Resident memory per role as the window opened and as it closed (MiB): the api's should stay flat.
+        "rss_mib": {role: [round(start.rss.get(role, 0) / 2**20), round(end.rss.get(role, 0) / 2**20)]
+                    for role in sorted(end.rss, key=order.get)},
     }
 
 
 def table(profile: dict) -> str:
     lines = ["  role             CPU s   per 100k events"]
     for role, seconds in profile["cpu_s"].items():
-        lines.append(f"  {role:<15} {seconds:6.1f}   {profile['cpu_s_per_100k_events'][role]}")
+        rss = profile.get("rss_mib", {}).get(role)
+        memory = f"   RSS {rss[0]} -> {rss[1]} MiB" if rss else ""
+        lines.append(f"  {role:<15} {seconds:6.1f}   {profile['cpu_s_per_100k_events'][role]}{memory}")
     for name, timing in profile["timings"].items():
         lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
     return "\n".join(lines)

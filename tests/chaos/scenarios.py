@@ -289,10 +289,16 @@ def writer_killed_mid_job(chaos: Chaos) -> None:
                     return name
             return None
 
-        consumer = wait_until(busy_writer, timeout_s=30, interval_s=0.02, what="a writer inside a Spark job")
-        time.sleep(random.uniform(0.05, 0.3))
+        while True:
+            consumer = wait_until(busy_writer, timeout_s=30, interval_s=0.02, what="a writer inside a Spark job")
+            time.sleep(random.uniform(0.02, 0.15))
+            # A batch's job can be shorter than the pause (the short way takes ~0.3 s): the writer
+            # may have handed off meanwhile; then wait for one inside its next job.
+            pending = next((c["pending"] for c in chaos.stack.redis.xpending(stream, keys.WRITER_GROUP)["consumers"]
+                            if c["name"].decode() == consumer), 0)
+            if pending:
+                break
         name = chaos.proc_name(chaos.pid_of(consumer))
-        pending = next(c["pending"] for c in chaos.stack.redis.xpending(stream, keys.WRITER_GROUP)["consumers"] if c["name"].decode() == consumer)
         chaos.stack.kill(name)
         chaos.evidence.append(f"killed {name} holding {pending} requests")
         chaos.stack.start("writer", name=name)

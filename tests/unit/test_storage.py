@@ -61,3 +61,40 @@ def test_calves_own_tables_are_spelled_as_the_catalog_allows(prefix, own, back, 
     assert calve_table_name(catalog, own[1]) == back and calve_table_name(catalog, "logs") == "logs"
     assert is_reserved_table_name(catalog, "_calve_x") and not is_reserved_table_name(catalog, "logs")
     assert is_reserved_table_name(catalog, "calve_x") == bool(prefix)
+
+
+def test_compaction_runs_split_the_files_evenly_in_order() -> None:
+    from spark_jobs.compact_job import groups
+
+    assert groups([f"f{i}" for i in range(7)], 3) == [["f0", "f1", "f2"], ["f3", "f4"], ["f5", "f6"]]
+    assert groups(["a", "b"], 5) == [["a"], ["b"]]
+    assert groups(["a", "b", "c"], 0) == [["a", "b", "c"]]
+
+
+def test_a_compaction_task_copies_its_files_in_the_tables_schema_or_fails_leaving_nothing(tmp_path) -> None:  # noqa: ANN001
+    """The function each compaction task runs (spark_jobs/compact_job.py), without Spark: files
+    written before a column was added read it as null; a required column that is null in a file
+    fails the task (Spark's reader and writer then do the rewrite) and leaves no output behind."""
+    import pyarrow.parquet as pq
+
+    from spark_jobs.compact_job import _copier
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string()), pa.field("added", pa.int32())])
+    old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "msg": ["a", "b"]}), old)
+    pq.write_table(pa.table({"id": [3], "msg": ["c"], "added": pa.array([7], pa.int32())}), new)
+    out = tmp_path / "out"
+    copy = _copier(str(out), pafs.LocalFileSystem(), schema)
+    listing = pa.record_batch({"index": [0], "paths": [f"{old.as_uri()}\n{new}"]})
+    (answer,) = [row for batch in copy(iter([listing])) for row in batch.to_pylist()]
+    assert answer["rows"] == 3
+    written = pq.read_table(answer["path"])
+    assert written.schema == schema and written.to_pylist() == [
+        {"id": 1, "msg": "a", "added": None}, {"id": 2, "msg": "b", "added": None}, {"id": 3, "msg": "c", "added": 7},
+    ]
+    broken = tmp_path / "broken.parquet"
+    pq.write_table(pa.table({"id": pa.array([None], pa.int64()), "msg": ["x"]}), broken)
+    copy = _copier(str(tmp_path / "out2"), pafs.LocalFileSystem(), schema)
+    with pytest.raises(ValueError, match="required column 'id'"):
+        list(copy(iter([pa.record_batch({"index": [0], "paths": [f"{old}\n{broken}"]})])))
+    assert not list((tmp_path / "out2").glob("*.parquet"))
