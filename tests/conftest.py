@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "tests/integration/test_row_changes.py",  # 150
     "tests/integration/test_pipelines.py",  # 105
     "tests/integration/test_redis_cluster.py",  # 90
+    "tests/integration/test_object_store.py",  # 75 with SeaweedFS's start
     "tests/integration/test_spark_cluster.py",  # 75 and its cluster's start
     "tests/api/test_tenancy.py",  # 60
     "tests/integration/test_spine.py",  # 50
