@@ -304,7 +304,8 @@ class PipelineJob:
     def _append_directly(self, receipts: list[str], bodies: list[bytes]) -> JobResult | None:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
-        if self.known_schema is None or any(has_set_aside(body) for body in bodies):
+        global _direct_off_until  # noqa: PLW0603 - one switch for the process's jobs
+        if self.known_schema is None or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
         if getattr(sink, "row_changes", False) or getattr(sink, "target_file_size", None):
@@ -317,9 +318,6 @@ class PipelineJob:
             return None
         parsing = parse_schema(target.schema, target.extra_fields)
         if parsing is None:
-            return None
-        global _direct_off_until  # noqa: PLW0603 - one switch for the process's jobs
-        if time.monotonic() < _direct_off_until:
             return None
         try:
             counts, _refused = append_directly(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from service.core import keys
@@ -122,3 +124,46 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     assert [(row["id"], row["msg"], row["n"], row["_extra"]) for row in rows] == [
         (1, "creates the table", 1, None), (2, "fits", 2, None), (3, None, 3, None), (4, "and more", 4, [("level", "warn")]),
     ]
+
+
+def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_stays_off_a_while(spark_remote, tmp_path) -> None:  # noqa: ANN001
+    """A real failure inside Spark's Python workers (the short way's storage cannot be reached: an
+    S3 endpoint where nothing listens) is no failure of the batch: the short way is switched off
+    for DIRECT_OFF_S and the Spark job writes the batch (here the table resolves the second time to
+    a local directory, which the Spark job reaches); the next batch does not even try it."""
+    import pyarrow as pa
+    from pyarrow import fs as pafs
+
+    from service.iceberg.files import list_data_files
+    from service.pipelines.spec import PipelineDefinition
+    from spark_jobs import pipeline_job
+    from spark_jobs.pipeline_job import PipelineJob, Target
+    from spark_jobs.session import spark_session
+
+    schema = pa.schema([pa.field("msg", pa.string())])
+    nowhere = pafs.S3FileSystem(endpoint_override="http://127.0.0.1:1", access_key="k", secret_key="s", region="us-east-1",
+                                connect_timeout=1, request_timeout=1, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    targets = []
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        unreachable = not targets
+        directory = "s3://bucket/t/data/batch-0" if unreachable else (tmp_path / f"batch-{len(targets)}").as_uri()
+        targets.append(Target(name=name, schema=schema, required=frozenset(), partition=[], directory=directory,
+                              filesystem=nowhere if unreachable else None))
+        return targets[-1]
+
+    definition = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}]})
+    job = PipelineJob(spark_session(spark_remote), "events", 1, definition, resolve=resolve,
+                      dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=schema)
+    pipeline_job._direct_off_until = 0.0
+    try:
+        result = job.run(["r1"], [b'{"msg": "a"}\n{"msg": "b"}'])
+        assert result.direct == "failed"
+        assert result.tables["events"].rows_by_receipt == {"r1": 2} and list_data_files(targets[-1].directory), "the Spark job wrote it"
+        assert pipeline_job._direct_off_until > time.monotonic() + pipeline_job.DIRECT_OFF_S - 60
+        tried = len(targets)
+        result = job.run(["r2"], [b'{"msg": "c"}'])
+        assert result.direct is None and result.tables["events"].rows_by_receipt == {"r2": 1}
+        assert len(targets) == tried + 1, "off: the short way did not even resolve its table"
+    finally:
+        pipeline_job._direct_off_until = 0.0
