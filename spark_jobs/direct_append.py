@@ -16,11 +16,10 @@ what each event becomes exactly as it always does. So this path changes how fast
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 from collections.abc import Iterator
-
-import json
 
 import pyarrow as pa
 from pyspark import cloudpickle

@@ -20,15 +20,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.exceptions import (
     AlreadyExists,
+    BadCursor,
     BadRequestBody,
     BodyTooLarge,
+    ChangelogError,
+    ConsumerLagging,
+    DefinitionInvalid,
+    HistoryExpired,
     InvalidName,
     NotFound,
+    SnapshotMissing,
 )
-from service.feeds.consumers import ConsumerLagging
-from service.feeds.cursors import BadCursor
-from service.iceberg.changelog import ChangelogError, HistoryExpired, SnapshotMissing
-from service.pipelines.spec import DefinitionInvalid
 
 
 class FieldError(BaseModel):

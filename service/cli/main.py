@@ -52,7 +52,6 @@ def _catalog_and_redis(settings: Settings):  # noqa: ANN202
     from prometheus_client import start_http_server
 
     from service.core.connections import redis_client
-
     from service.iceberg.catalog import open_catalog
 
     _require(settings, "redis_url")

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 import pyspark
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 

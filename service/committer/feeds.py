@@ -28,20 +28,13 @@ from sqlmodel import Session
 from service.core import keys
 from service.core.config import Settings
 from service.core.db import get_engine
-from service.core.exceptions import NotFound
+from service.core.exceptions import ChangelogError, NotFound
 from service.core.models import PIPELINE_CONSUMER_PREFIX
 from service.feeds.consumers import ConsumerStore
 from service.feeds.cursors import Cursor
 from service.feeds.pages import read_page
 from service.feeds.spark_diffs import SparkDiffs
-from service.iceberg.changelog import (
-    CHANGE_TYPE,
-    DELETE,
-    INSERT,
-    METADATA_COLUMNS,
-    UPDATE_AFTER,
-    ChangelogError,
-)
+from service.iceberg.changelog import CHANGE_TYPE, DELETE, INSERT, METADATA_COLUMNS, UPDATE_AFTER
 from service.pipelines.spec import FEED_OPERATION
 from service.pipelines.store import PipelineRecord, list_pipelines
 from service.protocol import scripts

@@ -38,7 +38,7 @@ from service.committer.state import CommitPlan, CommitSchedule, UpkeepSchedule
 from service.core import faults, keys, metrics
 from service.core.config import Settings
 from service.core.db import get_engine
-from service.core.exceptions import ChangesFailed, ChangesNotApplied, LeadershipLost
+from service.core.exceptions import ChangesFailed, ChangesNotApplied, FilesNotLive, LeadershipLost
 from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.feeds.consumers import protected_snapshots
@@ -51,13 +51,7 @@ from service.iceberg.catalog import (
 )
 from service.iceberg.compaction import CompactionPolicy, plan_compaction
 from service.iceberg.files import catalog_io, delete_files
-from service.iceberg.rewrites import (
-    FilesNotLive,
-    Rewritten,
-    live_data_files,
-    overwrite_files,
-    replace_files,
-)
+from service.iceberg.rewrites import Rewritten, live_data_files, overwrite_files, replace_files
 from service.iceberg.upkeep import (
     ExpiryPolicy,
     expire_snapshots,

@@ -28,7 +28,6 @@ from redis.sentinel import Sentinel
 
 from service.core.config import Settings
 
-
 SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_TIMEOUT_S = 2.0
 

@@ -18,21 +18,13 @@ from pyiceberg.table.snapshots import Snapshot
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from service.core.exceptions import AlreadyExists, NotFound
+from service.core.exceptions import AlreadyExists, CursorBehind, NotFound
 from service.core.models import ChangeConsumer, utcnow
 from service.feeds.cursors import LOAD, ORIGIN, Cursor
-from service.iceberg.changelog import ChangelogError, is_first, lineage
+from service.iceberg.changelog import is_first, lineage
 from service.tenancy.tenants import tenant_id
 
 EARLIEST, LATEST = "earliest", "latest"
-
-
-class CursorBehind(ChangelogError):
-    """An ack of a cursor before the consumer's checkpoint."""
-
-
-class ConsumerLagging(ChangelogError):
-    """The snapshots a consumer had read to are gone: it must start again."""
 
 
 def _ancestors(table: Table) -> list[Snapshot]:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.core.exceptions import BadCursor
+
 ORIGIN, LOAD, SNAP = "origin", "load", "snap"
 _PATTERN = re.compile(r"^(?:origin|load:(\d{1,19}):(\d{1,9}):(\d{1,12})|snap:(\d{1,19})(?::(\d{1,12}))?)$")
-
-
-class BadCursor(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,9 @@ import pyarrow as pa
 from cachetools import LRUCache
 from pyiceberg.table import Table
 
+from service.core.exceptions import SnapshotMissing
 from service.feeds.cursors import LOAD, ORIGIN, Cursor
-from service.iceberg.changelog import (
-    Changelog,
-    SnapshotChanges,
-    SnapshotFiles,
-    SnapshotMissing,
-    lineage,
-    snapshot_files,
-)
+from service.iceberg.changelog import Changelog, SnapshotChanges, SnapshotFiles, lineage, snapshot_files
 
 # A batch of change rows, and the cursor after its first n rows.
 Positioned = tuple[pa.RecordBatch, Callable[[int], Cursor]]

@@ -42,6 +42,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from service.core.exceptions import DeleteFilesFound, HistoryExpired, NotAnAncestor, ReservedColumn, SnapshotMissing
 from service.iceberg.files import locate
 from service.iceberg.private import file_batches
 
@@ -53,44 +54,6 @@ METADATA_COLUMNS = (CHANGE_TYPE, SNAPSHOT_ID, COMMITTED_AT, DOCUMENT_ID)
 INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_BEFORE", "UPDATE_AFTER"
 # Identifier values joined into a document id as the reference design does ("us-electronics").
 DOCUMENT_ID_SEPARATOR = "-"
-
-
-class ChangelogError(Exception):
-    """The changes asked for cannot be read; the message says why and what to do."""
-
-
-class SnapshotMissing(ChangelogError):
-    def __init__(self, table: str, snapshot_id: int) -> None:
-        super().__init__(f"table {table!r} has no snapshot {snapshot_id}: it was expired, or never was one of this table's")
-        self.snapshot_id = snapshot_id
-
-
-class NotAnAncestor(ChangelogError):
-    def __init__(self, table: str, from_id: int, to_id: int) -> None:
-        super().__init__(f"snapshot {from_id} is not an ancestor of snapshot {to_id} in table {table!r}: the table's history does not pass through it")
-
-
-class HistoryExpired(ChangelogError):
-    def __init__(self, table: str, oldest: Snapshot) -> None:
-        super().__init__(
-            f"the history of table {table!r} before snapshot {oldest.snapshot_id} was expired: read the changes "
-            f"from_snapshot={oldest.snapshot_id}, or start a consumer with an initial load"
-        )
-
-
-class DeleteFilesFound(ChangelogError):
-    def __init__(self, table: str, content: DataFileContent) -> None:
-        kind = "equality" if content == DataFileContent.EQUALITY_DELETES else "position"
-        super().__init__(
-            f"table {table!r} has {kind} delete files (written by another engine in merge-on-read mode); the change "
-            "feed reads copy-on-write tables only: rewrite its data files with the deletes applied (for example Spark's "
-            "rewrite_data_files with delete-file-threshold=1), or change the table from the snapshot after that"
-        )
-
-
-class ReservedColumn(ChangelogError):
-    def __init__(self, table: str, column: str) -> None:
-        super().__init__(f"table {table!r} has a column {column!r}, a name the change feed adds to each row: rename the column")
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,9 @@ from dataclasses import dataclass
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table, Transaction
 
+from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg import private
 from service.iceberg.appends import data_file, ensure_name_mapping
-
-
-class FilesNotLive(Exception):
-    """A rewrite replaces files the table no longer holds (another rewrite or change replaced
-    them since it was planned): committing it would bring back rows."""
-
-
-class RowsChanged(Exception):
-    """A replace whose new files do not hold as many rows as the files they replace."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import orjson
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.message import DecodeError
 
-from service.core.exceptions import BodyTooLarge
+from service.core.exceptions import BodyTooLarge, LokiError
 from service.pipelines.timestamps import iso_from_unix_nanos
 
 LOKI_LOGS_SCHEMA = {
@@ -33,10 +33,6 @@ LOKI_LOGS_SCHEMA = {
 # A Prometheus label set as Loki's protobuf carries it: {job="api", level="error"}.
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = re.compile(r"\\(.)")
-
-
-class LokiError(ValueError):
-    """The body is not a Loki push request; the message says what is wrong."""
 
 
 def _push_request_class() -> type:

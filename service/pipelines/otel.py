@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from service.core.exceptions import OtlpError
 from service.pipelines.timestamps import iso_from_unix_nanos
 
 OTEL_LOGS_SCHEMA = {
@@ -41,10 +42,6 @@ OTEL_LOGS_SCHEMA = {
     "partition_spec": [{"column": "timestamp", "transform": "day"}],
 }
 _ID_FIELDS = ("traceId", "spanId", "trace_id", "span_id")
-
-
-class OtlpError(ValueError):
-    """The body is not an OTLP logs export request; the message says what is wrong."""
 
 
 def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:

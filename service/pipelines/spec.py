@@ -80,6 +80,7 @@ from pyiceberg.types import (
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from service.core.exceptions import DefinitionInvalid, SpecError
 from service.core.keys import DLQ_TABLE, RESERVED_TABLE_PREFIX
 from service.tenancy.names import RULE, is_valid_name
 
@@ -143,16 +144,6 @@ TYPE_HELP = (
     "boolean, int, long, float, double, decimal(P,S), date, time, timestamp, timestamptz, string, "
     "binary, list<T>, map<K,V>, struct<name: T, ...> (not uuid or fixed[N]: store them as string or binary)"
 )
-
-
-class SpecError(ValueError):
-    """A field of a definition is wrong; `field` names it (sinks[0].table), the message says why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
 
 # -- types ----------------------------------------------------------------------------------
 
@@ -665,14 +656,3 @@ def parse_definition(data: Any) -> PipelineDefinition:
                 continue
             errors.append(SpecError(field_path(loc), message))
         raise DefinitionInvalid(errors) from None
-
-
-class DefinitionInvalid(ValueError):
-    """One or more fields of a pipeline definition are wrong."""
-
-    def __init__(self, errors: list[SpecError]) -> None:
-        super().__init__("; ".join(str(error) for error in errors))
-        self.errors = errors
-
-    def detail(self) -> list[dict[str, str]]:
-        return [{"field": error.field, "error": error.message} for error in self.errors]

@@ -19,7 +19,7 @@ from cachetools import TTLCache
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from service.core.exceptions import AlreadyExists, NotFound
+from service.core.exceptions import AlreadyExists, DefinitionInvalid, NotFound, SpecError
 from service.core.keys import (
     DEFAULT_PIPELINE,
     DEFAULT_PIPELINE_PATH,
@@ -36,12 +36,7 @@ from service.core.models import (
 )
 from service.pipelines.loki import LOKI_LOGS_SCHEMA
 from service.pipelines.otel import OTEL_LOGS_SCHEMA
-from service.pipelines.spec import (
-    DefinitionInvalid,
-    PipelineDefinition,
-    SpecError,
-    parse_definition,
-)
+from service.pipelines.spec import PipelineDefinition, parse_definition
 from service.tenancy.tenants import tenant_id as _tenant_id
 
 LOGS_EXTRA_FIELDS = "_extra"  # the built-in logs table's column of the fields no other column takes

@@ -4,9 +4,9 @@ DLQ, against the real Redis, Spark Connect and Iceberg tables read back."""
 from __future__ import annotations
 
 import base64
-from time import sleep as pause
 from datetime import date, datetime, time, timezone
 from decimal import Decimal
+from time import sleep as pause
 
 import orjson
 import pyarrow.parquet as pq

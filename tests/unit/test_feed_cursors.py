@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.feeds.cursors import BadCursor, Cursor
+from service.core.exceptions import BadCursor
+from service.feeds.cursors import Cursor
 
 
 @pytest.mark.parametrize("cursor", [

@@ -6,13 +6,8 @@ import time
 
 import pytest
 
-from service.pipelines.spec import (
-    MAX_EXPRESSION_DEPTH,
-    MAX_PROCESSORS,
-    DefinitionInvalid,
-    check_expression,
-    parse_definition,
-)
+from service.core.exceptions import DefinitionInvalid
+from service.pipelines.spec import MAX_EXPRESSION_DEPTH, MAX_PROCESSORS, check_expression, parse_definition
 
 ACCEPTED = [
     "kind != 'heartbeat'", "amount / 100.0", "cast(code as int)", "http.status >= 500 OR level = 'error'",

@@ -12,15 +12,11 @@ import pytest
 from pyiceberg.expressions import EqualTo
 
 from service.core import keys
+from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import create_table_once, get_catalog
 from service.iceberg.compaction import CompactionPolicy, plan_compaction
-from service.iceberg.rewrites import (
-    FilesNotLive,
-    RowsChanged,
-    live_data_files,
-    replace_files,
-)
+from service.iceberg.rewrites import live_data_files, replace_files
 from service.iceberg.upkeep import (
     ExpiryPolicy,
     expire_snapshots,

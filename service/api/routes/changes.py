@@ -27,18 +27,12 @@ from service.api.deps import (
     table_or_404,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
+from service.core.exceptions import ConsumerLagging, HistoryExpired, NotAnAncestor, SnapshotMissing
 from service.core.models import ChangeConsumer
-from service.feeds.consumers import (
-    EARLIEST,
-    LATEST,
-    ConsumerLagging,
-    ConsumerStore,
-    held_snapshot,
-)
+from service.feeds.consumers import EARLIEST, LATEST, ConsumerStore, held_snapshot
 from service.feeds.cursors import LOAD, Cursor
 from service.feeds.pages import read_page, stream
 from service.feeds.spark_diffs import SparkDiffs
-from service.iceberg.changelog import HistoryExpired, NotAnAncestor, SnapshotMissing
 from service.tenancy.names import NAME_PATTERN, RULE
 
 router = APIRouter(prefix="/v1/tables", tags=["changes"], responses=error_responses(*AUTH_ERRORS))

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlmodel import Session
 
 from service.api.bodies import read_body
+from service.api.buffer import RequestBuffer
 from service.api.deps import (
     BufferDep,
     IngestPrincipal,
@@ -37,7 +38,6 @@ from service.api.deps import (
     SettingsDep,
     TableName,
 )
-from service.api.buffer import RequestBuffer
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.api.events import ParsedBody, decode_body, parse_events
 from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining

@@ -18,7 +18,7 @@ from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.api.events import media_type
 from service.api.routes.ingest import accept_converted
-from service.core.exceptions import BadRequestBody
+from service.core.exceptions import BadRequestBody, LokiError
 from service.core.keys import LOKI_LOGS_PIPELINE
 from service.pipelines import loki
 
@@ -58,7 +58,7 @@ async def push(request: Request, principal: IngestPrincipal, buffer: BufferDep, 
     def lines(body: bytes) -> bytes:
         try:
             return b"\n".join(orjson.dumps(event) for event in loki.events(body, protobuf, settings.max_decompressed_bytes))
-        except loki.LokiError as exc:
+        except LokiError as exc:
             raise BadRequestBody(str(exc)) from None
 
     await accept_converted(request, principal, buffer, limits, settings, LOKI_LOGS_PIPELINE, lines)

@@ -24,7 +24,7 @@ from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep,
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.api.events import media_type
 from service.api.routes.ingest import accept_converted
-from service.core.exceptions import BadRequestBody
+from service.core.exceptions import BadRequestBody, OtlpError
 from service.core.keys import OTEL_LOGS_PIPELINE
 from service.pipelines import otel
 from service.protocol.receipts import COMMITTED, FAILED
@@ -95,5 +95,5 @@ def _event_lines(body: bytes, json: bool, received_ns: int) -> bytes:
     try:
         request = otel.parse_request(body, json)
         return b"\n".join(orjson.dumps(event) for event in otel.events(request, received_ns))
-    except otel.OtlpError as exc:
+    except OtlpError as exc:
         raise BadRequestBody(str(exc)) from None

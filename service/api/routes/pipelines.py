@@ -21,15 +21,10 @@ from service.api.deps import (
 )
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
-from service.core.exceptions import BadRequestBody
+from service.core.exceptions import BadRequestBody, DefinitionInvalid, SpecError
 from service.core.keys import PIPELINES_CHANNEL
 from service.iceberg.catalog import load_table
-from service.pipelines.spec import (
-    DefinitionInvalid,
-    PipelineDefinition,
-    SpecError,
-    parse_definition,
-)
+from service.pipelines.spec import PipelineDefinition, parse_definition
 from service.pipelines.store import (
     create_pipeline,
     delete_pipeline,
