@@ -23,8 +23,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_jobs.columns import OP, RECEIPT, SEQ
 from spark_jobs.files import read_parquet
-from spark_jobs.pipeline_job import OP, RECEIPT, SEQ, Target, write_data_files
+from spark_jobs.partitions import write_data_files
+from spark_jobs.targets import Target
 
 ORDER = "_calve_order"  # the entry's place among those applied together
 FILE = "_calve_file"

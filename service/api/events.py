@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import orjson
 
 from service.core.exceptions import BadRequestBody, BodyTooLarge
+from spark_jobs import contract
 
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"})
 # curl -d sends application/x-www-form-urlencoded unless told otherwise; its body is still JSON.
@@ -29,7 +30,7 @@ JSON_TYPES = frozenset({"application/json", "text/json", "application/x-www-form
 # mapping depth limit is 20, but measured here a Spark Connect job converting events to a table's
 # schema fails from 12 levels: pyspark's protobuf decoder refuses the nested cast expressions).
 MAX_DEPTH = 8
-SET_ASIDE_MARK = b"!"  # = spark_jobs.pipeline_job.SET_ASIDE_MARK (spark_jobs imports nothing of service)
+SET_ASIDE_MARK = contract.SET_ASIDE_MARK.encode()
 
 
 @dataclass(frozen=True)

@@ -12,20 +12,7 @@ from __future__ import annotations
 import redis
 
 from service.core import keys
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+from service.protocol import scripts
 
 
 class TableLease:
@@ -37,8 +24,8 @@ class TableLease:
         self.lease_ms = lease_ms
         self.key = keys.lease_key(tenant, table)
         self.fence: int | None = None
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(scripts.RENEW_LEASE)
+        self._release = client.register_script(scripts.RELEASE_LEASE)
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it; a successful take gets a new fence value."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.protocol.changes import ApplyResult
-from service.protocol.commit_entry import PendingFiles
+from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import id_after
 
 
@@ -13,11 +13,11 @@ from service.protocol.stream_ids import id_after
 class CommitPlan:
     """What one Iceberg commit covers: every pending entry after the table's watermark."""
 
-    entries: list[PendingFiles]
+    entries: list[CommitEntry]
     applied: ApplyResult | None = None  # row changes: a writer's answer, to commit as one overwrite
 
     @classmethod
-    def after(cls, entries: list[PendingFiles], watermark: str) -> "CommitPlan":
+    def after(cls, entries: list[CommitEntry], watermark: str) -> "CommitPlan":
         # Entries at or below the watermark are already in the table (a commit whose
         # acknowledgement step did not finish, or another leader's commit): never add them again.
         return cls([entry for entry in entries if id_after(entry.entry_id, watermark)])
@@ -69,7 +69,17 @@ class CommitPlan:
         return bool(self.entries) and self.entries[0].is_changes
 
     @property
-    def rewrite(self) -> PendingFiles | None:
+    def operation(self) -> Operation:
+        """The snapshot this plan makes: a rewrite's REPLACE, a writer's applied row changes as
+        one OVERWRITE, row changes still to apply (CHANGES), else an APPEND."""
+        if self.rewrite is not None:
+            return Operation.REPLACE
+        if self.changes:
+            return Operation.OVERWRITE if self.applied is not None else Operation.CHANGES
+        return Operation.APPEND
+
+    @property
+    def rewrite(self) -> CommitEntry | None:
         """The rewrite this plan commits (a segment holding one), else None."""
         return self.entries[0] if len(self.entries) == 1 and self.entries[0].is_rewrite else None
 
@@ -124,3 +134,30 @@ class UpkeepSchedule:
 
     def record_upkeep(self, table: str, now: float) -> None:
         self.last_run[table] = now
+
+
+@dataclass
+class ChangeFailures:
+    """Per table, row changes whose application failed: how many times in a row, and the entry
+    that kept failing with others, to be asked for alone next (and parked if it fails alone too).
+    Counted here, not by the CommitSchedule: asking a writer is no failed commit, and would reset it."""
+
+    max_failures: int
+    failures: dict[str, int] = field(default_factory=dict)
+    alone: dict[str, str] = field(default_factory=dict)  # table -> the entry id to apply on its own
+
+    def applies_alone(self, table: str, entry_id: str) -> bool:
+        """Whether this entry is to be applied without the entries after it."""
+        return self.alone.get(table) == entry_id
+
+    def record_failure(self, table: str, first_entry_id: str) -> None:
+        """A failed application of entries starting at `first_entry_id`; after max_failures in a
+        row, that entry is applied alone."""
+        self.failures[table] = self.failures.get(table, 0) + 1
+        if self.failures[table] >= self.max_failures:
+            self.alone[table] = first_entry_id
+
+    def record_settled(self, table: str) -> None:
+        """The table's changes were committed, or the entry that failed alone was parked."""
+        self.failures.pop(table, None)
+        self.alone.pop(table, None)

@@ -86,3 +86,12 @@ def async_redis_client(settings: Settings) -> aioredis.Redis:
         return AsyncRedisCluster.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
     pool = aioredis.BlockingConnectionPool.from_url(settings.redis_url, max_connections=settings.redis_max_connections, timeout=10)
     return aioredis.Redis(connection_pool=pool)
+
+
+def redis_error_code(exc: BaseException) -> str | None:
+    """The error code a Redis server answered with (NOGROUP, BUSYGROUP, ...): redis-py raises one
+    ResponseError for them all, the code its message's first word."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    words = str(exc).split(maxsplit=1)
+    return words[0] if words else None

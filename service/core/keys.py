@@ -7,6 +7,8 @@ acknowledge input, update receipts) stays in one Redis Cluster slot.
 
 from __future__ import annotations
 
+from spark_jobs import contract
+
 PREFIX = "calve"
 
 # Registries the writer and committer scan to find work.
@@ -34,9 +36,11 @@ DEFAULT_PIPELINE_PATH = "/logs"
 DEFAULT_TABLE = "logs"
 OTEL_LOGS_PIPELINE = "otel_logs"  # the built-in pipeline (and table) of OpenTelemetry log records
 LOKI_LOGS_PIPELINE = "loki_logs"  # the built-in pipeline (and table) of lines pushed with Loki's API
-DLQ_TABLE = "_calve_dlq"  # each tenant's dead-letter table; names starting with _calve are Calve's
-RESERVED_TABLE_PREFIX = "_calve"
-DLQ_ID = "dlq_id"  # the DLQ table's key column
+# Each tenant's dead-letter table and its key column; names starting with _calve are Calve's own
+# (shared with the Spark jobs: spark_jobs/contract.py).
+DLQ_TABLE = contract.DLQ_TABLE
+RESERVED_TABLE_PREFIX = contract.INTERNAL_PREFIX
+DLQ_ID = contract.DLQ_ID
 DEFAULT_TENANT = "demo"
 
 

@@ -17,7 +17,6 @@ from functools import lru_cache
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
-    CommitFailedException,
     NamespaceAlreadyExistsError,
     NoSuchTableError,
     ServiceUnavailableError,
@@ -33,7 +32,6 @@ from sqlalchemy.exc import (
     OperationalError,
 )
 from tenacity import (
-    Retrying,
     retry,
     retry_if_exception,
     retry_if_exception_type,
@@ -43,6 +41,7 @@ from tenacity import (
 
 from service.core.config import Settings
 from service.core.keys import RESERVED_TABLE_PREFIX
+from service.iceberg.conflicts import retry_on_conflict
 
 CATALOG_NAME = "calve"
 
@@ -206,28 +205,23 @@ def ensure_commit_properties(table: Table) -> Table:
 def set_table_properties(catalog: Catalog, table: Table, wanted: dict[str, str]) -> Table:
     """Give the table these properties (a no-op when it has them); a conflicting commit (the
     leader committing meanwhile) is retried on the reloaded table."""
-    retrying = Retrying(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(CATALOG_INIT_ATTEMPTS),
-                        wait=wait_incrementing(start=0.05, increment=0.05), reraise=True)
-    for attempt in retrying:
-        with attempt:
-            changed = {key: value for key, value in wanted.items() if table.properties.get(key) != value}
-            if not changed:
-                return table
-            try:
-                with table.transaction() as transaction:
-                    transaction.set_properties(changed)
-            except CommitFailedException:
-                table = catalog.load_table(table.name())
-                raise
-    return table
+    def attempt(current: Table) -> Table:
+        changed = {key: value for key, value in wanted.items() if current.properties.get(key) != value}
+        if changed:
+            with current.transaction() as transaction:
+                transaction.set_properties(changed)
+        return current
+
+    return retry_on_conflict(catalog, table, attempt, attempts=CATALOG_INIT_ATTEMPTS, wait=wait_incrementing(start=0.05, increment=0.05))
 
 
 def set_identifier_fields(catalog: Catalog, table: Table, names: list[str]) -> Table:
     """Declare the columns that identify a row (a table Calve creates for row changes); another
     writer doing the same at once makes one of the two commits conflict, and the loser finds it done."""
-    try:
-        with table.update_schema() as update:
-            update.set_identifier_fields(*names)
-    except CommitFailedException:
-        pass
-    return catalog.load_table(table.name())
+    def attempt(current: Table) -> Table:
+        if not current.schema().identifier_field_ids:
+            with current.update_schema() as update:
+                update.set_identifier_fields(*names)
+        return catalog.load_table(current.name())
+
+    return retry_on_conflict(catalog, table, attempt, attempts=CATALOG_INIT_ATTEMPTS)

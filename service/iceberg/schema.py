@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
-from tenacity import retry, retry_if_exception_type, stop_after_attempt
+
+from service.iceberg.conflicts import retry_on_conflict
 
 # Type changes schema evolution may make (Iceberg's allowed promotions that JSON can ask for).
 WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
@@ -38,21 +38,12 @@ def evolve_schema(catalog: Catalog, table: Table, incoming: pa.Schema) -> Table:
     reloaded table, where the field then exists and nothing is left to add, so the first
     committed type wins.
     """
-    current = table
-
-    # A conflict means another writer changed the schema first: reload and look again.
-    @retry(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(EVOLVE_ATTEMPTS), reraise=True)
-    def attempt() -> Table:
-        nonlocal current
+    def attempt(current: Table) -> Table:
         additions = schema_additions(current.schema().as_arrow(), incoming)
         if not additions:
             return current
-        try:
-            with current.update_schema() as update:
-                update.union_by_name(pa.schema(additions))
-        except CommitFailedException:
-            current = catalog.load_table(table.name())
-            raise
-        return catalog.load_table(table.name())
+        with current.update_schema() as update:
+            update.union_by_name(pa.schema(additions))
+        return catalog.load_table(current.name())
 
-    return attempt()
+    return retry_on_conflict(catalog, table, attempt, attempts=EVOLVE_ATTEMPTS)

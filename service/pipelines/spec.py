@@ -29,21 +29,16 @@ A definition is YAML or JSON:
         identifier_columns: [id]      # the row's key (required columns): the table's identifier fields
         mode: upsert                  # or append (default): an update of a missing key is then a no-op
 
-Expressions are parsed with sqlglot's Spark dialect and may call only the functions in
-ALLOWED_FUNCTIONS: ones that read the event (and the clock) and cannot fail or flood on purpose.
-They run on a Spark shared by all tenants: no reflection, files, session or catalog facts
-(`user()`, `version()`, `current_database()`), `raise_error`/`assert_true`, generators,
-aggregates, or functions whose output size an event can choose (`repeat`, `sequence`, `space`).
-A definition is bounded too: MAX_PROCESSORS, MAX_ROUTES, MAX_SINKS, expressions of at most
-MAX_EXPRESSION_LENGTH characters nested at most MAX_EXPRESSION_DEPTH parentheses deep.
+Expressions are checked by expressions.py (Spark SQL, an allowlist of functions, bounded size),
+column types by types.py (the type grammar). A definition is bounded too: MAX_PROCESSORS,
+MAX_ROUTES, MAX_SINKS.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import sqlglot
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -57,32 +52,25 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import parse_transform
 from pyiceberg.types import (
     BinaryType,
-    BooleanType,
     DateType,
-    DecimalType,
     DoubleType,
-    FixedType,
     FloatType,
     IcebergType,
     IntegerType,
-    ListType,
     LongType,
-    MapType,
     NestedField,
     PrimitiveType,
     StringType,
-    StructType,
     TimestampType,
     TimestamptzType,
-    TimeType,
-    UUIDType,
 )
-from sqlglot import exp
-from sqlglot.tokens import TokenType
 
 from service.core.exceptions import DefinitionInvalid, SpecError
 from service.core.keys import DLQ_TABLE, RESERVED_TABLE_PREFIX
+from service.pipelines.expressions import Expression, check_expression
+from service.pipelines.types import EXTRA_FIELDS_TYPE, check_writable, is_extra_fields_type, parse_type, parse_type_numbered
 from service.tenancy.names import RULE, is_valid_name
+from spark_jobs.contract import INTERNAL_PREFIX
 
 DYNAMIC_FIELD = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 PATH_PATTERN = re.compile(r"^/[a-z0-9_\-]+(/[a-z0-9_\-]+)*$")
@@ -91,215 +79,13 @@ RESERVED_PATH_PREFIXES = ("/v1", "/healthz", "/readyz", "/metrics", "/docs", "/o
 MAX_PROCESSORS = 100
 MAX_ROUTES = 50
 MAX_SINKS = 20
-MAX_EXPRESSION_LENGTH = 4000
-MAX_EXPRESSION_DEPTH = 32  # parentheses; also keeps sqlglot's recursive parser far from its limit
-# Spark SQL functions an expression may call: each reads only its arguments (or the clock, or a
-# random source) and its output grows at most with its input.
-ALLOWED_FUNCTIONS = frozenset("""
-    ascii base64 unbase64 bit_length btrim char chr char_length character_length concat concat_ws contains
-    decode encode endswith startswith find_in_set format_number format_string printf initcap instr lcase
-    lower ucase upper left right length len levenshtein locate position ltrim rtrim trim octet_length
-    overlay regexp_count regexp_extract regexp_extract_all regexp_instr regexp_like regexp_replace
-    regexp_substr replace reverse soundex split split_part substr substring substring_index translate
-    to_binary to_char to_varchar to_number try_to_number url_decode url_encode try_url_decode parse_url
-    mask md5 sha sha1 sha2 crc32 hash xxhash64 luhn_check elt like ilike rlike hex unhex bin conv uuid
-    abs acos acosh asin asinh atan atan2 atanh bround cbrt ceil ceiling cos cosh cot csc degrees e exp
-    expm1 factorial floor greatest least ln log log10 log1p log2 mod pmod negative positive pi pow power
-    radians rint round sec shiftleft shiftright shiftrightunsigned sign signum sin sinh sqrt tan tanh
-    try_add try_divide try_multiply try_subtract try_mod width_bucket div nanvl isnan rand random randn
-    coalesce if ifnull nullif nvl nvl2 isnull isnotnull nullifzero zeroifnull equal_null
-    cast try_cast boolean int integer bigint smallint tinyint double float string date timestamp decimal
-    binary to_date to_timestamp to_timestamp_ltz to_timestamp_ntz try_to_timestamp to_unix_timestamp
-    to_utc_timestamp from_utc_timestamp unix_timestamp from_unixtime timestamp_seconds timestamp_millis
-    timestamp_micros unix_seconds unix_millis unix_micros unix_date date_from_unix_date
-    add_months current_date current_timestamp now localtimestamp current_timezone date_add dateadd
-    date_diff datediff date_format date_part datepart date_sub date_trunc trunc day dayofmonth dayofweek
-    dayofyear extract hour minute second month quarter year week weekday weekofyear last_day next_day
-    make_date make_timestamp make_interval months_between timestampadd timestampdiff try_make_timestamp
-    convert_timezone
-    array array_contains array_distinct array_except array_intersect array_join array_max array_min
-    array_position array_remove array_union arrays_overlap arrays_zip array_sort sort_array array_compact
-    array_append array_prepend array_insert array_size cardinality size element_at try_element_at get
-    slice flatten shuffle filter transform exists forall aggregate reduce zip_with map map_concat
-    map_contains_key map_entries map_filter map_from_arrays map_from_entries map_keys map_values
-    map_zip_with str_to_map transform_keys transform_values named_struct struct get_json_object
-    from_json to_json json_array_length json_object_keys schema_of_json typeof bit_count bit_get getbit
-""".split())
-# SQL words that an opening parenthesis may follow without being a function call.
-_KEYWORDS_BEFORE_PAREN = frozenset({"and", "or", "not", "in", "when", "then", "else", "case", "is", "between", "like", "rlike", "ilike", "distinct", "interval"})
 TIME_TRANSFORMS = ("year", "month", "day", "hour")
-INTERNAL_PREFIX = "_calve"  # the job's own columns (receipt, event text, routes): never the user's
 MAX_BUCKETS = 2**31 - 1
 MAX_FILE_SIZE = 2**34  # 16 GiB
 MAX_IDENTIFIER_COLUMNS = 8
 MIN_FILE_SIZE = 2**20  # 1 MiB
-EXTRA_FIELDS_TYPE = "map<string,string>"  # a sink's extra_fields column
-
-_PRIMITIVES: dict[str, IcebergType] = {
-    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-    "double": DoubleType(), "date": DateType(), "time": TimeType(), "timestamp": TimestampType(),
-    "timestamptz": TimestamptzType(), "string": StringType(), "uuid": UUIDType(), "binary": BinaryType(),
-}
-TYPE_HELP = (
-    "boolean, int, long, float, double, decimal(P,S), date, time, timestamp, timestamptz, string, "
-    "binary, list<T>, map<K,V>, struct<name: T, ...> (not uuid or fixed[N]: store them as string or binary)"
-)
-
-# -- types ----------------------------------------------------------------------------------
 
 
-class _TypeParser:
-    """Iceberg type names, with nested list<...>, map<...,...>, struct<name: ...> written inline."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-        self.next_id = 1000  # nested field ids are reassigned when the table is created
-
-    def parse(self) -> IcebergType:
-        parsed = self._type()
-        self._skip()
-        if self.pos != len(self.text):
-            raise ValueError(f"unexpected {self.text[self.pos:]!r}")
-        return parsed
-
-    def _skip(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
-            self.pos += 1
-
-    def _word(self) -> str:
-        self._skip()
-        match = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\(\s*\d+\s*,\s*\d+\s*\)|\[\s*\d+\s*\])?").match(self.text, self.pos)
-        if not match:
-            raise ValueError(f"expected a type at {self.text[self.pos:]!r}")
-        self.pos = match.end()
-        return match.group(0)
-
-    def _expect(self, char: str) -> None:
-        self._skip()
-        if self.text[self.pos:self.pos + 1] != char:
-            raise ValueError(f"expected {char!r} at {self.text[self.pos:]!r}")
-        self.pos += 1
-
-    def _id(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
-    def _type(self) -> IcebergType:
-        word = self._word()
-        lowered = re.sub(r"\s+", "", word.lower())
-        if lowered in ("list", "map", "struct"):
-            self._expect("<")
-            if lowered == "list":
-                element = self._type()
-                self._expect(">")
-                return ListType(self._id(), element, element_required=False)
-            if lowered == "map":
-                key = self._type()
-                self._expect(",")
-                value = self._type()
-                self._expect(">")
-                return MapType(self._id(), key, self._id(), value, value_required=False)
-            fields = []
-            while True:
-                name = self._word()
-                self._expect(":")
-                fields.append(NestedField(self._id(), name, self._type(), required=False))
-                self._skip()
-                if self.text[self.pos:self.pos + 1] == ",":
-                    self.pos += 1
-                    continue
-                self._expect(">")
-                return StructType(*fields)
-        if lowered in _PRIMITIVES:
-            return _PRIMITIVES[lowered]
-        decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", lowered)
-        if decimal:
-            precision, scale = int(decimal.group(1)), int(decimal.group(2))
-            if not 1 <= precision <= 38 or scale > precision:
-                raise ValueError(f"decimal({precision},{scale}): precision 1 to 38, scale at most the precision")
-            return DecimalType(precision, scale)
-        fixed = re.fullmatch(r"fixed\[(\d+)\]", lowered)
-        if fixed and int(fixed.group(1)) > 0:
-            return FixedType(int(fixed.group(1)))
-        raise ValueError(f"unknown type {word!r}; use one of {TYPE_HELP}")
-
-
-def parse_type(text: str) -> IcebergType:
-    return _TypeParser(text).parse()
-
-
-UNSUPPORTED = (UUIDType, FixedType)
-
-
-def _check_writable(column_type: IcebergType) -> None:
-    """Types Spark cannot write as Iceberg expects them (no TIME, UUID or FIXED in its Parquet)."""
-    if isinstance(column_type, UNSUPPORTED):
-        raise ValueError(
-            f"{column_type} columns are not supported: Spark writes no Parquet UUID or fixed-length binary; use string (uuid) or binary (fixed)"
-        )
-    if isinstance(column_type, StructType):
-        for field in column_type.fields:
-            _check_writable(field.field_type)
-    elif isinstance(column_type, ListType):
-        _check_writable(column_type.element_type)
-    elif isinstance(column_type, MapType):
-        _check_writable(column_type.key_type)
-        _check_writable(column_type.value_type)
-
-
-# -- expressions ----------------------------------------------------------------------------
-
-
-def check_expression(text: str) -> str:
-    """A single Spark SQL expression over the event's fields, or ValueError saying why not."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("an expression is needed")
-    if len(text) > MAX_EXPRESSION_LENGTH:
-        raise ValueError(f"an expression may have at most {MAX_EXPRESSION_LENGTH} characters")
-    try:
-        tokens = sqlglot.tokenize(text, read="spark")
-    except sqlglot.errors.SqlglotError as exc:
-        raise ValueError(f"not a Spark SQL expression: {str(exc).splitlines()[0]}") from None
-    _check_calls(tokens)
-    try:
-        parsed = sqlglot.parse(text, read="spark")
-    except sqlglot.errors.SqlglotError as exc:
-        raise ValueError(f"not a Spark SQL expression: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise ValueError("the expression is nested too deeply") from None
-    if len(parsed) != 1 or parsed[0] is None:
-        raise ValueError("one expression, not several statements")
-    tree = parsed[0]
-    if isinstance(tree, (exp.Query, exp.DDL, exp.DML, exp.Command)) or tree.find(exp.Query, exp.Table):
-        raise ValueError("an expression over the event's fields; queries and tables are not allowed")
-    if tree.find(exp.AggFunc, exp.Window):
-        raise ValueError("aggregate and window functions work across events; an expression reads one event")
-    for column in tree.find_all(exp.Column):
-        if column.name.lower().startswith(INTERNAL_PREFIX):
-            raise ValueError(f"names starting with {INTERNAL_PREFIX!r} are Calve's own (receipts, routing)")
-    return text
-
-
-def _check_calls(tokens: list) -> None:  # noqa: ANN001 - sqlglot tokens
-    """Every word followed by '(' is an allowed function (checked on the tokens, as written: the
-    parsed tree renames many functions), and parentheses nest at most MAX_EXPRESSION_DEPTH deep."""
-    depth = 0
-    for index, token in enumerate(tokens):
-        if token.token_type == TokenType.L_PAREN:
-            depth += 1
-            if depth > MAX_EXPRESSION_DEPTH:
-                raise ValueError(f"the expression nests parentheses more than {MAX_EXPRESSION_DEPTH} deep")
-            if index and tokens[index - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
-                name = tokens[index - 1].text.lower()
-                if name.isidentifier() and name not in _KEYWORDS_BEFORE_PAREN and name not in ALLOWED_FUNCTIONS:
-                    raise ValueError(f"function {name}() is not allowed in pipeline expressions "
-                                     "(expressions may call only functions that read the event; the README lists them)")
-        elif token.token_type == TokenType.R_PAREN:
-            depth -= 1
-
-
-Expression = Annotated[str, Field(min_length=1, max_length=MAX_EXPRESSION_LENGTH)]
 
 # -- the definition -------------------------------------------------------------------------
 
@@ -384,8 +170,6 @@ class Processor(_Strict):
         return next(name for name in ("where", "set", "drop", "rename") if getattr(self, name) is not None)
 
 
-def is_extra_fields_type(column_type: IcebergType) -> bool:
-    return isinstance(column_type, MapType) and column_type.key_type == StringType() and column_type.value_type == StringType()
 
 
 def _column_name(name: str) -> str:
@@ -410,7 +194,7 @@ class Column(_Strict):
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:
-        _check_writable(parse_type(value))
+        check_writable(parse_type(value))
         return value
 
     def iceberg_type(self) -> IcebergType:
@@ -464,10 +248,8 @@ class TableSchema(_Strict):
         next_id = len(self.columns)
         fields = []
         for index, column in enumerate(self.columns, start=1):
-            parser = _TypeParser(column.type)
-            parser.next_id = next_id
-            fields.append(NestedField(index, column.name, parser.parse(), required=column.required, doc=column.doc))
-            next_id = parser.next_id
+            column_type, next_id = parse_type_numbered(column.type, next_id)
+            fields.append(NestedField(index, column.name, column_type, required=column.required, doc=column.doc))
         return Schema(*fields)
 
     def iceberg_partition_spec(self, schema: Schema) -> PartitionSpec:

@@ -121,3 +121,20 @@ for i = 2, #KEYS do
 end
 return failed
 """)
+
+# A committer extends its lease on a table (committer/leases.py) only while it still holds it.
+# KEYS[1]: the lease. ARGV: owner, lease ms. Returns 0 when another owner (or nobody) holds it.
+RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# A committer gives a lease up only while it still holds it. KEYS[1]: the lease. ARGV: owner.
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

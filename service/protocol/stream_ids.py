@@ -16,3 +16,9 @@ def id_after(entry_id: str, watermark: str) -> bool:
 
 def text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def next_id(entry_id: str) -> str:
+    """The smallest stream entry id after `entry_id` (XTRIM MINID keeps it and what follows)."""
+    millis, seq = parse_id(entry_id)
+    return f"{millis}-{seq + 1}"

@@ -17,65 +17,60 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
-from service.iceberg.files import catalog_io, delete_files, list_data_files, spark_filesystem
+from service.iceberg.files import delete_files, list_data_files, spark_filesystem
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
-from service.protocol.commit_entry import CHANGES
-from service.writer.requests import LeaderRequests
-from service.writer.spark_errors import is_spark_outage
+from service.protocol.commit_entry import Operation
+from service.writer.requests import LeaderRequests, Scratch, error_text
 from spark_jobs.changes_job import apply_changes, change_rows
-from spark_jobs.pipeline_job import ChangeSpec, Target, new_directory
 from spark_jobs.session import spark_session
+from spark_jobs.targets import ChangeSpec, Target, new_directory
 
 log = logging.getLogger(__name__)
 
-OUTAGE_BACKOFF_S = 2.0
 MAX_PRUNING_KEYS = 100_000  # more distinct keys than this: candidates by partition and statistics are not worth listing
 
 
 def changes_fields(spec: ChangeSpec | None) -> dict:
-    """The FilesWritten fields of a table whose events change rows (none for an append)."""
-    return {} if spec is None else {"operation": CHANGES, "keys": list(spec.keys), "upsert": spec.upsert}
+    """The CommitEntry fields of a table whose events change rows (none for an append)."""
+    return {} if spec is None else {"operation": Operation.CHANGES, "keys": list(spec.keys), "upsert": spec.upsert}
 
 
 class ChangeApplier(LeaderRequests):
     queue = keys.APPLIES
 
-    def run(self, raw: bytes) -> None:
-        request = ApplyRequest.from_json(raw)
+    def decode(self, raw: bytes) -> ApplyRequest:
+        return ApplyRequest.from_json(raw)
+
+    def describe(self, request: ApplyRequest) -> str:
+        return f"the changes of {request.tenant}.{request.table}"
+
+    def run(self, request: ApplyRequest, scratch: Scratch) -> None:
         started = time.perf_counter()
-        directory = None
-        io = catalog_io(self.catalog)
-        try:
-            table = load_table(self.catalog, request.tenant, request.table)
-            if table is None:
-                raise LookupError(f"table {request.table!r} no longer exists")
-            schema = table.schema()
-            directory = new_directory(table.location())
-            target = Target(
-                name=request.table, schema=schema.as_arrow(), required=frozenset(f.name for f in schema.fields if f.required),
-                partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields], directory=directory,
-                filesystem=spark_filesystem(directory, io),
-            )
-            spark = spark_session(self.spark_remote)
-            entries = [files for _entry_id, files in request.entries]
-            candidates = self._candidates(table, request, spark, entries, target)
-            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
-            result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, io), applied.counts)
-        except Exception as exc:  # noqa: BLE001 - the leader sees the error and counts it as a failed commit
-            if directory is not None:
-                delete_files(list_data_files(directory, io), io)
-            if is_spark_outage(exc):  # not the changes' fault: back on the queue, for when Spark is back
-                log.warning("writer: Spark is unavailable (%s); the changes of %s.%s wait for it", exc, request.tenant, request.table)
-                self.client.rpush(self.queue, raw)
-                time.sleep(OUTAGE_BACKOFF_S)
-                return
-            log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
-            result = ApplyResult(request.request, request.base_snapshot, error=f"{exc.__class__.__name__}: {exc}"[:1000])
+        table = load_table(self.catalog, request.tenant, request.table)
+        if table is None:
+            raise LookupError(f"table {request.table!r} no longer exists")
+        schema = table.schema()
+        directory = scratch.directory = new_directory(table.location())
+        target = Target(
+            name=request.table, schema=schema.as_arrow(), required=frozenset(f.name for f in schema.fields if f.required),
+            partition=[(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields], directory=directory,
+            filesystem=spark_filesystem(directory, self.io),
+        )
+        spark = spark_session(self.spark_remote)
+        entries = [files for _entry_id, files in request.entries]
+        candidates = self._candidates(table, request, spark, entries, target)
+        applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
+        result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts)
         self._answer(request, result)
         metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(time.perf_counter() - started)
         log.info("writer %s applied %d change entries to %s.%s in %.2f s: %d files replaced by %d", self.name,
                  len(request.entries), request.tenant, request.table, time.perf_counter() - started, len(result.removes), len(result.adds))
+
+    def failed(self, request: ApplyRequest, exc: Exception) -> None:
+        """The leader sees the error and counts it as a failed commit."""
+        log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
+        self._answer(request, ApplyResult(request.request, request.base_snapshot, error=error_text(exc)))
 
     def _candidates(self, table, request: ApplyRequest, spark, entries: list[list[str]], target: Target) -> list[str]:  # noqa: ANN001
         """Data files of the base snapshot that may hold a changed key."""
@@ -99,6 +94,6 @@ class ChangeApplier(LeaderRequests):
         asked = self.client.hget(key, changes.REQUEST)
         if asked is None or ApplyRequest.from_json(asked).request != request.request:
             # The leader gave up on this request (it expired, or the table moved): never committed.
-            delete_files(result.adds, catalog_io(self.catalog))
+            delete_files(result.adds, self.io)
             return
         self.client.hset(key, changes.RESULT, result.to_json())

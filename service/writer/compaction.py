@@ -14,51 +14,49 @@ import time
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
-from service.iceberg.files import catalog_io, delete_files, list_data_files, spark_filesystem
-from service.protocol.commit_entry import REPLACE, FilesWritten
+from service.iceberg.files import list_data_files, spark_filesystem
+from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.compaction import CompactionRequest
-from service.protocol.upkeep import record_upkeep
-from service.writer.requests import LeaderRequests
+from service.protocol.upkeep import UpkeepRun, UpkeepTask
+from service.writer.requests import LeaderRequests, Scratch
 from spark_jobs.compact_job import rewrite_files
-from spark_jobs.pipeline_job import new_directory
 from spark_jobs.session import spark_session
+from spark_jobs.targets import new_directory
 
 log = logging.getLogger(__name__)
 
 
 class Compactor(LeaderRequests):
     queue = keys.COMPACTIONS
+    waits_out_outages = False  # optional work: the leader plans it again
 
-    def run(self, raw: bytes) -> None:
-        request = CompactionRequest.from_json(raw)
+    def decode(self, raw: bytes) -> CompactionRequest:
+        return CompactionRequest.from_json(raw)
+
+    def describe(self, request: CompactionRequest) -> str:
+        return f"the compaction of {request.tenant}.{request.table}"
+
+    def run(self, request: CompactionRequest, scratch: Scratch) -> None:
         started = time.perf_counter()
-        directory = None
-        io = catalog_io(self.catalog)
-        try:
-            table = load_table(self.catalog, request.tenant, request.table)
-            if table is None:
-                self.client.delete(keys.compacting_key(request.tenant, request.table))
-                return
-            schema = table.schema()
-            required = frozenset(field.name for field in schema.fields if field.required)
-            directory = new_directory(table.location(), "compact")
-            spark = spark_session(self.spark_remote)
-            for index, (paths, outputs) in enumerate(request.groups):
-                rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, io))
-            written = FilesWritten(request.tenant, request.table, list_data_files(directory, io), {},
-                                   removes=request.files, operation=REPLACE, request=request.request)
-            fields = written.to_fields(self.name)
-            self.client.xadd(keys.commit_stream_key(request.tenant, request.table), dict(zip(fields[::2], fields[1::2])))
-            self.client.sadd(keys.TABLES, keys.member(request.tenant, request.table))
-        except Exception as exc:  # noqa: BLE001 - compaction is optional work; the leader plans it again
-            log.warning("writer: compaction of %s.%s failed: %s", request.tenant, request.table, exc)
-            if directory is not None:
-                delete_files(list_data_files(directory, io), io)
-            metrics.COMPACTIONS_DROPPED.labels(request.tenant, request.table).inc()
-            record_upkeep(self.client, request.tenant, request.table, "compact", {
-                "outcome": "failed", "error": str(exc)[:500], "request": request.request,
-            })
+        table = load_table(self.catalog, request.tenant, request.table)
+        if table is None:
             self.client.delete(keys.compacting_key(request.tenant, request.table))
             return
+        schema = table.schema()
+        required = frozenset(field.name for field in schema.fields if field.required)
+        directory = scratch.directory = new_directory(table.location(), "compact")
+        spark = spark_session(self.spark_remote)
+        for index, (paths, outputs) in enumerate(request.groups):
+            rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, self.io))
+        written = CommitEntry(request.tenant, request.table, list_data_files(directory, self.io), {},
+                              operation=Operation.REPLACE, removes=request.files, request=request.request)
+        self.client.xadd(keys.commit_stream_key(request.tenant, request.table), written.to_mapping(self.name))
+        self.client.sadd(keys.TABLES, keys.member(request.tenant, request.table))
         log.info("writer %s rewrote %d files of %s.%s into %d in %.1f s", self.name, len(request.files), request.tenant,
                  request.table, len(written.files), time.perf_counter() - started)
+
+    def failed(self, request: CompactionRequest, exc: Exception) -> None:
+        log.warning("writer: compaction of %s.%s failed: %s", request.tenant, request.table, exc)
+        metrics.COMPACTIONS_DROPPED.labels(request.tenant, request.table).inc()
+        UpkeepRun.failed(exc, request.request).record(self.client, request.tenant, request.table, UpkeepTask.COMPACT)
+        self.client.delete(keys.compacting_key(request.tenant, request.table))

@@ -13,49 +13,30 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections import deque
-from datetime import datetime, timezone
 
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 import redis
 from pyiceberg.catalog import Catalog
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
-from sqlmodel import Session
 
-from service.core import faults, keys, metrics
+from service.core import keys
 from service.core.config import Settings
-from service.core.db import get_engine
+from service.core.connections import redis_error_code
 from service.core.exceptions import NotFound
-from service.core.faults import fault_point
 from service.core.identity import consumer_name
 from service.iceberg.catalog import CATALOG_UNAVAILABLE
-from service.iceberg.files import catalog_io, delete_files, list_data_files, locate, spark_filesystem
-from service.pipelines.spec import PipelineDefinition
-from service.pipelines.store import PipelineCache, PipelineRecord, get_pipeline
-from service.protocol.commit_entry import FilesWritten
 from service.protocol.heartbeats import SPARK_REACHABLE, Heartbeats
 from service.protocol.input_entry import InputEntry
-from service.protocol.receipts import written_fields
 from service.protocol.stream_ids import text
+from service.writer.batch_writer import BatchWriter
 from service.writer.batches import Batch
-from service.writer.changes import ChangeApplier, changes_fields
+from service.writer.changes import ChangeApplier
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
-from service.writer.hand_off import HandOffPlan, HandOffScript
+from service.writer.retries import NextStep, after_job_failure, retry_budget_s
 from service.writer.spark_errors import (
-    is_deterministic,
     is_spark_outage,
     is_transport_error,
-)
-from service.writer.tables import TableResolver
-from spark_jobs.pipeline_job import (
-    DLQ_SCHEMA,
-    SET_ASIDE_MARK,
-    PipelineJob,
-    new_directory,
 )
 from spark_jobs.session import close_sessions, reset_session, spark_session
 
@@ -63,18 +44,10 @@ log = logging.getLogger(__name__)
 
 CLUSTER_POLL_MS = 50  # on a Redis Cluster with several tenants' streams, how long an empty read round sleeps
 READ_COUNT = 200  # entries per XREADGROUP call
-# A request that fails its job this many times alone goes to the DLQ (the second attempt rules out
-# a passing fault, such as an executor lost mid-job).
-MAX_JOB_ATTEMPTS = 2
 # An entry read this many times without being settled (its writers crashed or were killed while
 # handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
 MAX_DELIVERIES = 5
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
-# Per round, batches that failed before get at most RETRY_SHARE of the time the round's new
-# batches took, within [RETRY_BUDGET_MIN_S, RETRY_BUDGET_MAX_S] (see Writer.write_round).
-RETRY_SHARE = 0.5
-RETRY_BUDGET_MIN_S = 0.25
-RETRY_BUDGET_MAX_S = 2.0
 
 
 PROBE_PROMPT_S = 5.0  # a serving Spark Connect answers range(1).collect() well within this
@@ -88,12 +61,7 @@ class Writer:
         self.name = name or consumer_name()
         self._groups: set[str] = set()
         self._last_claim = 0.0
-        self._hand_off_script = HandOffScript(client)
-        self.engine = get_engine(settings.resolved_database_url())
-        # A new pipeline version reaches this writer within pipeline_cache_s.
-        self.pipelines = PipelineCache(settings.pipeline_cache_s)
-        self.tables = TableResolver(catalog)
-        self.io = catalog_io(catalog)
+        self.batches = BatchWriter(settings, client, catalog, self.name)
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
@@ -111,7 +79,7 @@ class Writer:
                 heartbeats.beat(**{SPARK_REACHABLE: self._spark_reachable})
                 self.write_round(self.poll(stop), stop)
             except redis.RedisError as exc:
-                if "NOGROUP" in str(exc):
+                if redis_error_code(exc) == "NOGROUP":
                     self._groups.clear()  # Redis lost the group (restarted empty): recreate it
                 log.warning("writer: Redis unavailable (%s); retrying", exc)
                 stop.wait(1.0)
@@ -201,7 +169,7 @@ class Writer:
             for entry in entries:
                 (worn_out if deliveries.get(entry.id, 0) > MAX_DELIVERIES else batch).add(entry)
             if worn_out.entries:
-                self.dead_letter(worn_out, f"the request was taken up {MAX_DELIVERIES} times and never written "
+                self.batches.dead_letter(worn_out, f"the request was taken up {MAX_DELIVERIES} times and never written "
                                            "(the writers handling it stopped or crashed)")
             if batch.entries:
                 batches.append(batch)
@@ -233,26 +201,26 @@ class Writer:
                 continue
             self._write(batch, stop)
         spent = time.monotonic() - started
-        deadline = time.monotonic() + min(RETRY_BUDGET_MAX_S, max(RETRY_BUDGET_MIN_S, spent * RETRY_SHARE))
+        deadline = time.monotonic() + retry_budget_s(spent)
         while self._retries and time.monotonic() < deadline and not stop.is_set():
             self._write(self._retries.popleft(), stop)
         # Then the row changes leaders wait for (their tables wait too), and at most one
         # compaction a table's leader asked for (a bounded Spark job).
-        while not stop.is_set() and not self._outages and self.applier.run_one():
+        while not stop.is_set() and not self._outages and self.applier.run_one(stop):
             pass
-        while not stop.is_set() and not self._outages and self.differ.run_one():  # a feed reader waits for each
+        while not stop.is_set() and not self._outages and self.differ.run_one(stop):  # a feed reader waits for each
             pass
         if not stop.is_set() and not self._outages:
-            self.compactor.run_one()
+            self.compactor.run_one(stop)
 
     def _write(self, batch: Batch, stop: threading.Event) -> None:
         try:
-            self.handle(batch)
+            self.batches.write(batch)
             self._outages = 0
             self._spark_reachable = True
             return
         except NotFound as exc:  # the pipeline is gone: no retry can help
-            self.dead_letter(batch, str(exc))
+            self.batches.dead_letter(batch, str(exc))
             return
         except CATALOG_UNAVAILABLE as exc:
             self._outages += 1
@@ -296,14 +264,10 @@ class Writer:
             reset_session(self.settings.spark_remote)
         elif not isinstance(exc, SparkConnectGrpcException):
             log.warning("writer: the failure came from outside Spark", exc_info=exc)
-        if len(batch.entries) > 1:
-            # Types are inferred per batch, so one request (an array sent as a string, say) can
-            # make the whole batch's plan fail. Halving isolates the requests that fail alone.
+        step = after_job_failure(batch, exc)
+        if step is NextStep.HALVE:
             return batch.halves()
-        batch.failures += 1
-        # A plan Spark cannot analyse fails the same way every time: one failure alone settles
-        # it. Anything else (a task failure, a lost executor) may pass, so it gets a second try.
-        if batch.failures < MAX_JOB_ATTEMPTS and not is_deterministic(exc):
+        if step is NextStep.RETRY:
             return [batch]
         if is_transport_error(exc) and self._spark_unreachable():
             # Not the request's fault after all: the server stopped under it. Kept, not counted.
@@ -312,161 +276,8 @@ class Writer:
             log.warning("writer: Spark Connect stopped serving under a job of %s/%s; kept for a retry", batch.tenant, batch.pipeline)
             return [batch]
         attempts = f"{batch.failures} attempt{'s' if batch.failures != 1 else ''}"
-        self.dead_letter(batch, f"the Spark job failed with this request alone ({attempts}): {reason}")
+        self.batches.dead_letter(batch, f"the Spark job failed with this request alone ({attempts}): {reason}")
         return []
-
-    def handle(self, batch: Batch) -> list[FilesWritten]:
-        """Run the batch through its pipeline's current version and hand the files off."""
-        # A DLQ replay runs through the pipeline's current version (typically just fixed), so
-        # it reads the definition afresh instead of from this writer's cache.
-        record = self._pipeline(batch.tenant, batch.pipeline, fresh=any(entry.replays for entry in batch.entries))
-        spark = spark_session(self.settings.spark_remote)
-        job = PipelineJob(
-            spark, batch.pipeline, record.version, record.definition,
-            resolve=lambda name, sink, rows: self.tables.resolve(batch.tenant, name, sink, rows),
-            dlq_directory=(dlq_directory := new_directory(self.tables.dlq_location(batch.tenant))),
-            dlq_filesystem=spark_filesystem(dlq_directory, self.io),
-            known_schema=self.tables.known_schema(batch.tenant, record.definition),
-        )
-        started = time.perf_counter()
-        result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries])
-        metrics.SPARK_JOB_SECONDS.labels(batch.tenant, batch.pipeline).observe(time.perf_counter() - started)
-        if result.direct is not None:
-            metrics.DIRECT_BATCHES.labels(batch.tenant, batch.pipeline, result.direct).inc()
-        intervals = self._commit_intervals(record.definition)
-        written = [
-            FilesWritten(batch.tenant, table, list_data_files(output.directory, self.io), output.rows_by_receipt,
-                         commit_interval_s=intervals.get(table), **changes_fields(output.changes))
-            for table, output in result.tables.items()
-        ]
-        replayed = [(entry.receipt, dlq_id) for entry in batch.entries for dlq_id in entry.replays]
-        if result.dlq is not None or replayed:
-            # Replayed entries leave the DLQ in the DLQ table's commit of this very batch (which
-            # also holds the batch's new DLQ rows, a replayed event that fails again among them).
-            dlq_rows = dict(result.dlq.rows_by_receipt) if result.dlq is not None else {}
-            for receipt, _dlq_id in replayed:
-                dlq_rows.setdefault(receipt, 0)
-            written.append(FilesWritten(
-                batch.tenant, keys.DLQ_TABLE, list_data_files(result.dlq.directory, self.io) if result.dlq is not None else [],
-                dlq_rows, deletes=[dlq_id for _receipt, dlq_id in replayed],
-            ))
-        dropped: dict[str, dict[str, list[str]]] = {}  # receipt -> table -> names
-        dropping = 0
-        for table, output in result.tables.items():
-            for receipt, (names, events) in output.dropped_by_receipt.items():
-                dropped.setdefault(receipt, {})[table] = names
-                dropping += events
-        fault_point(faults.WRITER_AFTER_SPARK_JOB)
-        if self.hand_off(batch, written, dropped):
-            for files in written:
-                metrics.EVENTS_WRITTEN.labels(batch.tenant, files.table).inc(files.rows)
-            if dropping:
-                metrics.EVENTS_WITH_DROPPED_FIELDS.labels(batch.tenant, batch.pipeline).inc(dropping)
-        return written
-
-    @staticmethod
-    def _commit_intervals(definition: PipelineDefinition) -> dict[str, float]:
-        """Static tables whose sink sets a commit interval (the shortest wins)."""
-        intervals: dict[str, float] = {}
-        for sink in definition.sinks:
-            if sink.commit_interval and not sink.dynamic:
-                intervals[sink.table] = min(sink.commit_interval, intervals.get(sink.table, sink.commit_interval))
-        return intervals
-
-    def _pipeline(self, tenant: str, name: str, fresh: bool = False) -> PipelineRecord:
-        def load() -> PipelineRecord:
-            with Session(self.engine) as session:
-                return get_pipeline(session, tenant, name)
-
-        if fresh:
-            self.pipelines.forget((tenant, name))
-        return self.pipelines.get((tenant, name), load)
-
-    def hand_off(self, batch: Batch, written: list[FilesWritten], dropped: dict[str, dict[str, list[str]]] | None = None) -> bool:
-        """Record the files for the committer and acknowledge the input, atomically, if this
-        writer still owns every entry of the batch; False (files orphaned) when it does not.
-
-        A receipt whose events went to no table (all filtered out or routed nowhere) is complete
-        now: it is marked committed here and leaves the backlog."""
-        now = f"{time.time():.3f}"
-        tables_by_receipt: dict[str, dict[str, int]] = {}
-        for files in written:
-            for receipt, rows in files.rows_by_receipt.items():
-                tables_by_receipt.setdefault(receipt, {})[files.table] = rows
-        hset, done_events, done = [], 0, []
-        for entry in batch.entries:
-            tables = tables_by_receipt.get(entry.receipt, {})
-            if not tables:
-                done_events += entry.events
-                done.append(entry.receipt)
-            hset.append((keys.receipt_key(batch.tenant, entry.receipt), written_fields(tables, now, (dropped or {}).get(entry.receipt))))
-        handed = self._settle(batch, HandOffPlan(
-            xadd=[
-                (keys.commit_stream_key(files.tenant, files.table), files.to_fields(self.name))
-                for files in written
-            ],
-            hset=hset,
-            lower_backlog=(keys.backlog_key(batch.tenant), done_events) if done_events else None,
-        ))
-        if not handed:
-            self._discard(batch, [path for files in written for path in files.files])
-            return False
-        if written:
-            self.client.sadd(keys.TABLES, *[keys.member(files.tenant, files.table) for files in written])
-        if done:
-            self.client.publish(keys.COMMITTED_CHANNEL, orjson.dumps(done))
-        return True
-
-    def dead_letter(self, batch: Batch, reason: str) -> None:
-        """Send every event of requests no job could write to the tenant's DLQ table, with the
-        reason, where `GET /v1/dlq` shows them and a replay can retry them. The file is written
-        here with pyarrow, not by Spark: Spark may be what fails on these events."""
-        now = datetime.now(timezone.utc)
-        version = self._pipeline_version(batch)
-        columns: dict[str, list] = {name: [] for name in DLQ_SCHEMA.names}
-        rows_by_receipt: dict[str, int] = {}
-        for entry in batch.entries:
-            for line in entry.body.split(b"\n"):
-                if not line:
-                    continue
-                event, why = line.decode(errors="replace"), reason
-                if line.startswith(SET_ASIDE_MARK.encode()):
-                    wrapped = orjson.loads(line[1:])
-                    event, why = wrapped["event"], wrapped["reason"]
-                row = {keys.DLQ_ID: str(uuid.uuid4()), "event": event, "reason": why, "pipeline": batch.pipeline,
-                       "pipeline_version": version, "table": None, "receipt": entry.receipt, "failed_at": now}
-                for name, value in row.items():
-                    columns[name].append(value)
-                rows_by_receipt[entry.receipt] = rows_by_receipt.get(entry.receipt, 0) + 1
-        path = f"{new_directory(self.tables.dlq_location(batch.tenant))}/part-00000.parquet"
-        filesystem, location = locate(path, self.io)
-        filesystem.create_dir(location.rsplit("/", 1)[0])
-        pq.write_table(pa.table(columns, schema=DLQ_SCHEMA), location, filesystem=filesystem, compression="zstd")
-        deletes = [dlq_id for entry in batch.entries for dlq_id in entry.replays]
-        written = [FilesWritten(batch.tenant, keys.DLQ_TABLE, [path], rows_by_receipt, deletes=deletes)]
-        if self.hand_off(batch, written):
-            metrics.EVENTS_WRITTEN.labels(batch.tenant, keys.DLQ_TABLE).inc(sum(rows_by_receipt.values()))
-            log.error("writer: %d requests of %s/%s sent to the DLQ: %s", len(batch.entries), batch.tenant, batch.pipeline, reason)
-
-    def _pipeline_version(self, batch: Batch) -> int:
-        try:
-            return self._pipeline(batch.tenant, batch.pipeline).version
-        except NotFound:
-            return 0
-
-    def _settle(self, batch: Batch, plan: HandOffPlan) -> bool:
-        stream = keys.input_stream_key(batch.tenant, batch.pipeline)
-        return bool(self._hand_off_script.run(self.client, stream, keys.WRITER_GROUP, self.name, [entry.id for entry in batch.entries], plan))
-
-    def _discard(self, batch: Batch, files: list[str]) -> None:
-        # Another writer reclaimed the entries (this one looked dead: a job longer than the claim
-        # idle time) and wrote or is writing them itself. These files are never committed.
-        log.warning(
-            "writer %s: %d entries of %s/%s were taken over by another writer; discarding %d files it will not commit",
-            self.name, len(batch.entries), batch.tenant, batch.pipeline, len(files),
-        )
-        metrics.BATCHES_SUPERSEDED.labels(batch.tenant, batch.pipeline).inc()
-        delete_files(files, self.io)
 
     # -- streams ----------------------------------------------------------------------------
 
@@ -479,7 +290,7 @@ class Writer:
                 try:
                     self.client.xgroup_create(stream, keys.WRITER_GROUP, id="0", mkstream=True)
                 except redis.ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
+                    if redis_error_code(exc) != "BUSYGROUP":
                         raise
                 self._groups.add(stream)
             streams.append(stream)

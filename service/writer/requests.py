@@ -1,30 +1,81 @@
 """Work a table's leader hands to the writers on a Redis list: one request at a time, between
-batches (compaction.py, changes.py)."""
+batches (compaction.py, changes.py, diffs.py).
+
+Each helper says how to run a request and what its failure means; the try, the clean-up of what
+it wrote, and the outage policy are here once: a Spark outage is no fault of the request, which
+goes back on the queue while the writer waits (waking at once when it is told to stop).
+"""
 
 from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 from pyiceberg.catalog import Catalog
 
+from service.iceberg.files import catalog_io, delete_files, list_data_files
+from service.writer.spark_errors import is_spark_outage
+
+log = logging.getLogger(__name__)
+
+OUTAGE_BACKOFF_S = 2.0
+
+
+@dataclass
+class Scratch:
+    """Where a request's job writes, deleted when the request fails."""
+
+    directory: str | None = None
+
 
 class LeaderRequests:
-    """Pops the requests of one list (`queue`) and runs each (`run`)."""
+    """Pops the requests of one list (`queue`) and runs each (`run`); `failed` answers a failure."""
 
     queue: str
+    waits_out_outages = True  # a Spark outage puts the request back on the queue (else: failed)
 
     def __init__(self, client: redis.Redis, catalog: Catalog, spark_remote: str, name: str) -> None:
         self.client = client
         self.catalog = catalog
         self.spark_remote = spark_remote
         self.name = name
+        self.io = catalog_io(catalog)
 
-    def run_one(self) -> bool:
+    def run_one(self, stop: threading.Event) -> bool:
         """Run one waiting request; False when none waits."""
         raw = self.client.lpop(self.queue)
         if raw is None:
             return False
-        self.run(raw)
+        request = self.decode(raw)
+        scratch = Scratch()
+        try:
+            self.run(request, scratch)
+        except Exception as exc:  # noqa: BLE001 - each helper's `failed` says what a failure means
+            if scratch.directory is not None:
+                delete_files(list_data_files(scratch.directory, self.io), self.io)
+            if self.waits_out_outages and is_spark_outage(exc):
+                log.warning("writer: Spark is unavailable (%s); %s waits for it", exc, self.describe(request))
+                self.client.rpush(self.queue, raw)
+                stop.wait(OUTAGE_BACKOFF_S)
+                return True
+            self.failed(request, exc)
         return True
 
-    def run(self, raw: bytes) -> None:
+    def decode(self, raw: bytes) -> Any:  # noqa: ANN401 - each helper's own request record
         raise NotImplementedError
+
+    def describe(self, request: Any) -> str:  # noqa: ANN401
+        raise NotImplementedError
+
+    def run(self, request: Any, scratch: Scratch) -> None:  # noqa: ANN401
+        raise NotImplementedError
+
+    def failed(self, request: Any, exc: Exception) -> None:  # noqa: ANN401
+        raise NotImplementedError
+
+
+def error_text(exc: Exception) -> str:
+    return f"{exc.__class__.__name__}: {exc}"[:1000]

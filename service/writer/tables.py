@@ -23,16 +23,12 @@ from service.iceberg.catalog import (
 from service.iceberg.files import spark_filesystem
 from service.iceberg.schema import evolve_schema
 from service.iceberg.upkeep import sink_properties
-from service.pipelines.spec import EXTRA_FIELDS_TYPE, PipelineDefinition, Sink, is_extra_fields_type
+from service.pipelines.spec import PipelineDefinition, Sink
+from service.pipelines.types import EXTRA_FIELDS_TYPE, is_extra_fields_type
 from service.tenancy.names import RULE, is_valid_name
-from spark_jobs.pipeline_job import (
-    DLQ_SCHEMA,
-    ChangeSpec,
-    Target,
-    inferred_table_schema,
-    needed_widenings,
-    new_directory,
-)
+from spark_jobs.contract import DLQ_SCHEMA
+from spark_jobs.schemas import inferred_table_schema, needed_widenings
+from spark_jobs.targets import ChangeSpec, Target, new_directory
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +40,18 @@ class TableResolver:
         self.catalog = catalog
         self._dlq_locations: dict[str, str] = {}
         self._unfit_extra_columns: set[tuple[tuple[str, ...], str]] = set()  # warned about once
+        # The tables of the batch being written, loaded once: the short way, its fallback and each
+        # sink resolve the same table, and on a REST catalog each load is a round trip.
+        self._batch_tables: dict[tuple[str, str], Table | None] = {}
+
+    def new_batch(self) -> None:
+        """Forget the tables of the previous batch (another writer may have changed them since)."""
+        self._batch_tables.clear()
+
+    def _load(self, tenant: str, name: str) -> Table | None:
+        if (tenant, name) not in self._batch_tables:
+            self._batch_tables[(tenant, name)] = load_table(self.catalog, tenant, name)
+        return self._batch_tables[(tenant, name)]
 
     def dlq_location(self, tenant: str) -> str:
         """Where the tenant's DLQ table keeps its data (created on first need; it never moves)."""
@@ -60,7 +68,7 @@ class TableResolver:
         sink = definition.sinks[0]
         if sink.dynamic or sink.schema_evolution:
             return None
-        table = load_table(self.catalog, tenant, sink.table)
+        table = self._load(tenant, sink.table)
         return table.schema().as_arrow() if table is not None else None
 
     def resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
@@ -73,7 +81,7 @@ class TableResolver:
             return f"the catalog refused table {name!r}: {exc}"
 
     def _resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
-        table = load_table(self.catalog, tenant, name)
+        table = self._load(tenant, name)
         if table is None:
             if not sink.auto_create:
                 return f"table {name!r} does not exist and the sink may not create it (auto_create is false)"
@@ -106,10 +114,11 @@ class TableResolver:
             before = table.schema().schema_id
             table = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows))
             if table.schema().schema_id != before:
-                log.info("evolved %s.%s: %s", tenant, name, table.schema())
+                log.info("evolved %s.%s to schema %d (%d columns)", tenant, name, table.schema().schema_id, len(table.schema().fields))
         table, extra_fields = self._extra_fields_column(table, sink)
         # Upkeep (planned by the table's leader) reads the sink's settings from the table.
         table = set_table_properties(self.catalog, table, sink_properties(sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count))
+        self._batch_tables[(tenant, name)] = table
         schema = table.schema()
         changes = None
         if sink.row_changes:

@@ -10,7 +10,6 @@ import pytest
 
 from service.committer.leases import TableLease
 from service.committer.loop import Committer
-from service.committer.receipts import ReceiptPublisher
 from service.core import keys
 from service.core.exceptions import LeadershipLost
 from tests.conftest import (
@@ -73,17 +72,17 @@ def test_stale_leader_cannot_commit_after_losing_its_lease(stack_factory) -> Non
     stale = Committer(stack.settings, stack.redis, stack.catalog(), name="stale")
     stale_lease = TableLease(stack.redis, "demo", "logs", "stale", lease_ms=60_000)
     assert stale_lease.acquire()
-    table, plan = stale.plan("demo", "logs")  # then it "pauses" past its lease...
+    table, plan = stale.commits.plan("demo", "logs")  # then it "pauses" past its lease...
 
     stack.redis.delete(stale_lease.key)  # ...the lease runs out, and a new leader commits
     fresh = Committer(stack.settings, stack.redis, stack.catalog(), name="fresh")
     fresh_lease = TableLease(stack.redis, "demo", "logs", "fresh", lease_ms=60_000)
     assert fresh_lease.acquire()
-    assert fresh.commit_table("demo", "logs", fresh_lease)
+    assert fresh.commits.commit_table("demo", "logs", fresh_lease)
     assert fresh_lease.fence > stale_lease.fence
 
     with pytest.raises(LeadershipLost):
-        stale.apply("demo", "logs", table, plan, stale_lease)
+        stale.commits.apply("demo", "logs", table, plan, stale_lease)
     assert_exactly_once(stack, expected=30)
 
 
@@ -94,15 +93,15 @@ def test_stale_leader_past_its_lease_check_is_stopped_by_the_watermark(stack_fac
     stale = Committer(stack.settings, stack.redis, stack.catalog(), name="stale")
     stale_lease = TableLease(stack.redis, "demo", "logs", "stale", lease_ms=60_000)
     assert stale_lease.acquire()
-    table, plan = stale.plan("demo", "logs")
+    table, plan = stale.commits.plan("demo", "logs")
     stack.redis.delete(stale_lease.key)
 
     fresh = Committer(stack.settings, stack.redis, stack.catalog(), name="fresh")
     fresh_lease = TableLease(stack.redis, "demo", "logs", "fresh", lease_ms=60_000)
-    assert fresh_lease.acquire() and fresh.commit_table("demo", "logs", fresh_lease)
+    assert fresh_lease.acquire() and fresh.commits.commit_table("demo", "logs", fresh_lease)
 
     monkeypatch.setattr(stale_lease, "held", lambda: True)
-    assert stale.apply("demo", "logs", table, plan, stale_lease) is False
+    assert stale.commits.apply("demo", "logs", table, plan, stale_lease) is False
     assert_exactly_once(stack, expected=30)
     assert len(stack.catalog().load_table(("demo", "logs")).snapshots()) == 1
 
@@ -122,16 +121,15 @@ def test_crash_between_catalog_commit_and_acknowledgement_is_recovered(stack_fac
     entries_before = pending_files(stack)
     assert entries_before >= 1
     with pytest.raises(SystemExit):
-        first.commit_table("demo", "logs", lease)
+        first.commits.commit_table("demo", "logs", lease)
     assert pending_files(stack) == entries_before, "entries stay on the stream until acknowledged"
     assert all(stack.redis.hget(keys.receipt_key("demo", r), "status") == b"written" for r in receipts)
     lease.release()
 
     second = Committer(stack.settings, stack.redis, stack.catalog(), name="second")
-    second.publisher = ReceiptPublisher(stack.redis)
     lease2 = TableLease(stack.redis, "demo", "logs", "second", lease_ms=60_000)
     assert lease2.acquire()
-    assert second.commit_table("demo", "logs", lease2) is False, "nothing new to commit"
+    assert second.commits.commit_table("demo", "logs", lease2) is False, "nothing new to commit"
     assert pending_files(stack) == 0
     snapshot_id = stack.catalog().load_table(("demo", "logs")).current_snapshot().snapshot_id
     for receipt in receipts:

@@ -137,8 +137,9 @@ def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_sta
     from service.iceberg.files import list_data_files
     from service.pipelines.spec import PipelineDefinition
     from spark_jobs import pipeline_job
-    from spark_jobs.pipeline_job import PipelineJob, Target
+    from spark_jobs.pipeline_job import PipelineJob
     from spark_jobs.session import spark_session
+    from spark_jobs.targets import Target
 
     schema = pa.schema([pa.field("msg", pa.string())])
     nowhere = pafs.S3FileSystem(endpoint_override="http://127.0.0.1:1", access_key="k", secret_key="s", region="us-east-1",

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from service.committer.loop import next_id
-from service.committer.state import CommitPlan, CommitSchedule
-from service.protocol.commit_entry import FilesWritten, PendingFiles
+from service.committer.state import ChangeFailures, CommitPlan, CommitSchedule
+from service.protocol.commit_entry import CommitEntry, Operation
+from service.protocol.stream_ids import next_id
+from service.protocol.upkeep import UpkeepOutcome, UpkeepRun
 
 
-def entry(entry_id: str, receipt: str = "r", rows: int = 1) -> PendingFiles:
-    return PendingFiles(entry_id, [f"file://{entry_id}.parquet"], {receipt: rows})
+def entry(entry_id: str, receipt: str = "r", rows: int = 1) -> CommitEntry:
+    return CommitEntry("demo", "logs", [f"file://{entry_id}.parquet"], {receipt: rows}, entry_id=entry_id)
+
+
+def read_back(entry_id: str, written: CommitEntry) -> CommitEntry:
+    """Through the stream entry's own encoder and decoder, as the writer and committer meet."""
+    flat = written.to_fields("writer-1")
+    return CommitEntry.from_fields(entry_id, {name.encode(): value.encode() for name, value in zip(flat[::2], flat[1::2], strict=True)})
 
 
 def test_plan_drops_entries_at_or_below_the_watermark() -> None:
@@ -43,11 +50,8 @@ def test_next_id_is_the_smallest_id_after() -> None:
 
 
 def test_a_tables_own_commit_interval_comes_from_its_pending_entries() -> None:
-    def streamed(entry_id: str, interval: str | None) -> PendingFiles:
-        # Through the stream entry's own encoder and decoder, as the writer and committer meet.
-        written = FilesWritten("demo", "logs", [], {"r": 1}, commit_interval_s=float(interval) if interval else None)
-        flat = written.to_fields("writer-1")
-        return PendingFiles.from_fields(entry_id, {name.encode(): value.encode() for name, value in zip(flat[::2], flat[1::2])})
+    def streamed(entry_id: str, interval: str | None) -> CommitEntry:
+        return read_back(entry_id, CommitEntry("demo", "logs", [], {"r": 1}, commit_interval_s=float(interval) if interval else None))
 
     plan = CommitPlan([streamed("1-0", "5"), streamed("2-0", None), streamed("3-0", "3")])
     assert plan.commit_interval_s == 3.0, "the shortest interval among the entries"
@@ -60,8 +64,8 @@ def test_a_tables_own_commit_interval_comes_from_its_pending_entries() -> None:
     assert CommitPlan([streamed("5-0", None)]).deletes == []
 
 
-def rewrite(entry_id: str) -> PendingFiles:
-    return PendingFiles(entry_id, [f"file://{entry_id}-merged.parquet"], {}, removes=["file://a.parquet"], operation="replace")
+def rewrite(entry_id: str) -> CommitEntry:
+    return CommitEntry("demo", "logs", [f"file://{entry_id}-merged.parquet"], {}, Operation.REPLACE, removes=["file://a.parquet"], entry_id=entry_id)
 
 
 def test_a_rewrite_is_a_snapshot_of_its_own_between_the_appends_around_it() -> None:
@@ -73,8 +77,42 @@ def test_a_rewrite_is_a_snapshot_of_its_own_between_the_appends_around_it() -> N
 
 
 def test_a_rewrite_entry_survives_the_stream_encoding() -> None:
-    written = FilesWritten("t", "logs", ["file://m.parquet"], {}, removes=["file://a.parquet"], operation="replace", request="q1")
-    fields = written.to_fields("w")
-    read = PendingFiles.from_fields("7-0", {k.encode(): v.encode() for k, v in zip(fields[::2], fields[1::2])})
+    written = CommitEntry("t", "logs", ["file://m.parquet"], {}, Operation.REPLACE, removes=["file://a.parquet"], request="q1")
+    read = read_back("7-0", written)
     assert (read.is_rewrite, read.removes, read.files, read.request) == (True, ["file://a.parquet"], ["file://m.parquet"], "q1")
-    assert not PendingFiles.from_fields("8-0", {b"files": b"[]", b"receipts": b"{}"}).is_rewrite
+    assert not CommitEntry.from_fields("8-0", {b"files": b"[]", b"receipts": b"{}"}).is_rewrite
+
+
+def test_row_changes_survive_the_stream_encoding_and_plan_as_their_own_snapshot() -> None:
+    changes = CommitEntry("t", "people", ["file://c.parquet"], {"r": 2}, Operation.CHANGES, keys=["id"], upsert=True)
+    read = read_back("9-0", changes)
+    assert (read.operation, read.keys, read.upsert, read.entry_id) == (Operation.CHANGES, ["id"], True, "9-0")
+    plan = CommitPlan([entry("8-0"), read])
+    assert [s.operation for s in plan.segments()] == [Operation.APPEND, Operation.CHANGES]
+
+
+def test_an_entry_written_before_operations_were_named_reads_as_an_append() -> None:
+    read = CommitEntry.from_fields("1-0", {b"files": b'["file://a.parquet"]', b"receipts": b'{"r": 1}'})
+    assert read.operation is Operation.APPEND and read.rows == 1
+
+
+def test_changes_that_keep_failing_are_applied_alone_then_settled() -> None:
+    failures = ChangeFailures(max_failures=3)
+    for _ in range(2):
+        failures.record_failure("demo/people", "5-0")
+        assert not failures.applies_alone("demo/people", "5-0"), "fewer than max_failures: still with the others"
+    failures.record_failure("demo/people", "5-0")
+    assert failures.applies_alone("demo/people", "5-0") and not failures.applies_alone("demo/people", "6-0")
+    assert not failures.applies_alone("demo/other", "5-0"), "per table"
+    failures.record_settled("demo/people")
+    assert not failures.applies_alone("demo/people", "5-0") and failures.failures == {}
+
+
+def test_an_upkeep_run_keeps_its_facts_in_the_answer_the_api_gives() -> None:
+    run = UpkeepRun(UpkeepOutcome.REQUESTED, request="q", facts={"requested_files": 4, "partitions": 2})
+    assert run.to_dict() == {"outcome": "requested", "request": "q", "requested_files": 4, "partitions": 2}
+    assert not run.settled
+    read = UpkeepRun.from_json(b'{"outcome": "ok", "request": "q", "files_rewritten": 3, "seconds": 0.5, "at_ms": 7}')
+    assert read.settled and read.facts == {"files_rewritten": 3} and read.to_dict()["seconds"] == 0.5
+    failed = UpkeepRun.failed(ValueError("x" * 600), "q")
+    assert failed.outcome is UpkeepOutcome.FAILED and len(failed.error) == 500

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from service.core.exceptions import DefinitionInvalid
-from service.pipelines.spec import MAX_EXPRESSION_DEPTH, MAX_PROCESSORS, check_expression, parse_definition
+from service.pipelines.expressions import MAX_EXPRESSION_DEPTH, check_expression
+from service.pipelines.spec import MAX_PROCESSORS, parse_definition
 
 ACCEPTED = [
     "kind != 'heartbeat'", "amount / 100.0", "cast(code as int)", "http.status >= 500 OR level = 'error'",

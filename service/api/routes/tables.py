@@ -35,6 +35,7 @@ from service.core import keys
 from service.iceberg.catalog import calve_table_name, table_identifier
 from service.iceberg.compaction import SMALL_FILE_RATIO, CompactionPolicy
 from service.protocol import commit_entry
+from service.protocol.upkeep import UpkeepRun
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=error_responses(*AUTH_ERRORS))
 RECENT_SNAPSHOTS = 10
@@ -116,7 +117,7 @@ async def describe_table(name: TableName, principal: ReadPrincipal, catalog: Cat
     policy = CompactionPolicy.from_settings(settings)
     described = await run_in_threadpool(_describe, catalog, principal.tenant, name, policy)
     runs = await client.hgetall(keys.upkeep_key(principal.tenant, name))
-    described["health"]["upkeep"] = {task.decode(): orjson.loads(run) for task, run in sorted(runs.items())}
+    described["health"]["upkeep"] = {task.decode(): UpkeepRun.from_json(run).to_dict() for task, run in sorted(runs.items())}
     return described
 
 
@@ -223,11 +224,6 @@ class MaintenanceRequest(BaseModel):
     wait_s: float = Field(30.0, ge=0, le=300, description="how long to wait for their outcome")
 
 
-def _settled(task: str, run: dict) -> bool:
-    # A compaction is first "requested" (a writer runs it on Spark), then ok, dropped or failed.
-    return task != "compact" or run.get("outcome") != "requested"
-
-
 @router.post("/{name}/maintenance", responses=error_responses(400, 404, 413, 422) | {202: {"description": "still running after wait_s"}})
 async def run_maintenance(
     name: TableName, body: MaintenanceRequest, principal: AdminPrincipal, catalog: CatalogDep, client: RedisDep,
@@ -250,9 +246,11 @@ async def run_maintenance(
         runs = await client.hgetall(keys.upkeep_key(principal.tenant, name))
         done = {}
         for task in tasks:
-            run = orjson.loads(runs.get(task.encode(), b"{}"))
-            if run.get("request") == request and _settled(task, run):
-                done[task] = run
+            raw = runs.get(task.encode())
+            run = UpkeepRun.from_json(raw) if raw is not None else None
+            # A compaction is first "requested" (a writer runs it on Spark), then ok, dropped or failed.
+            if run is not None and run.request == request and run.settled:
+                done[task] = run.to_dict()
         if len(done) == len(tasks) or time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.2)

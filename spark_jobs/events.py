@@ -1,0 +1,48 @@
+"""The batch's events as rows: split from the request bodies, the api's set-aside events taken
+out, parsed with the table's types or with types inferred from the batch."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_jobs.columns import BODY, EVENT, INTERNAL, LINE_SLOTS, REASON, RECEIPT, SEQ
+from spark_jobs.contract import SET_ASIDE_MARK
+
+
+def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) -> DataFrame:
+    """One row per event: its request's receipt, its original JSON text and its place in the batch."""
+    arrow = pa.table({
+        RECEIPT: pa.array(receipts, type=pa.string()),
+        BODY: pa.array(bodies, type=pa.large_binary()).cast(pa.large_string()),
+        SEQ: pa.array([index * LINE_SLOTS for index in range(len(bodies))], type=pa.int64()),
+    })
+    frame = spark.createDataFrame(arrow)
+    lines = frame.select(RECEIPT, SEQ, F.posexplode(F.split(F.col(BODY), "\n")).alias("_calve_line", EVENT))
+    return lines.select(RECEIPT, EVENT, (F.col(SEQ) + F.col("_calve_line")).alias(SEQ)).where(F.length(EVENT) > 0)
+
+
+def has_set_aside(body: bytes) -> bool:
+    return body.startswith(SET_ASIDE_MARK.encode()) or b"\n" + SET_ASIDE_MARK.encode() in body
+
+
+def set_aside_rows(events: DataFrame) -> DataFrame:
+    """The events the api set aside: their original text as EVENT, and the api's REASON."""
+    wrapped = F.substring(EVENT, 2, 2**31 - 1)
+    return events.where(F.startswith(EVENT, F.lit(SET_ASIDE_MARK))).select(
+        RECEIPT, F.get_json_object(wrapped, "$.event").alias(EVENT), F.get_json_object(wrapped, "$.reason").alias(REASON)
+    )
+
+
+def infer_event_schema(spark: SparkSession, events: DataFrame) -> T.StructType:
+    """The fields of this batch's events as Spark's JSON reader infers them (integers are long,
+    other numbers double, ISO timestamps stay strings until a table's schema says otherwise)."""
+    inferred = spark.read.json(events.select(EVENT)).schema
+    return T.StructType([f for f in inferred.fields if not f.name.startswith(INTERNAL) and f.name != "_corrupt_record"])
+
+
+def parse(events: DataFrame, schema: T.StructType) -> DataFrame:
+    parsed = events.select(RECEIPT, EVENT, SEQ, F.from_json(EVENT, schema).alias("_calve_e"))
+    return parsed.select(RECEIPT, EVENT, SEQ, *[F.col("_calve_e").getField(f.name).alias(f.name) for f in schema.fields])

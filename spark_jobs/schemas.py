@@ -1,0 +1,63 @@
+"""A table's schema from a batch's rows: inferred for a new table, and the widenings an evolving
+table needs (JSON numbers say only "number")."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from spark_jobs.columns import INTERNAL
+
+
+def without_null_types(schema: T.StructType) -> T.StructType:
+    """Drop fields whose type is unknown (JSON null everywhere in the batch), at any depth."""
+    def keep(data_type: T.DataType) -> T.DataType | None:
+        if isinstance(data_type, T.NullType):
+            return None
+        if isinstance(data_type, T.StructType):
+            fields = [T.StructField(f.name, t, True) for f in data_type.fields if (t := keep(f.dataType)) is not None]
+            return T.StructType(fields) if fields else None
+        if isinstance(data_type, T.ArrayType):
+            element = keep(data_type.elementType)
+            return T.ArrayType(element, True) if element is not None else None
+        return data_type
+
+    return T.StructType([T.StructField(f.name, t, True) for f in schema.fields if (t := keep(f.dataType)) is not None])
+
+
+def inferred_table_schema(rows: DataFrame) -> pa.Schema | None:
+    """A new table's schema from the rows bound for it: the fields that have a value in at least
+    one of them (None when there are no rows). One Spark action."""
+    columns = [c for c in rows.columns if not c.startswith(INTERNAL)]
+    counts = rows.select(F.count(F.lit(1)).alias("_calve_rows"), *[F.count(F.col(c)).alias(c) for c in columns]).first()
+    if not counts or not counts["_calve_rows"]:
+        return None
+    present = [f for f in rows.schema.fields if f.name in columns and counts[f.name]]
+    schema = without_null_types(T.StructType(present))
+    return to_arrow_schema(schema) if schema.fields else pa.schema([])
+
+
+NARROW_LIMITS = {pa.int32(): 2**31 - 1, pa.float32(): 3.4e38}
+
+
+def needed_widenings(current: pa.Schema, incoming: pa.Schema, rows: DataFrame) -> pa.Schema:
+    """`incoming` with int/float kept narrow where the table has them and the values still fit.
+
+    JSON says only "number", so inference reports long and double for every number; a table's int
+    column is widened to long only when a value needs it (one Spark action, and only when such a
+    column is there).
+    """
+    narrow = {f.name: f.type for f in current if f.type in NARROW_LIMITS}
+    candidates = [f.name for f in incoming if f.name in narrow and f.type != narrow[f.name]]
+    if not candidates:
+        return incoming
+    peaks = rows.select(*[F.max(F.abs(F.col(name))).alias(name) for name in candidates]).first()
+    kept = []
+    for column in incoming:
+        if column.name in candidates and (peaks[column.name] is None or peaks[column.name] <= NARROW_LIMITS[narrow[column.name]]):
+            column = column.with_type(narrow[column.name])
+        kept.append(column)
+    return pa.schema(kept)

@@ -1,0 +1,70 @@
+"""What a job writes to and what it reports back: a table as the job sees it (Target), and what
+it wrote for each table (Output, JobResult)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from spark_jobs.definition import Sink
+
+MAX_DROPPED_NAMES = 20  # per table and request: the names a receipt lists of the fields dropped
+
+
+@dataclass(frozen=True)
+class Target:
+    """A table as the job needs it: where to write, its schema, which columns are required."""
+
+    name: str
+    schema: pa.Schema  # the Iceberg schema as Arrow
+    required: frozenset[str]
+    partition: list[tuple[str, str]]  # (source column, transform)
+    directory: str
+    target_file_size: int | None = None  # bytes; approximate (see rows_per_file)
+    changes: ChangeSpec | None = None  # row changes by key instead of appends
+    extra_fields: str | None = None  # the map<string, string> column keeping fields no column takes
+    filesystem: object | None = None  # a pyarrow FileSystem for `directory` Spark cannot reach itself (spark_jobs/files.py)
+
+
+@dataclass(frozen=True)
+class ChangeSpec:
+    """How a sink's events change rows: the operation expression (None: every event inserts), the
+    identifier columns, and upsert (an update of a missing key inserts it)."""
+
+    operation: str | None
+    keys: tuple[str, ...]
+    upsert: bool
+
+
+@dataclass
+class Output:
+    """What the job wrote for one table (or the DLQ)."""
+
+    directory: str
+    rows_by_receipt: dict[str, int] = field(default_factory=dict)
+    changes: ChangeSpec | None = None  # row changes to apply (not data files)
+    # receipt -> (up to MAX_DROPPED_NAMES names of fields no column took, events that had any)
+    dropped_by_receipt: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+
+
+@dataclass
+class JobResult:
+    tables: dict[str, Output] = field(default_factory=dict)
+    dlq: Output | None = None
+    # spark_jobs/direct_append.py: "written" (it wrote the batch), "refused" (a value needs the
+    # Spark job, which wrote it), "failed" (it could not run: the Spark job wrote it), None (the
+    # batch could not take it)
+    direct: str | None = None
+
+
+# resolve(table name, the sink's definition, the rows bound for it) -> Target, a reason to send
+# those rows to the DLQ, or None when there are none
+Resolver = Callable[[str, Sink, DataFrame], "Target | str | None"]
+
+
+def new_directory(location: str, kind: str = "batch") -> str:
+    return f"{location.rstrip('/')}/data/{kind}-{uuid.uuid4().hex}"
