@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-deps bench bench-upsert bench-feed soak chaos system-deps clean
+.PHONY: run test lint test-deps bench bench-upsert bench-feed soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -31,9 +31,13 @@ run: $(STAMP) system-deps
 # longest files start first (tests/conftest.py LONGEST_FIRST). Calve's own
 # modules are compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the few hundred role
 # processes the tests start would compile them again.
-test: $(STAMP) test-deps
+test: lint test-deps
 	$(PY) -m compileall -q service spark_jobs tests
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
+# ruff, configured in pyproject.toml: seconds, so make test runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check service spark_jobs tests alembic
 
 # CALVE_SPARK_WORKERS=2 make bench: the same on a 2-worker Spark standalone cluster.
 bench: $(STAMP) system-deps

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
 
 import service.core.models  # noqa: F401 - registers the tables on SQLModel.metadata
+from alembic import context
 from service.core.config import get_settings
 
 config = context.config

@@ -43,9 +43,7 @@ def partition_value(column: Column, transform: str) -> Column:
 
 
 def truncate(column: Column, width: int, data_type: T.DataType) -> Column:
-    if isinstance(data_type, T.StringType):
-        return F.substring(column, 1, width)
-    if isinstance(data_type, T.BinaryType):
+    if isinstance(data_type, (T.StringType, T.BinaryType)):
         return F.substring(column, 1, width)
     # Integers: v - (((v % W) + W) % W), as Iceberg defines it for negatives too.
     return column - (((column % width) + width) % width)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from pyspark.sql import SparkSession
@@ -53,7 +54,6 @@ def close_sessions() -> None:
 
 
 def _close(session: SparkSession) -> None:
-    try:
+    # The server may be gone already: nothing to release then.
+    with contextlib.suppress(Exception):
         session.client.close()  # marks the client closed: its exit hook then sends nothing
-    except Exception:  # noqa: BLE001 - the server is already gone; nothing to release
-        pass

@@ -51,7 +51,7 @@ def consumer_name(pipeline: str) -> str:
     return f"{PIPELINE_CONSUMER_PREFIX}{pipeline}"
 
 
-def events(batches: list) -> tuple[bytes, int]:  # noqa: ANN001 - pyarrow record batches
+def events(batches: list) -> tuple[bytes, int]:
     """NDJSON events of a page of changes, and how many."""
     lines = []
     for batch in batches:

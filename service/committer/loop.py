@@ -77,7 +77,7 @@ class Committer:
             try:
                 if lease.renew() and self.commits.commit_table(tenant, table, lease):
                     log.info("committer %s committed %s while shutting down", self.name, member)
-            except Exception:  # noqa: BLE001 - what is not committed stays on the stream for the next leader
+            except Exception:
                 log.exception("committer: final commit of %s failed; the next leader will commit it", member)
 
     def tick(self) -> None:
@@ -117,7 +117,7 @@ class Committer:
             metrics.COMMIT_FAILURES.labels(tenant, table, "unavailable").inc()
             log.warning("committer: commit of %s failed (%s); will retry", member, exc)
             self.schedule.record_commit(member, now)  # back off one interval
-        except Exception:  # noqa: BLE001 - one table's failure must not stop the others
+        except Exception:
             metrics.COMMIT_FAILURES.labels(tenant, table, "error").inc()
             log.exception("committer: commit of %s failed; will retry", member)
             self.schedule.record_commit(member, now)  # back off one interval
@@ -129,7 +129,7 @@ class Committer:
         """Put the table's new changes on the input of the pipelines it feeds (committer/feeds.py)."""
         try:
             self.feeds.pump(tenant, table_name, lambda: self.catalog.load_table(table_identifier(self.catalog, tenant, table_name)))
-        except Exception:  # noqa: BLE001 - retried next time; one table's feeds must not stop the others
+        except Exception:
             log.exception("committer: feeding the pipelines of %s/%s failed; will retry", tenant, table_name)
 
     def lease(self, member: str) -> TableLease | None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sqlite3
 from functools import lru_cache
 from pathlib import Path
 
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, create_engine
+from sqlmodel import create_engine
 
 from alembic import command
 
@@ -20,22 +20,24 @@ ALEMBIC_DIR = Path(__file__).resolve().parents[2] / "alembic"
 def get_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record):  # noqa: ANN001 - SQLAlchemy hook
-            # Several processes share the file: WAL lets readers go on while one writes.
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
+        share_sqlite(engine, busy_timeout_ms=30_000)
         return engine
     return create_engine(url, pool_pre_ping=True)
 
 
-def session_scope(url: str) -> Iterator[Session]:
-    with Session(get_engine(url)) as session:
-        yield session
+def share_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    """Set up an SQLite engine for a file several processes share (the metadata DB, the embedded
+    catalog): WAL lets readers go on while one writes, and a busy timeout turns lock contention
+    into short waits instead of "database is locked" failures."""
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        cursor = dbapi_connection.cursor()
+        # The timeout first: switching to WAL takes a lock, and without it a connection opened while
+        # another holds one fails at once ("database is locked": seen with 8 writers starting together).
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
 
 
 def migrate(url: str) -> None:

@@ -11,7 +11,6 @@ on SQLite.
 
 from __future__ import annotations
 
-import sqlite3
 from functools import lru_cache
 
 from pyiceberg.catalog import Catalog, load_catalog
@@ -24,7 +23,6 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.table import Table
-from sqlalchemy import event
 from sqlalchemy.exc import (
     DatabaseError,
     IntegrityError,
@@ -40,6 +38,7 @@ from tenacity import (
 )
 
 from service.core.config import Settings
+from service.core.db import share_sqlite
 from service.core.keys import RESERVED_TABLE_PREFIX
 from service.iceberg.conflicts import retry_on_conflict
 
@@ -103,20 +102,9 @@ def _load(config: dict[str, str]) -> Catalog:
 
 
 def _tune_sqlite(catalog: SqlCatalog, busy_timeout_ms: int) -> None:
-    # Several processes commit to one SQLite file: WAL and a busy timeout turn lock contention
-    # into short waits instead of "database is locked" failures.
-    engine = catalog.engine
-
-    @event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
-        cursor = dbapi_connection.cursor()
-        # The timeout first: switching to WAL takes a lock, and without it a connection opened while
-        # another holds one fails at once ("database is locked": seen with 8 writers starting together).
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.close()
-
-    engine.dispose()
+    # Several processes commit to one SQLite file.
+    share_sqlite(catalog.engine, busy_timeout_ms)
+    catalog.engine.dispose()
 
 
 # Calve's own tables (the DLQ) are named "_calve..." in Calve. Catalogs of the S3 Tables kind (AWS S3

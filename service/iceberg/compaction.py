@@ -19,7 +19,6 @@ from pyiceberg.table import Table
 from service.core.config import Settings
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
-DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Iceberg's bin-pack default)
 
 

@@ -32,7 +32,7 @@ def table_io(transaction: Transaction) -> FileIO:
     return transaction._table.io  # noqa: SLF001
 
 
-def partition_value(statistics: DataFileStatistics, field: PartitionField, schema: Schema) -> Any:  # noqa: ANN401
+def partition_value(statistics: DataFileStatistics, field: PartitionField, schema: Schema) -> Any:
     """A file's value of an order-preserving partition field, from its column statistics: what
     `add_files` does per file. Public replacement: `add_files` accepting every transform, or a
     public `DataFileStatistics.partition`."""

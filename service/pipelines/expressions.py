@@ -55,7 +55,9 @@ ALLOWED_FUNCTIONS = frozenset("""
     from_json to_json json_array_length json_object_keys schema_of_json typeof bit_count bit_get getbit
 """.split())
 # SQL words that an opening parenthesis may follow without being a function call.
-_KEYWORDS_BEFORE_PAREN = frozenset({"and", "or", "not", "in", "when", "then", "else", "case", "is", "between", "like", "rlike", "ilike", "distinct", "interval"})
+_KEYWORDS_BEFORE_PAREN = frozenset({
+    "and", "or", "not", "in", "when", "then", "else", "case", "is", "between", "like", "rlike", "ilike", "distinct", "interval",
+})
 
 
 def check_expression(text: str) -> str:
@@ -88,7 +90,7 @@ def check_expression(text: str) -> str:
     return text
 
 
-def _check_calls(tokens: list) -> None:  # noqa: ANN001 - sqlglot tokens
+def _check_calls(tokens: list) -> None:
     """Every word followed by '(' is an allowed function (checked on the tokens, as written: the
     parsed tree renames many functions), and parentheses nest at most MAX_EXPRESSION_DEPTH deep."""
     depth = 0

@@ -346,6 +346,22 @@ class PipelineDefinition(_Strict):
                 raise SpecError(f"routes.{name}", str(exc)) from None
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _feed_operation(cls, data: Any) -> Any:
+        """A table-sourced pipeline's sinks with identifier columns follow the source's changes,
+        deletes included: their operation defaults to FEED_OPERATION (set on the input, so the
+        validated model is never changed after the fact)."""
+        source = data.get("source") if isinstance(data, dict) else None
+        sinks = data.get("sinks") if isinstance(data, dict) else None
+        if not isinstance(source, dict) or source.get("table") is None or not isinstance(sinks, list):
+            return data
+        return {**data, "sinks": [
+            {**sink, "operation": FEED_OPERATION}
+            if isinstance(sink, dict) and sink.get("operation") is None and sink.get("identifier_columns") is not None else sink
+            for sink in sinks
+        ]}
+
     @model_validator(mode="after")
     def _row_changes(self) -> PipelineDefinition:
         for index, sink in enumerate(self.sinks):
@@ -353,8 +369,6 @@ class PipelineDefinition(_Strict):
             if self.source.table is not None:
                 if sink.table == self.source.table:
                     raise SpecError(f"{where}.table", "a pipeline cannot write the table whose changes it reads")
-                if sink.operation is None and sink.identifier_columns is not None:
-                    sink.operation = FEED_OPERATION  # the copy follows the source's changes, deletes included
             if sink.operation is not None:
                 try:
                     check_expression(sink.operation)

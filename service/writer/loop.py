@@ -83,7 +83,7 @@ class Writer:
                     self._groups.clear()  # Redis lost the group (restarted empty): recreate it
                 log.warning("writer: Redis unavailable (%s); retrying", exc)
                 stop.wait(1.0)
-            except Exception:  # noqa: BLE001 - the entries stay pending and are reclaimed; keep the process
+            except Exception:
                 log.exception("writer: unexpected error; the batch stays pending and will be retried")
                 stop.wait(1.0)
         close_sessions()
@@ -102,7 +102,6 @@ class Writer:
                 stop.wait(0.5)
             return []
         batches: dict[str, Batch] = {}
-        events = size = 0
         deadline = None
         while not stop.is_set():
             if deadline is None:
@@ -118,12 +117,12 @@ class Writer:
                         tenant, pipeline = keys.parse_input_stream_key(stream)
                         batch = batches[stream] = Batch(tenant, pipeline)
                     batch.add(entry)
-                    events += entry.events
-                    size += len(entry.body)
             if not batches:
                 return []
             if deadline is None:
                 deadline = time.monotonic() + self.settings.writer_batch_wait_s
+            events = sum(batch.events for batch in batches.values())
+            size = sum(batch.size for batch in batches.values())
             full = events >= self.settings.writer_batch_events or size >= self.settings.writer_batch_bytes
             if full or time.monotonic() >= deadline:
                 break

@@ -64,16 +64,16 @@ class LeaderRequests:
             self.failed(request, exc)
         return True
 
-    def decode(self, raw: bytes) -> Any:  # noqa: ANN401 - each helper's own request record
+    def decode(self, raw: bytes) -> Any:
         raise NotImplementedError
 
-    def describe(self, request: Any) -> str:  # noqa: ANN401
+    def describe(self, request: Any) -> str:
         raise NotImplementedError
 
-    def run(self, request: Any, scratch: Scratch) -> None:  # noqa: ANN401
+    def run(self, request: Any, scratch: Scratch) -> None:
         raise NotImplementedError
 
-    def failed(self, request: Any, exc: Exception) -> None:  # noqa: ANN401
+    def failed(self, request: Any, exc: Exception) -> None:
         raise NotImplementedError
 
 

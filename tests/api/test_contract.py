@@ -128,6 +128,6 @@ def test_an_oversize_body_from_a_client_that_sends_it_all_first_gets_its_413(sta
         headers={"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/json"},
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=60)  # noqa: S310 - a local test server
+        urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 413
     assert "exceeds the limit" in refused.value.read().decode()

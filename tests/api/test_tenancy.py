@@ -262,7 +262,7 @@ def test_gzip_bomb_and_oversize_stream_keep_the_api_memory_bounded(api: Stack) -
             answer = http.post("/logs", content=bomb, headers=headers)
             assert answer.status_code == 413 and "decompressed body exceeds" in answer.json()["detail"]
 
-        def endless():  # chunked, no Content-Length: only the streaming check can stop it
+        def endless():  # noqa: ANN202 - chunked, no Content-Length: only the streaming check can stop it
             line = b'{"pad":"' + b"x" * 1000 + b'"}\n'
             for _ in range(40_000):  # ~40 MB offered
                 yield line * 16

@@ -114,7 +114,7 @@ def test_crash_between_catalog_commit_and_acknowledgement_is_recovered(stack_fac
     lease = TableLease(stack.redis, "demo", "logs", "first", lease_ms=60_000)
     assert lease.acquire()
 
-    def vanish(*_args, **_kwargs):  # noqa: ANN002, ANN003
+    def vanish(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
         raise SystemExit("committer died after the catalog commit")
 
     monkeypatch.setattr(first.publisher, "mark_committed", vanish)

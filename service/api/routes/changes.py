@@ -41,7 +41,7 @@ ConsumerName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]
 MAX_PAGE = 10_000
 
 
-def _json_value(value: Any) -> Any:  # noqa: ANN401 - whatever a column holds
+def _json_value(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, Decimal):
@@ -59,7 +59,7 @@ def _ndjson(batch: pa.RecordBatch) -> bytes:
 FEED_READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="feed-reader")
 
 
-async def on_feed_reader(fn: Callable[..., Any], *args: Any) -> Any:  # noqa: ANN401 - whatever fn returns
+async def on_feed_reader(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(FEED_READERS, functools.partial(fn, *args))
 
 

@@ -54,7 +54,7 @@ DEFINITION_BODY = {
 class _NoAliasLoader(yaml.SafeLoader):
     """Safe YAML without anchors and aliases: a few aliases can expand into billions of nodes."""
 
-    def compose_node(self, parent, index):  # noqa: ANN001, ANN201
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN202 - yaml.SafeLoader's own hook
         if self.check_event(yaml.AliasEvent):
             raise yaml.YAMLError("anchors and aliases (&, *) are not allowed in pipeline definitions")
         return super().compose_node(parent, index)
