@@ -40,37 +40,23 @@ import re
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.transforms import parse_transform
 from pyiceberg.types import (
-    BinaryType,
-    DateType,
     DoubleType,
     FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    NestedField,
     PrimitiveType,
-    StringType,
-    TimestampType,
-    TimestamptzType,
 )
 
 from service.core.exceptions import DefinitionInvalid, SpecError
 from service.core.keys import DLQ_TABLE, RESERVED_TABLE_PREFIX
 from service.pipelines.expressions import Expression, check_expression
-from service.pipelines.types import EXTRA_FIELDS_TYPE, check_writable, is_extra_fields_type, parse_type, parse_type_numbered
+from service.pipelines.table_schema import Strict, TableSchema, column_name
+from service.pipelines.types import EXTRA_FIELDS_TYPE, is_extra_fields_type
 from service.tenancy.names import RULE, is_valid_name
-from spark_jobs.contract import INTERNAL_PREFIX
 
 DYNAMIC_FIELD = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 PATH_PATTERN = re.compile(r"^/[a-z0-9_\-]+(/[a-z0-9_\-]+)*$")
@@ -79,12 +65,9 @@ RESERVED_PATH_PREFIXES = ("/v1", "/healthz", "/readyz", "/metrics", "/docs", "/o
 MAX_PROCESSORS = 100
 MAX_ROUTES = 50
 MAX_SINKS = 20
-TIME_TRANSFORMS = ("year", "month", "day", "hour")
-MAX_BUCKETS = 2**31 - 1
 MAX_FILE_SIZE = 2**34  # 16 GiB
 MAX_IDENTIFIER_COLUMNS = 8
 MIN_FILE_SIZE = 2**20  # 1 MiB
-
 
 
 # -- the definition -------------------------------------------------------------------------
@@ -101,11 +84,7 @@ def is_reserved_path(path: str) -> bool:
     return any(path == prefix or path.startswith(prefix + "/") for prefix in RESERVED_PATH_PREFIXES) or path.endswith("/_bulk")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class HttpSource(_Strict):
+class HttpSource(Strict):
     path: str
 
     @field_validator("path")
@@ -118,7 +97,7 @@ class HttpSource(_Strict):
         return value
 
 
-class Source(_Strict):
+class Source(Strict):
     """Where a pipeline's events come from: HTTP requests to a path, or the change feed of one of
     the tenant's tables (each changed row an event, its change as the operation)."""
 
@@ -140,7 +119,7 @@ class Source(_Strict):
         return self
 
 
-class Processor(_Strict):
+class Processor(Strict):
     """Exactly one of: where (keep matching rows), set, drop, rename."""
 
     where: Expression | None = None
@@ -156,13 +135,13 @@ class Processor(_Strict):
         if self.where is not None:
             check_expression(self.where)
         for column, expression in (self.set or {}).items():
-            _column_name(column)
+            column_name(column)
             check_expression(expression)
         for column in self.drop or []:
-            _column_name(column)
+            column_name(column)
         for old, new in (self.rename or {}).items():
-            _column_name(old)
-            _column_name(new)
+            column_name(old)
+            column_name(new)
         return self
 
     @property
@@ -170,99 +149,7 @@ class Processor(_Strict):
         return next(name for name in ("where", "set", "drop", "rename") if getattr(self, name) is not None)
 
 
-
-
-def _column_name(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
-        raise ValueError(f"invalid column name {name!r}: letters, digits and '_', not starting with a digit")
-    if name.lower().startswith(INTERNAL_PREFIX):
-        raise ValueError(f"names starting with {INTERNAL_PREFIX!r} are Calve's own (receipts, routing)")
-    return name
-
-
-class Column(_Strict):
-    name: str
-    type: str
-    required: bool = False
-    doc: str | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _column_name(value)
-
-    @field_validator("type")
-    @classmethod
-    def _type(cls, value: str) -> str:
-        check_writable(parse_type(value))
-        return value
-
-    def iceberg_type(self) -> IcebergType:
-        return parse_type(self.type)
-
-
-class PartitionFieldSpec(_Strict):
-    column: str
-    transform: str = "identity"
-
-    @field_validator("transform")
-    @classmethod
-    def _transform(cls, value: str) -> str:
-        value = value.strip().lower()
-        if value in ("identity", *TIME_TRANSFORMS):
-            return value
-        match = re.fullmatch(r"(bucket|truncate)\[(\d+)\]", value)
-        if match and 0 < int(match.group(2)) <= MAX_BUCKETS:
-            return value
-        raise ValueError(f"unknown transform {value!r}; use identity, year, month, day, hour, bucket[N] or truncate[N]")
-
-
-class TableSchema(_Strict):
-    columns: list[Column] = Field(min_length=1)
-    partition_spec: list[PartitionFieldSpec] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TableSchema:
-        names = [column.name for column in self.columns]
-        duplicated = sorted({name for name in names if names.count(name) > 1})
-        if duplicated:
-            raise ValueError(f"columns named twice: {duplicated}")
-        types = {column.name: column.iceberg_type() for column in self.columns}
-        for index, field in enumerate(self.partition_spec):
-            if field.column not in types:
-                raise ValueError(f"partition_spec[{index}]: no column {field.column!r} in the schema")
-            column_type = types[field.column]
-            if not isinstance(column_type, PrimitiveType):
-                raise ValueError(f"partition_spec[{index}]: {field.column!r} is {column_type}; partition on a primitive column")
-            if field.transform in TIME_TRANSFORMS and not isinstance(column_type, (DateType, TimestampType, TimestamptzType)):
-                raise ValueError(f"partition_spec[{index}]: {field.transform} needs a date or timestamp column, {field.column!r} is {column_type}")
-            if field.transform.startswith("truncate") and not isinstance(column_type, (IntegerType, LongType, StringType, BinaryType)):
-                raise ValueError(f"partition_spec[{index}]: truncate needs an int, long, string or binary column")
-            bucketable = (IntegerType, LongType, DateType, TimestampType, TimestamptzType, StringType, BinaryType)
-            if field.transform.startswith("bucket") and not isinstance(column_type, bucketable):
-                raise ValueError(f"partition_spec[{index}]: bucket needs an int, long, date, timestamp, string or binary column")
-        return self
-
-    def iceberg_schema(self) -> Schema:
-        """Top-level ids 1..n, nested ids after them (the catalog assigns its own on creation anyway)."""
-        next_id = len(self.columns)
-        fields = []
-        for index, column in enumerate(self.columns, start=1):
-            column_type, next_id = parse_type_numbered(column.type, next_id)
-            fields.append(NestedField(index, column.name, column_type, required=column.required, doc=column.doc))
-        return Schema(*fields)
-
-    def iceberg_partition_spec(self, schema: Schema) -> PartitionSpec:
-        return PartitionSpec(*[
-            PartitionField(
-                source_id=schema.find_field(field.column).field_id, field_id=1000 + index,
-                transform=parse_transform(field.transform), name=f"{field.column}_{field.transform.split('[')[0]}",
-            )
-            for index, field in enumerate(self.partition_spec)
-        ])
-
-
-class Sink(_Strict):
+class Sink(Strict):
     table: str
     routes: list[str] = Field(default_factory=list)
     auto_create: bool = False
@@ -303,7 +190,7 @@ class Sink(_Strict):
     @field_validator("extra_fields")
     @classmethod
     def _extra_fields(cls, value: str | None) -> str | None:
-        return None if value is None else _column_name(value)
+        return None if value is None else column_name(value)
 
     @property
     def dynamic(self) -> bool:
@@ -320,7 +207,7 @@ class Sink(_Strict):
         return self
 
 
-class PipelineDefinition(_Strict):
+class PipelineDefinition(Strict):
     name: str
     source: Source
     processors: list[Processor] = Field(default_factory=list, max_length=MAX_PROCESSORS)
