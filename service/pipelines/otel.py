@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,10 @@ OTEL_LOGS_SCHEMA = {
     "partition_spec": [{"column": "timestamp", "transform": "day"}],
 }
 _ID_FIELDS = ("traceId", "spanId", "trace_id", "span_id")
+_ANY_VALUE_KEYS = frozenset({
+    "stringValue", "boolValue", "intValue", "doubleValue", "arrayValue", "kvlistValue", "bytesValue",
+    "string_value", "bool_value", "int_value", "double_value", "array_value", "kvlist_value", "bytes_value",
+})
 
 
 def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:
@@ -61,6 +66,7 @@ def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:
     if not isinstance(document, dict):
         raise OtlpError("the body is not an OTLP ExportLogsServiceRequest: a JSON object with resourceLogs")
     _hex_ids_to_base64(document)
+    _bodies_as_any_values(document)
     try:
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
     except (json_format.ParseError, RecursionError) as exc:
@@ -68,18 +74,44 @@ def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:
     return request
 
 
-def _hex_ids_to_base64(document: dict) -> None:
-    """OTLP/JSON writes trace and span ids in hex where protobuf's JSON mapping reads base64."""
+def _records(document: dict) -> Iterator[dict]:
+    """The log records of an OTLP/JSON document, as objects."""
     for resource_logs in _objects(document.get("resourceLogs", document.get("resource_logs"))):
         for scope_logs in _objects(resource_logs.get("scopeLogs", resource_logs.get("scope_logs"))):
-            for record in _objects(scope_logs.get("logRecords", scope_logs.get("log_records"))):
-                for name in _ID_FIELDS:
-                    value = record.get(name)
-                    if isinstance(value, str) and value:
-                        try:
-                            record[name] = base64.b64encode(bytes.fromhex(value)).decode()
-                        except ValueError:
-                            raise OtlpError(f"{name} {value[:64]!r} is not hex") from None
+            yield from _objects(scope_logs.get("logRecords", scope_logs.get("log_records")))
+
+
+def _bodies_as_any_values(document: dict) -> None:
+    """A record's body as an AnyValue, as protobuf's JSON mapping reads it. Hand-written senders
+    put the value itself there ("body": "text"): kept as that value (numbers and booleans as
+    theirs, anything else as its JSON text), never as an empty AnyValue, which would read as no
+    value at all. An empty object is no value: the row's body is NULL."""
+    for record in _records(document):
+        body = record.get("body")
+        if body is None or (isinstance(body, dict) and any(key in body for key in _ANY_VALUE_KEYS)):
+            continue
+        if isinstance(body, dict) and not body:
+            del record["body"]
+        elif isinstance(body, bool):
+            record["body"] = {"boolValue": body}
+        elif isinstance(body, int):
+            record["body"] = {"intValue": str(body)} if -(2**63) <= body < 2**63 else {"stringValue": str(body)}
+        elif isinstance(body, float):
+            record["body"] = {"doubleValue": body}
+        else:
+            record["body"] = {"stringValue": body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)}
+
+
+def _hex_ids_to_base64(document: dict) -> None:
+    """OTLP/JSON writes trace and span ids in hex where protobuf's JSON mapping reads base64."""
+    for record in _records(document):
+        for name in _ID_FIELDS:
+            value = record.get(name)
+            if isinstance(value, str) and value:
+                try:
+                    record[name] = base64.b64encode(bytes.fromhex(value)).decode()
+                except ValueError:
+                    raise OtlpError(f"{name} {value[:64]!r} is not hex") from None
 
 
 def _objects(value: Any) -> list[dict]:
@@ -100,7 +132,8 @@ def events(request: ExportLogsServiceRequest, received_ns: int) -> Iterator[dict
                     "observed_timestamp": _iso(observed) if observed else None,
                     "severity_number": record.severity_number or None,
                     "severity_text": record.severity_text or None,
-                    "body": _text(record.body) if record.HasField("body") else None,
+                    # An AnyValue holding nothing is no body (NULL), never the text "null".
+                    "body": _text(record.body) if record.body.WhichOneof("value") is not None else None,
                     "attributes": _attributes(record.attributes),
                     "resource_attributes": resource,
                     "scope_name": scope.name or None,

@@ -122,6 +122,18 @@ def test_otlp_json_and_protobuf_log_records_become_events_of_the_otel_logs_pipel
     assert last_events(client, "otel_logs") == [first, second]
 
 
+def test_an_otlp_body_that_is_not_an_any_value_is_kept_as_sent_never_as_the_text_null(app_client, redis_url: str) -> None:  # noqa: ANN001
+    """Hand-written senders put the value itself in "body"; an empty AnyValue is no body at all."""
+    client = redis.Redis.from_url(redis_url)
+    bodies = ["hello bare string", 42, True, 1.5, ["a", 1], {"message": "x"}, {}, {"stringValue": "as OTLP says"}]
+    records = [{"timeUnixNano": "1764000000123456789", "body": body} for body in bodies]
+    document = {"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]}
+    answer = app_client.post("/otlp/v1/logs", content=orjson.dumps(document), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200 and answer.json() == {}, answer.text
+    kept = [event.get("body") for event in last_events(client, "otel_logs")]
+    assert kept == ["hello bare string", "42", "true", "1.5", '["a",1]', '{"message":"x"}', None, "as OTLP says"]
+
+
 def test_otlp_bodies_that_are_not_log_exports_are_400_and_nothing_is_buffered(app_client, redis_url: str) -> None:  # noqa: ANN001
     client = redis.Redis.from_url(redis_url)
     before = client.xlen(keys.input_stream_key("demo", "otel_logs"))
