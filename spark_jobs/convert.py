@@ -62,16 +62,21 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
 
 
 def dropped_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool) -> Column:
-    """The names of the event's top-level fields that no column of the table takes (and no
-    operation reads): what writing the row loses, said in the receipt instead of silently."""
+    """The names of the event's fields that no column of the table takes (and no operation
+    reads), top-level ones and those inside objects a struct column lacks (`user.email`): what
+    writing the row loses, said in the receipt instead of silently."""
     taken = [*target.schema.names, *consumed]
     if parsed_with_table_schema:
         # Parsed with the table's own fields, the others were never read: look at the keys.
-        return F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast(NO_NAMES)), F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES))
-    extra = [c for c in rows.columns if not c.startswith(INTERNAL) and c not in taken]
-    if not extra:
+        top = F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast(NO_NAMES)), F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES))
+    else:
+        extra = [c for c in rows.columns if not c.startswith(INTERNAL) and c not in taken]
+        top = F.filter(F.array(*[F.when(F.col(c).isNotNull(), F.lit(c)) for c in extra]), lambda name: name.isNotNull()) if extra else None
+    nested = nested_extra_fields(rows, target, parsed_with_table_schema)
+    names = [part for part in (top, F.map_keys(F.coalesce(nested, _empty_map())) if nested is not None else None) if part is not None]
+    if not names:
         return F.array().cast(NO_NAMES)
-    return F.filter(F.array(*[F.when(F.col(c).isNotNull(), F.lit(c)) for c in extra]), lambda name: name.isNotNull())
+    return names[0] if len(names) == 1 else F.concat(*names)
 
 
 def extra_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool) -> Column:
@@ -81,17 +86,107 @@ def extra_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_wi
     if parsed_with_table_schema:
         # Parsed with the table's own fields, the others were never read: parse them as text,
         # only for the events that have any (listing the keys costs less than the map).
-        names = F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES)
-        others = F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast(NO_NAMES)), names)
-        fields = F.from_json(F.col(EVENT), T.MapType(T.StringType(), T.StringType()))
-        kept = F.when(F.size(others) > 0, F.map_filter(fields, lambda k, v: v.isNotNull() & ~F.array_contains(names, k)))
+        kept = _unread_fields(EVENT_ROOT, list(taken))
     else:
         types = {f.name: f.dataType for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken}
-        if not types:
-            return F.lit(None).cast("map<string,string>")
-        entries = F.array(*[F.struct(F.lit(name).alias("key"), as_text(F.col(name), data_type).alias("value")) for name, data_type in types.items()])
-        kept = F.map_from_entries(F.filter(entries, lambda entry: entry["value"].isNotNull()))
+        kept = _entries_map([(name, F.col(name), data_type) for name, data_type in types.items()]) if types else None
+    nested = nested_extra_fields(rows, target, parsed_with_table_schema)
+    if nested is not None:
+        # Fields a struct column lacks, under their dotted path (`user.email`); a top-level field
+        # spelled the same way keeps its own value.
+        kept = nested if kept is None else F.map_concat(
+            F.coalesce(kept, _empty_map()), F.map_filter(nested, lambda k, _v: ~F.map_contains_key(F.coalesce(kept, _empty_map()), k)),
+        )
+    if kept is None:
+        return F.lit(None).cast(TEXT_MAP)
     return F.when(F.size(kept) > 0, kept)
+
+
+EVENT_ROOT: tuple[str, ...] = ()
+TEXT_MAP = "map<string,string>"
+
+
+def _empty_map() -> Column:
+    return F.create_map().cast(TEXT_MAP)
+
+
+def _json_at(path: tuple[str, ...]) -> Column:
+    """The JSON text of the event's value at `path` (the whole event at the root)."""
+    if not path:
+        return F.col(EVENT)
+    return F.get_json_object(F.col(EVENT), "$" + "".join(f"['{name}']" for name in path))
+
+
+def _unread_fields(path: tuple[str, ...], taken: list[str]) -> Column:
+    """The non-null fields of the event's object at `path` other than `taken`, as a map of their
+    JSON text (strings as they are) keyed by their dotted path below the root; NULL for events
+    that have none (listing the keys costs less than the map, so the map is built only then)."""
+    text = _json_at(path)
+    names = F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES)
+    others = F.array_except(F.coalesce(F.json_object_keys(text), F.array().cast(NO_NAMES)), names)
+    fields = F.map_filter(F.from_json(text, T.MapType(T.StringType(), T.StringType())), lambda k, v: v.isNotNull() & ~F.array_contains(names, k))
+    if path:
+        prefix = ".".join(path) + "."
+        fields = F.transform_keys(fields, lambda k, _v: F.concat(F.lit(prefix), k))
+    return F.when(F.size(others) > 0, fields)
+
+
+def _entries_map(entries: list[tuple[str, Column, T.DataType]]) -> Column:
+    """A map of (name, value as text) of the non-null values."""
+    structs = F.array(*[F.struct(F.lit(name).alias("key"), as_text(value, data_type).alias("value")) for name, value, data_type in entries])
+    return F.map_from_entries(F.filter(structs, lambda entry: entry["value"].isNotNull()))
+
+
+def _struct_paths(data_type: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], T.StructType]]:
+    """Every struct at `path` and below it (through structs only: a list's or map's elements are not followed)."""
+    if not isinstance(data_type, T.StructType):
+        return []
+    found = [(path, data_type)]
+    for field in data_type.fields:
+        found += _struct_paths(field.dataType, (*path, field.name))
+    return found
+
+
+def _missing_from(source: T.DataType, target: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], T.DataType]]:
+    """The fields of a parsed struct (`source`) its column's struct type (`target`) lacks, at any depth."""
+    if not isinstance(source, T.StructType) or not isinstance(target, T.StructType):
+        return []
+    missing = []
+    for field in source.fields:
+        if field.name not in target.fieldNames():
+            missing.append(((*path, field.name), field.dataType))
+        else:
+            missing += _missing_from(field.dataType, target[field.name].dataType, (*path, field.name))
+    return missing
+
+
+def nested_extra_fields(rows: DataFrame, target: Target, parsed_with_table_schema: bool) -> Column | None:
+    """The fields inside the event's objects that the table's struct columns lack, as a map of
+    their JSON text keyed by their dotted path (`user.email`); None when the table has no struct
+    column (or, parsed with the batch's own types, when no event had such a field)."""
+    columns = [f for f in from_arrow_schema(target.schema).fields if f.name != target.extra_fields]
+    if parsed_with_table_schema:
+        maps = [
+            _unread_fields(path, struct.fieldNames())
+            for column in columns for path, struct in _struct_paths(column.dataType, (column.name,))
+            if all("'" not in name for name in path)
+        ]
+        return F.map_concat(*[F.coalesce(m, _empty_map()) for m in maps]) if maps else None
+    source_types = {f.name: f.dataType for f in rows.schema.fields}
+    missing = [
+        (path, data_type) for column in columns if column.name in source_types
+        for path, data_type in _missing_from(source_types[column.name], column.dataType, (column.name,))
+    ]
+    if not missing:
+        return None
+    return _entries_map([(".".join(path), _field_at(path), data_type) for path, data_type in missing])
+
+
+def _field_at(path: tuple[str, ...]) -> Column:
+    value = F.col(path[0])
+    for name in path[1:]:
+        value = value.getField(name)
+    return value
 
 
 def as_text(column: Column, data_type: T.DataType) -> Column:

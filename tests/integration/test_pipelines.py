@@ -479,3 +479,30 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
     assert 'calve_events_with_dropped_fields_total{pipeline="trimmed",tenant="demo"} 1.0' in text
     assert 'calve_events_with_dropped_fields_total{pipeline="logs"' not in text
     assert 'calve_events_with_dropped_fields_total{pipeline="kept",tenant="demo"} 1.0' in text, "only before extra_fields"
+
+
+def test_fields_a_struct_column_lacks_are_kept_under_their_path_or_named_never_lost(stack: Stack) -> None:
+    """Inside an object, a field its struct column lacks is kept in the sink's extra_fields map
+    under its dotted path (`user.email`), or named in the answer where the sink has none; whether
+    the events were parsed with the batch's own types or with the table's schema."""
+    columns = [{"name": "id", "type": "string", "required": True}, {"name": "user", "type": "struct<geo: string, name: string>"}]
+    create(stack, {"name": "nested", "source": {"http": {"path": "/nested"}},
+                   "sinks": [{"table": "nested", "auto_create": True, "extra_fields": "rest", "schema": {"columns": columns}}]})
+    # The first request creates the table, its events' types inferred; the second is parsed with
+    # the table's schema, which never reads the other fields.
+    send(stack, "/nested", [{"id": "n1", "user": {"name": "bob", "email": "bob@example.org"}}])
+    send(stack, "/nested", [{"id": "n2", "user": {"name": "ann", "geo": "fr", "email": "ann@example.org", "tags": [1]}, "top": 1}])
+    create(stack, {"name": "nested_processed", "source": {"http": {"path": "/nested-processed"}}, "processors": [{"where": "id IS NOT NULL"}],
+                   "sinks": [{"table": "nested", "extra_fields": "rest"}]})
+    send(stack, "/nested-processed", [{"id": "n3", "user": {"name": "cy", "age": 7}}])
+    assert {r["id"]: (r["user"], r["rest"] and dict(r["rest"])) for r in stack.rows("nested")} == {
+        "n1": ({"geo": None, "name": "bob"}, {"user.email": "bob@example.org"}),
+        "n2": ({"geo": "fr", "name": "ann"}, {"user.email": "ann@example.org", "user.tags": "[1]", "top": "1"}),
+        "n3": ({"geo": None, "name": "cy"}, {"user.age": "7"}),
+    }
+
+    create(stack, {"name": "named", "source": {"http": {"path": "/named"}},
+                   "sinks": [{"table": "named", "auto_create": True, "schema": {"columns": columns}}]})
+    for _ in range(2):  # inferred, then the table's schema
+        answer = send(stack, "/named", [{"id": "m", "user": {"name": "bob", "email": "bob@example.org"}}])
+        assert answer["tables"]["named"]["dropped_fields"] == ["user.email"], answer
