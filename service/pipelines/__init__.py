@@ -1,1 +1,3 @@
-"""Pipeline definitions: the model and its checks (spec.py), and the versioned store (store.py)."""
+"""Pipeline definitions: the model (spec.py) with its expression checks (expressions.py), type
+grammar (types.py) and declared table schemas (table_schema.py); the versioned store (store.py);
+the built-in pipelines of the shippers' protocols (otel.py, loki.py)."""
