@@ -45,7 +45,7 @@ class ChangeApplier(LeaderRequests):
     def describe(self, request: ApplyRequest) -> str:
         return f"the changes of {request.tenant}.{request.table}"
 
-    def run(self, request: ApplyRequest, scratch: Scratch) -> None:
+    def run(self, request: ApplyRequest, scratch: Scratch) -> tuple[ApplyResult, float]:
         started = time.perf_counter()
         table = load_table(self.catalog, request.tenant, request.table)
         if table is None:
@@ -62,10 +62,14 @@ class ChangeApplier(LeaderRequests):
         candidates = self._candidates(table, request, spark, entries, target)
         applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
         result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts)
+        return result, time.perf_counter() - started
+
+    def finish(self, request: ApplyRequest, outcome: tuple[ApplyResult, float]) -> None:
+        result, seconds = outcome
         self._answer(request, result)
-        metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(time.perf_counter() - started)
+        metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(seconds)
         log.info("writer %s applied %d change entries to %s.%s in %.2f s: %d files replaced by %d", self.name,
-                 len(request.entries), request.tenant, request.table, time.perf_counter() - started, len(result.removes), len(result.adds))
+                 len(request.entries), request.tenant, request.table, seconds, len(result.removes), len(result.adds))
 
     def failed(self, request: ApplyRequest, exc: Exception) -> None:
         """The leader sees the error and counts it as a failed commit."""

@@ -30,7 +30,7 @@ class FeedDiffer(LeaderRequests):
     def describe(self, request: DiffRequest) -> str:
         return f"the feed diff of {request.tenant}.{request.table}"
 
-    def run(self, request: DiffRequest, scratch: Scratch) -> None:
+    def run(self, request: DiffRequest, scratch: Scratch) -> tuple[DiffResult, float]:
         started = time.perf_counter()
         table = load_table(self.catalog, request.tenant, request.table)
         snapshot = table.metadata.snapshot_by_id(request.snapshot_id) if table is not None else None
@@ -47,9 +47,13 @@ class FeedDiffer(LeaderRequests):
             store, location = locate(path, self.io)
             with store.open_input_file(location) as stream:
                 rows += pq.ParquetFile(stream).metadata.num_rows
-        self._answer(request, DiffResult(request.request, paths, rows))
+        return DiffResult(request.request, paths, rows), time.perf_counter() - started
+
+    def finish(self, request: DiffRequest, outcome: tuple[DiffResult, float]) -> None:
+        result, seconds = outcome
+        self._answer(request, result)
         log.info("writer %s diffed snapshot %s of %s.%s in %.2f s: %d change rows", self.name, request.snapshot_id,
-                 request.tenant, request.table, time.perf_counter() - started, rows)
+                 request.tenant, request.table, seconds, result.rows)
 
     def failed(self, request: DiffRequest, exc: Exception) -> None:
         """The reader computes the changes itself then."""

@@ -1,9 +1,12 @@
 """Work a table's leader hands to the writers on a Redis list: one request at a time, between
 batches (compaction.py, changes.py, diffs.py).
 
-Each helper says how to run a request and what its failure means; the try, the clean-up of what
-it wrote, and the outage policy are here once: a Spark outage is no fault of the request, which
-goes back on the queue while the writer waits (waking at once when it is told to stop).
+Each helper says how to run a request (`run`: the Spark job and what it wrote), how to hand its
+outcome over (`finish`), and what a failure means (`failed`); the try, the clean-up of what a
+failed run wrote, and the outage policy are here once. `finish` is outside the try: a Redis
+error while answering must not delete files the answer may already name (as before the
+helpers shared this base). A Spark outage is no fault of the request, which goes back on the
+queue while the writer waits (waking at once when it is told to stop).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class LeaderRequests:
         request = self.decode(raw)
         scratch = Scratch()
         try:
-            self.run(request, scratch)
+            outcome = self.run(request, scratch)
         except Exception as exc:  # noqa: BLE001 - each helper's `failed` says what a failure means
             if scratch.directory is not None:
                 delete_files(list_data_files(scratch.directory, self.io), self.io)
@@ -62,6 +65,8 @@ class LeaderRequests:
                 stop.wait(OUTAGE_BACKOFF_S)
                 return True
             self.failed(request, exc)
+            return True
+        self.finish(request, outcome)
         return True
 
     def decode(self, raw: bytes) -> Any:
