@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,8 +64,9 @@ def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:
         raise OtlpError(f"the body is not JSON: {exc}") from None
     if not isinstance(document, dict):
         raise OtlpError("the body is not an OTLP ExportLogsServiceRequest: a JSON object with resourceLogs")
-    _hex_ids_to_base64(document)
-    _bodies_as_any_values(document)
+    for record in _records(document):
+        _hex_ids_to_base64(record)
+        _body_as_any_value(record)
     try:
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
     except (json_format.ParseError, RecursionError) as exc:
@@ -81,37 +81,35 @@ def _records(document: dict) -> Iterator[dict]:
             yield from _objects(scope_logs.get("logRecords", scope_logs.get("log_records")))
 
 
-def _bodies_as_any_values(document: dict) -> None:
+def _body_as_any_value(record: dict) -> None:
     """A record's body as an AnyValue, as protobuf's JSON mapping reads it. Hand-written senders
     put the value itself there ("body": "text"): kept as that value (numbers and booleans as
     theirs, anything else as its JSON text), never as an empty AnyValue, which would read as no
     value at all. An empty object is no value: the row's body is NULL."""
-    for record in _records(document):
-        body = record.get("body")
-        if body is None or (isinstance(body, dict) and any(key in body for key in _ANY_VALUE_KEYS)):
-            continue
-        if isinstance(body, dict) and not body:
-            del record["body"]
-        elif isinstance(body, bool):
-            record["body"] = {"boolValue": body}
-        elif isinstance(body, int):
-            record["body"] = {"intValue": str(body)} if -(2**63) <= body < 2**63 else {"stringValue": str(body)}
-        elif isinstance(body, float):
-            record["body"] = {"doubleValue": body}
-        else:
-            record["body"] = {"stringValue": body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)}
+    body = record.get("body")
+    if body is None or (isinstance(body, dict) and any(key in body for key in _ANY_VALUE_KEYS)):
+        return
+    if isinstance(body, dict) and not body:
+        del record["body"]
+    elif isinstance(body, bool):
+        record["body"] = {"boolValue": body}
+    elif isinstance(body, int):  # orjson reads up to 2**64 - 1; intValue holds an int64
+        record["body"] = {"intValue": str(body)} if -(2**63) <= body < 2**63 else {"stringValue": str(body)}
+    elif isinstance(body, float):
+        record["body"] = {"doubleValue": body}
+    else:
+        record["body"] = {"stringValue": body if isinstance(body, str) else orjson.dumps(body).decode()}
 
 
-def _hex_ids_to_base64(document: dict) -> None:
+def _hex_ids_to_base64(record: dict) -> None:
     """OTLP/JSON writes trace and span ids in hex where protobuf's JSON mapping reads base64."""
-    for record in _records(document):
-        for name in _ID_FIELDS:
-            value = record.get(name)
-            if isinstance(value, str) and value:
-                try:
-                    record[name] = base64.b64encode(bytes.fromhex(value)).decode()
-                except ValueError:
-                    raise OtlpError(f"{name} {value[:64]!r} is not hex") from None
+    for name in _ID_FIELDS:
+        value = record.get(name)
+        if isinstance(value, str) and value:
+            try:
+                record[name] = base64.b64encode(bytes.fromhex(value)).decode()
+            except ValueError:
+                raise OtlpError(f"{name} {value[:64]!r} is not hex") from None
 
 
 def _objects(value: Any) -> list[dict]:
