@@ -68,46 +68,45 @@ def dropped_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_
     taken = [*target.schema.names, *consumed]
     if parsed_with_table_schema:
         # Parsed with the table's own fields, the others were never read: look at the keys.
-        top = F.array_except(F.coalesce(F.json_object_keys(EVENT), F.array().cast(NO_NAMES)), F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES))
+        parts = [_other_keys(path, names) for path, names in [(ROOT, taken), *_struct_paths(target)]]
     else:
-        extra = [c for c in rows.columns if not c.startswith(INTERNAL) and c not in taken]
-        top = F.filter(F.array(*[F.when(F.col(c).isNotNull(), F.lit(c)) for c in extra]), lambda name: name.isNotNull()) if extra else None
-    nested = nested_extra_fields(rows, target, parsed_with_table_schema)
-    names = [part for part in (top, F.map_keys(F.coalesce(nested, _empty_map())) if nested is not None else None) if part is not None]
-    if not names:
+        entries = [(name, value) for name, value, _type in [*_unparsed_columns(rows, taken), *_missing_fields(rows, target)]]
+        parts = [F.filter(F.array(*[F.when(value.isNotNull(), F.lit(name)) for name, value in entries]), lambda n: n.isNotNull())] if entries else []
+    if not parts:
         return F.array().cast(NO_NAMES)
-    return names[0] if len(names) == 1 else F.concat(*names)
+    return parts[0] if len(parts) == 1 else F.concat(*parts)  # a name twice is counted once (PipelineJob._counts)
 
 
 def extra_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool) -> Column:
-    """The event's top-level fields that no other column of the table takes (and no operation
-    reads), non-null ones, as a map of their JSON text (strings as they are); NULL when none."""
-    taken = {*[n for n in target.schema.names if n != target.extra_fields], *consumed}
+    """The event's fields that no other column of the table takes (and no operation reads),
+    non-null ones, as a map of their JSON text (strings as they are); NULL when none. Fields inside
+    an object that its struct column lacks are there under their dotted path (`user.email`)."""
+    taken = [n for n in target.schema.names if n != target.extra_fields] + [n for n in consumed if n not in target.schema.names]
     if parsed_with_table_schema:
-        # Parsed with the table's own fields, the others were never read: parse them as text,
-        # only for the events that have any (listing the keys costs less than the map).
-        kept = _unread_fields(EVENT_ROOT, list(taken))
+        # Parsed with the table's own fields, the others were never read: parse them as text.
+        maps = [_unread_fields(path, names) for path, names in [(ROOT, taken), *_struct_paths(target)]]
     else:
-        types = {f.name: f.dataType for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken}
-        kept = _entries_map([(name, F.col(name), data_type) for name, data_type in types.items()]) if types else None
-    nested = nested_extra_fields(rows, target, parsed_with_table_schema)
-    if nested is not None:
-        # Fields a struct column lacks, under their dotted path (`user.email`); a top-level field
-        # spelled the same way keeps its own value.
-        kept = nested if kept is None else F.map_concat(
-            F.coalesce(kept, _empty_map()), F.map_filter(nested, lambda k, _v: ~F.map_contains_key(F.coalesce(kept, _empty_map()), k)),
-        )
-    if kept is None:
+        maps = [_entries_map(entries) for entries in (_unparsed_columns(rows, taken), _missing_fields(rows, target)) if entries]
+    if not maps:
         return F.lit(None).cast(TEXT_MAP)
+    if len(maps) == 1:
+        kept = maps[0]
+    else:
+        # A top-level field spelled like a nested path (`"user.email": ...`) keeps its own value:
+        # the first entry of a key wins (a map with a key twice would fail the whole batch).
+        # One fold over the entries: a lambda that read `entries` again would compute them again.
+        entries = F.concat(*[F.map_entries(F.coalesce(m, F.create_map().cast(TEXT_MAP))) for m in maps])
+        kept = F.map_from_entries(F.aggregate(
+            entries, F.array().cast(ENTRIES),
+            lambda firsts, entry: F.when(F.exists(firsts, lambda first: first["key"] == entry["key"]), firsts).otherwise(
+                F.concat(firsts, F.array(entry))),
+        ))
     return F.when(F.size(kept) > 0, kept)
 
 
-EVENT_ROOT: tuple[str, ...] = ()
+ROOT: tuple[str, ...] = ()
 TEXT_MAP = "map<string,string>"
-
-
-def _empty_map() -> Column:
-    return F.create_map().cast(TEXT_MAP)
+ENTRIES = "array<struct<key:string,value:string>>"
 
 
 def _json_at(path: tuple[str, ...]) -> Column:
@@ -115,6 +114,14 @@ def _json_at(path: tuple[str, ...]) -> Column:
     if not path:
         return F.col(EVENT)
     return F.get_json_object(F.col(EVENT), "$" + "".join(f"['{name}']" for name in path))
+
+
+def _other_keys(path: tuple[str, ...], taken: list[str]) -> Column:
+    """The keys of the event's object at `path` other than `taken`, as dotted paths below the
+    root (an empty array where the value is no object)."""
+    names = F.array(*[F.lit(n) for n in taken]).cast(NO_NAMES)
+    others = F.array_except(F.coalesce(F.json_object_keys(_json_at(path)), F.array().cast(NO_NAMES)), names)
+    return F.transform(others, lambda k: F.concat(F.lit(".".join(path) + "."), k)) if path else others
 
 
 def _unread_fields(path: tuple[str, ...], taken: list[str]) -> Column:
@@ -137,49 +144,46 @@ def _entries_map(entries: list[tuple[str, Column, T.DataType]]) -> Column:
     return F.map_from_entries(F.filter(structs, lambda entry: entry["value"].isNotNull()))
 
 
-def _struct_paths(data_type: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], T.StructType]]:
-    """Every struct at `path` and below it (through structs only: a list's or map's elements are not followed)."""
-    if not isinstance(data_type, T.StructType):
-        return []
-    found = [(path, data_type)]
-    for field in data_type.fields:
-        found += _struct_paths(field.dataType, (*path, field.name))
-    return found
+def _unparsed_columns(rows: DataFrame, taken: list[str]) -> list[tuple[str, Column, T.DataType]]:
+    """The batch's top-level fields (parsed with its own types) that no column takes."""
+    return [(f.name, F.col(f.name), f.dataType) for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken]
 
 
-def _missing_from(source: T.DataType, target: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], T.DataType]]:
-    """The fields of a parsed struct (`source`) its column's struct type (`target`) lacks, at any depth."""
-    if not isinstance(source, T.StructType) or not isinstance(target, T.StructType):
-        return []
-    missing = []
-    for field in source.fields:
-        if field.name not in target.fieldNames():
-            missing.append(((*path, field.name), field.dataType))
-        else:
-            missing += _missing_from(field.dataType, target[field.name].dataType, (*path, field.name))
-    return missing
+def _struct_paths(target: Target) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Every struct of the table's columns, at any depth through structs (a list's or map's
+    elements are not followed), as (path, its field names). Paths a JSONPath cannot quote are left out."""
+    def below(data_type: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[str]]]:
+        if not isinstance(data_type, T.StructType):
+            return []
+        found = [(path, data_type.fieldNames())]
+        for field in data_type.fields:
+            found += below(field.dataType, (*path, field.name))
+        return found
 
-
-def nested_extra_fields(rows: DataFrame, target: Target, parsed_with_table_schema: bool) -> Column | None:
-    """The fields inside the event's objects that the table's struct columns lack, as a map of
-    their JSON text keyed by their dotted path (`user.email`); None when the table has no struct
-    column (or, parsed with the batch's own types, when no event had such a field)."""
     columns = [f for f in from_arrow_schema(target.schema).fields if f.name != target.extra_fields]
-    if parsed_with_table_schema:
-        maps = [
-            _unread_fields(path, struct.fieldNames())
-            for column in columns for path, struct in _struct_paths(column.dataType, (column.name,))
-            if all("'" not in name for name in path)
-        ]
-        return F.map_concat(*[F.coalesce(m, _empty_map()) for m in maps]) if maps else None
+    return [(path, names) for column in columns for path, names in below(column.dataType, (column.name,)) if all("'" not in n for n in path)]
+
+
+def _missing_fields(rows: DataFrame, target: Target) -> list[tuple[str, Column, T.DataType]]:
+    """The fields of the batch's parsed structs (its own types) that their columns' struct types
+    lack, at any depth, as (dotted path, value, type)."""
+    def missing(source: T.DataType, wanted: T.DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], T.DataType]]:
+        if not isinstance(source, T.StructType) or not isinstance(wanted, T.StructType):
+            return []
+        found = []
+        for field in source.fields:
+            if field.name not in wanted.fieldNames():
+                found.append(((*path, field.name), field.dataType))
+            else:
+                found += missing(field.dataType, wanted[field.name].dataType, (*path, field.name))
+        return found
+
     source_types = {f.name: f.dataType for f in rows.schema.fields}
-    missing = [
-        (path, data_type) for column in columns if column.name in source_types
-        for path, data_type in _missing_from(source_types[column.name], column.dataType, (column.name,))
+    found = [
+        (path, data_type) for column in from_arrow_schema(target.schema).fields if column.name in source_types
+        for path, data_type in missing(source_types[column.name], column.dataType, (column.name,))
     ]
-    if not missing:
-        return None
-    return _entries_map([(".".join(path), _field_at(path), data_type) for path, data_type in missing])
+    return [(".".join(path), _field_at(path), data_type) for path, data_type in found]
 
 
 def _field_at(path: tuple[str, ...]) -> Column:

@@ -491,7 +491,8 @@ def test_fields_a_struct_column_lacks_are_kept_under_their_path_or_named_never_l
     # The first request creates the table, its events' types inferred; the second is parsed with
     # the table's schema, which never reads the other fields.
     send(stack, "/nested", [{"id": "n1", "user": {"name": "bob", "email": "bob@example.org"}}])
-    send(stack, "/nested", [{"id": "n2", "user": {"name": "ann", "geo": "fr", "email": "ann@example.org", "tags": [1]}, "top": 1}])
+    send(stack, "/nested", [{"id": "n2", "user": {"name": "ann", "geo": "fr", "email": "ann@example.org", "tags": [1]}, "top": 1},
+                            {"id": "n4", "user": {"name": "di", "email": "nested"}, "user.email": "top-level"}])
     create(stack, {"name": "nested_processed", "source": {"http": {"path": "/nested-processed"}}, "processors": [{"where": "id IS NOT NULL"}],
                    "sinks": [{"table": "nested", "extra_fields": "rest"}]})
     send(stack, "/nested-processed", [{"id": "n3", "user": {"name": "cy", "age": 7}}])
@@ -499,6 +500,7 @@ def test_fields_a_struct_column_lacks_are_kept_under_their_path_or_named_never_l
         "n1": ({"geo": None, "name": "bob"}, {"user.email": "bob@example.org"}),
         "n2": ({"geo": "fr", "name": "ann"}, {"user.email": "ann@example.org", "user.tags": "[1]", "top": "1"}),
         "n3": ({"geo": None, "name": "cy"}, {"user.age": "7"}),
+        "n4": ({"geo": None, "name": "di"}, {"user.email": "top-level"}),  # a top-level field spelled as the path keeps its value
     }
 
     create(stack, {"name": "named", "source": {"http": {"path": "/named"}},
