@@ -111,12 +111,10 @@ class TableCommits:
         """One snapshot of the plan's entries, retried on conflict against a reloaded watermark;
         False when a rival leader committed them meanwhile."""
         started = time.perf_counter()
-        first = True
 
         def attempt(current: Table) -> tuple[Table, CommitPlan, Rewritten | None] | None:
-            nonlocal first
             planned = plan
-            if not first:
+            if current is not table:  # reloaded after a conflict
                 # Someone else changed the table (possibly a stale leader that committed some of
                 # these very entries): keep only what is still missing. Applied row changes lose
                 # their answer here: it was computed against the snapshot that just moved.
@@ -124,7 +122,6 @@ class TableCommits:
                 if planned.empty:
                     self.acknowledge_committed(tenant, table_name, current)
                     return None
-            first = False
             if not lease.held():
                 raise LeadershipLost(f"{tenant}.{table_name}")
             return current, planned, self._commit(current, planned, lease)
