@@ -24,11 +24,12 @@ so "12" and 12 convert the same way):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from spark_jobs.columns import all_of
 
 INTEGER = "^-?[0-9]+$"
 TRUE_WORDS = ("true", "t", "yes", "y", "1")
@@ -54,9 +55,6 @@ def shadow_type(target: T.DataType) -> T.DataType:
     return T.StringType()
 
 
-def _all(flags: list[Column]) -> Column:
-    return reduce(lambda a, b: a & b, flags, F.lit(True))
-
 
 def _null(target: T.DataType) -> Column:
     return F.lit(None).cast(target)
@@ -76,7 +74,7 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
                 converted = Coerced(_null(field.dataType), F.lit(True))
             parts.append(converted.value.alias(field.name))
             oks.append(converted.ok)
-        return Coerced(F.when(present, F.struct(*parts)), ~present | _all(oks))
+        return Coerced(F.when(present, F.struct(*parts)), ~present | all_of(oks))
     if isinstance(target, T.ArrayType):
         if not isinstance(source_type, T.ArrayType):
             return Coerced(_null(target), ~present)
@@ -103,7 +101,7 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
             entries = F.create_map(*[item for name, c in converted for item in (F.lit(name), c.value)])
             return Coerced(
                 F.when(present, F.map_filter(entries, lambda _k, v: v.isNotNull())),
-                ~present | _all([c.ok for _n, c in converted]),
+                ~present | all_of([c.ok for _n, c in converted]),
             )
         return Coerced(_null(target), ~present)
     if isinstance(source_type, (T.StructType, T.ArrayType, T.MapType)):

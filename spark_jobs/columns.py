@@ -3,6 +3,11 @@ definition may use)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
 from spark_jobs.contract import INTERNAL_PREFIX
 
 INTERNAL = f"{INTERNAL_PREFIX}_"
@@ -19,3 +24,24 @@ DROPPED = "_calve_dropped"  # the event's top-level fields that no column of its
 # An event's place: its request's index in the batch times LINE_SLOTS plus its line (a request
 # holds at most max_events_per_request events, well below).
 LINE_SLOTS = 1 << 24
+
+
+def balanced(combine: Callable[[Column, Column], Column], columns: list[Column]) -> Column:
+    """`columns` combined pairwise as a balanced tree: an expression as deep as log2 of their
+    number. Spark Connect sends a plan as nested messages and pyspark walks them recursively, so a
+    left-deep chain of one `|` per column fails a table of a few thousand columns (Python's
+    recursion limit) while this stays 13 levels deep at 5,000."""
+    if not columns:
+        raise ValueError("nothing to combine")
+    while len(columns) > 1:
+        paired = [combine(a, b) for a, b in zip(columns[::2], columns[1::2])]
+        columns = paired + ([columns[-1]] if len(columns) % 2 else [])
+    return columns[0]
+
+
+def all_of(flags: list[Column]) -> Column:
+    return balanced(lambda a, b: a & b, flags) if flags else F.lit(True)
+
+
+def any_of(flags: list[Column]) -> Column:
+    return balanced(lambda a, b: a | b, flags) if flags else F.lit(False)

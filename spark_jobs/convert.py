@@ -4,26 +4,28 @@ sink's extra_fields map, or named as dropped."""
 
 from __future__ import annotations
 
-from functools import reduce
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.coerce import coerce
-from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE
+from spark_jobs.coerce import coerce, shadow_type
+from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of
 from spark_jobs.targets import Target
 
 NO_NAMES = "array<string>"
 
 
-def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool) -> DataFrame:
+def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool,
+            processed: frozenset[str] = frozenset()) -> DataFrame:
     """Rows in the table's types, with a REASON for those that must go to the DLQ instead, and
     the fields no column takes (DROPPED). `consumed`: fields the sink's operation reads (no
-    column's); `parsed_with_table_schema`: the events' other fields were never parsed."""
-    source_types = {f.name: f.dataType for f in rows.schema.fields}
+    column's); `parsed_with_table_schema`: the events' other fields were never parsed (columns
+    the parse lacks are then read from the events' text, but for `processed`: fields the
+    definition's processors dropped or renamed)."""
     target_fields = from_arrow_schema(target.schema).fields
+    rows = _with_unparsed_columns(rows, target, target_fields, processed) if parsed_with_table_schema else rows
+    source_types = {f.name: f.dataType for f in rows.schema.fields}
     keys = set(target.changes.keys) if target.changes is not None else set()
     # A delete needs only the row's key: the table's other required fields may be absent.
     not_delete = F.col(OP) != F.lit("D") if keys else F.lit(True)
@@ -48,7 +50,7 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
         elif column.name in target.required:
             reasons.append(F.when(not_delete & missing, F.lit(f"missing required field {column.name!r}")))
             reasons.append(F.when(not_delete & ~converted.ok, unconvertible))
-    matches_nothing = ~reduce(lambda a, b: a | b, present) if present else F.lit(True)
+    matches_nothing = ~any_of(present)
     reasons.insert(0, F.when(matches_nothing, F.lit(f"no field of the event matches a column of table {target.name!r}")))
     extra = [SEQ]
     if keys:
@@ -59,6 +61,20 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
         extra.append(OP)
     dropped = F.array().cast(NO_NAMES) if target.extra_fields else dropped_fields(rows, target, consumed, parsed_with_table_schema)
     return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON), dropped.alias(DROPPED))
+
+
+def _with_unparsed_columns(rows: DataFrame, target: Target, target_fields: list[T.StructField], processed: frozenset[str]) -> DataFrame:
+    """The rows with the table's columns the parse left out, read from the events' text by one
+    more parse (as text: coerce converts them). Only for columns: the job parsed what it needs."""
+    present = set(rows.columns)
+    unparsed = [f for f in target_fields if f.name not in present and f.name != target.extra_fields and f.name not in processed]
+    if not unparsed:
+        return rows
+    late = F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, shadow_type(f.dataType), True) for f in unparsed]))
+    return rows.withColumn(LATE, late).withColumns({f.name: F.col(LATE).getField(f.name) for f in unparsed}).drop(LATE)
+
+
+LATE = f"{INTERNAL}late"
 
 
 def dropped_fields(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool) -> Column:

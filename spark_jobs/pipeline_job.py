@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import shadow_type
-from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, REASON, RECEIPT, SEQ, SIZE, TABLE
+from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, REASON, RECEIPT, SEQ, SIZE, TABLE, any_of
 from spark_jobs.contract import SET_ASIDE_MARK
 from spark_jobs.convert import convert
 from spark_jobs.definition import Definition, Sink
@@ -47,6 +47,7 @@ from spark_jobs.processors import (
     with_operation,
     with_path,
 )
+from spark_jobs.schemas import narrowed
 from spark_jobs.targets import MAX_DROPPED_NAMES, JobResult, Output, Resolver, Target
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class PipelineJob:
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
+    max_columns: int | None = None  # a batch with more fields is parsed with as many only (schemas.narrowed)
 
     def __post_init__(self) -> None:
         self.dead_letters = DeadLetters(self.pipeline, self.version, self.dlq_directory, self.dlq_filesystem)
@@ -125,6 +127,9 @@ class PipelineJob:
         self.parsed_with_table_schema = schema is not None
         if schema is None:
             schema = infer_event_schema(self.spark, events)
+            fewer = narrowed(schema, self._read_by_definition(), self.max_columns) if self.max_columns else None
+            if fewer is not None:
+                schema, self.parsed_with_table_schema = fewer, True
         frame = apply_routes(apply_processors(parse(events, schema), self.definition.processors), self.definition.routes)
         frame = frame.cache()
         try:
@@ -148,6 +153,22 @@ class PipelineJob:
                 schema = schema.add(path[0], T.StringType())
         return schema
 
+    def _read_by_definition(self) -> set[str]:
+        """The top-level fields the definition's expressions, processors and sinks read."""
+        expressions = [*self.definition.routes.values()]
+        names = set(self._processed())
+        for processor in self.definition.processors:
+            expressions += [processor.where] if processor.where is not None else list((processor.set or {}).values())
+        for sink in self.definition.sinks:
+            expressions += [sink.operation] if sink.operation else []
+            names.update(name.split(".")[0] for name in sink.table_fields)
+            names.update(sink.identifier_columns or ())
+        return names | {path[0] for expression in expressions for path in referenced_paths(expression)}
+
+    def _processed(self) -> frozenset[str]:
+        """Fields the processors drop or rename: never read again from the events' text."""
+        return frozenset(name for p in self.definition.processors for name in [*(p.drop or ()), *(p.rename or {})])
+
     def _write(self, frame: DataFrame) -> JobResult:
         result = JobResult()
         counted: list[DataFrame] = []
@@ -155,7 +176,7 @@ class PipelineJob:
         for sink in self.definition.sinks:
             rows = frame
             if sink.routes:
-                rows = rows.where(reduce(lambda a, b: a | b, [F.col(route_column(r)) for r in sink.routes]))
+                rows = rows.where(any_of([F.col(route_column(r)) for r in sink.routes]))
             for name in sink.table_fields:
                 rows = with_path(rows, tuple(name.split(".")))
             rows = rows.withColumn(TABLE, table_name_column(sink.table, sink.table_fields))
@@ -172,7 +193,7 @@ class PipelineJob:
                     continue
                 if target.changes is not None:
                     bound = with_operation(bound, target.changes.operation)
-                converted = convert(bound, target, operation_fields(sink), self.parsed_with_table_schema)
+                converted = convert(bound, target, operation_fields(sink), self.parsed_with_table_schema, self._processed())
                 written.append((name, converted, target))
                 counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE), DROPPED))
         counts = self._counts(counted)

@@ -7,7 +7,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.columns import INTERNAL
 
@@ -61,3 +61,54 @@ def needed_widenings(current: pa.Schema, incoming: pa.Schema, rows: DataFrame) -
             column = column.with_type(narrow[column.name])
         kept.append(column)
     return pa.schema(kept)
+
+
+def field_count(fields: pa.Schema | pa.StructType | list[pa.Field]) -> int:
+    """How many fields `fields` hold at any depth, as Iceberg gives each an id: every field, and
+    inside it a struct's fields, a list's element, a map's key and value."""
+    return sum(1 + _nested_count(f.type) for f in fields)
+
+
+def _nested_count(data_type: pa.DataType) -> int:
+    if pa.types.is_struct(data_type):
+        return field_count(list(data_type))
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
+        return 1 + _nested_count(data_type.value_type)
+    if pa.types.is_map(data_type):
+        return 2 + _nested_count(data_type.key_type) + _nested_count(data_type.item_type)
+    return 0
+
+
+def within_limit(fields: list[pa.Field], budget: int, prefix: str = "") -> tuple[list[pa.Field], list[str]]:
+    """The first of `fields` that fit in `budget` field ids (field_count), in order: a struct that
+    does not fit whole keeps the fields of it that fit. Also the dotted names of those left out."""
+    kept, left_out = [], []
+    for field in fields:
+        cost = field_count([field])
+        if cost <= budget:
+            kept.append(field)
+            budget -= cost
+        elif pa.types.is_struct(field.type) and budget >= 2:
+            inner, inner_out = within_limit(list(field.type), budget - 1, f"{prefix}{field.name}.")
+            if inner:
+                kept.append(field.with_type(pa.struct(inner)))
+                budget -= field_count(kept[-1:])
+            left_out += inner_out
+        else:
+            left_out.append(prefix + field.name)
+    return kept, left_out
+
+
+def narrowed(schema: T.StructType, wanted: set[str], limit: int) -> T.StructType | None:
+    """None when a batch's fields fit in `limit` (field_count, any depth); else the top-level
+    fields in `wanted` and, in order, the others that fit (within_limit: a struct keeps the fields
+    of it that fit). A batch of wide events is parsed with these only: a Spark plan's cost grows
+    with its columns, and no table takes more than the limit (the others are read from the events'
+    text where a table has them as columns: convert.py)."""
+    arrow = to_arrow_schema(schema)
+    if field_count(arrow) <= limit:
+        return None
+    first = [f for f in arrow if f.name in wanted]
+    kept, _left_out = within_limit([f for f in arrow if f.name not in wanted], limit - field_count(first))
+    chosen = {f.name: f for f in first + kept}
+    return from_arrow_schema(pa.schema([chosen[f.name] for f in arrow if f.name in chosen]))

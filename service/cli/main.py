@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import threading
-import time
+from collections.abc import Callable
 
 from service.cli import admin as admin_cli
 from service.core.config import Settings, get_settings
@@ -90,54 +90,57 @@ def prepare_metadata(settings: Settings) -> None:
         print(f"\nCreated tenant 'demo'. Its admin token (shown once, also in {settings.data_path / BOOTSTRAP_TOKEN_FILE}):\n\n    {token}\n", flush=True)
 
 
-def start_spark(settings: Settings, logs) -> list:  # noqa: ANN001 - logs: Path
+def start_spark(settings: Settings, logs) -> tuple[list, Callable]:  # noqa: ANN001 - logs: Path
     """The embedded Spark Connect server (in local mode, or on a standalone cluster of
-    `settings.spark_workers` workers); sets `settings.spark_remote`. Its processes, last to stop first."""
+    `settings.spark_workers` workers); sets `settings.spark_remote`. Returns the cluster's
+    processes (last to stop first) and how to start the Connect server (again, on the same port)."""
     from service.cli import processes
 
     work_dir = settings.data_path / "spark"
     port = settings.spark_port or processes.free_port()
-    started = []
+    cluster_processes = []
     connect = {}
     if settings.spark_workers:
         print(f"starting a Spark standalone cluster: a master and {settings.spark_workers} workers "
               f"({settings.spark_worker_cores} cores, {settings.spark_worker_memory} each; logs: {logs / 'spark-*.log'})", flush=True)
         cluster = processes.start_spark_cluster(settings.spark_workers, settings.spark_worker_cores, settings.spark_worker_memory, work_dir, logs)
-        started.extend(cluster.processes)
+        cluster_processes = cluster.processes[::-1]
         ui_port = settings.spark_ui_port or processes.free_port()
         connect = {"master": cluster.master_url, "executor_memory": settings.spark_worker_memory, "ui_port": ui_port}
         print(f"Spark master UI: {cluster.master_ui}   Spark Connect application UI: http://127.0.0.1:{ui_port}", flush=True)
     print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
-    started.append(processes.start_spark_connect(port, settings.spark_driver_memory, work_dir, logs / "spark-connect.log", **connect))
     settings.spark_remote = f"sc://127.0.0.1:{port}"
-    return started[::-1]
+    return cluster_processes, lambda: processes.start_spark_connect(port, settings.spark_driver_memory, work_dir, logs / "spark-connect.log", **connect)
 
 
 def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
     from service.cli import processes
+    from service.cli.supervisor import Supervisor
 
     data = settings.data_path
     logs = data / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stop = _stop_event()
-    started: list = []  # (name, Popen), stopped in reverse order
+    cluster: list = []  # a Spark standalone cluster's processes: started once, stopped last but one
+    supervisor = Supervisor()  # redis-server, Spark Connect and the roles: started again when they exit
     env = dict(os.environ, CALVE_DATA_DIR=str(data))
+    metrics_dir = data / "metrics"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir()
+    # Every process's metrics, this one's (restarts) too, are merged by the api's /metrics.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     try:
         if not settings.redis_url:
             port = processes.free_port()
             print(f"starting redis-server on 127.0.0.1:{port} (AOF in {data / 'redis'})", flush=True)
-            started.append(("redis", processes.start_redis(data, port, logs / "redis.log")))
+            supervisor.start("redis", lambda: processes.start_redis(data, port, logs / "redis.log"))
             settings.redis_url = f"redis://127.0.0.1:{port}/0"
         if settings.spark_remote and settings.spark_workers:
             log.warning("CALVE_SPARK_REMOTE is set: Spark jobs run where %s runs them; --spark-workers is ignored", settings.spark_remote)
         if not settings.spark_remote:
-            started.extend(("spark", process) for process in start_spark(settings, logs))
+            cluster, start_connect = start_spark(settings, logs)
+            supervisor.start("spark", start_connect)
         env.update(CALVE_REDIS_URL=settings.redis_url, CALVE_SPARK_REMOTE=settings.spark_remote)
-
-        metrics_dir = data / "metrics"
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        metrics_dir.mkdir()
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
         prepare_metadata(settings)
         admin_cli.write_runtime(settings)
@@ -145,22 +148,19 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
         commands = {"api": "api"}
         commands.update({f"writer-{i}": "writer" for i in range(1, writers + 1)})
         commands.update({f"committer-{i}": "committer" for i in range(1, committers + 1)})
-        roles = {name: processes.spawn([sys.executable, "-m", "service.cli", role], env=env) for name, role in commands.items()}
-        started.extend(roles.items())
-        processes.wait_for_port(settings.port, 60, roles["api"], "api", None)
+        for name, role in commands.items():
+            supervisor.start(name, lambda role=role: processes.spawn([sys.executable, "-m", "service.cli", role], env=env))
+        api = dict(supervisor.processes())["api"]
+        processes.wait_for_port(settings.port, 60, api, "api", None)
         print(f"Calve is up: http://{settings.host}:{settings.port}  (Ctrl-C stops everything)", flush=True)
         while not stop.wait(1.0):
-            for name, process in list(roles.items()):
-                if process.poll() is not None:
-                    log.error("%s exited with code %s; restarting it", name, process.returncode)
-                    time.sleep(1.0)
-                    roles[name] = processes.spawn([sys.executable, "-m", "service.cli", commands[name]], env=env)
-                    started.append((name, roles[name]))
+            supervisor.check()
     finally:
         print("stopping Calve...", flush=True)
         (data / admin_cli.RUNTIME_FILE).unlink(missing_ok=True)
         # In the order work flows: the api stops taking requests, writers finish their batches,
         # committers commit them, then the servers they all use go.
+        started = supervisor.processes() + [("spark", process) for process in cluster]
         for prefix in ("api", "writer", "committer", "spark", "redis"):
             for name, process in started:
                 if name.startswith(prefix):

@@ -194,8 +194,9 @@ def start_spark_connect(
         "--conf", f"spark.executor.memory={executor_memory}",
     ] if executor_memory else []
     ui = ["--conf", f"spark.ui.port={ui_port}"] if ui_port else ["--conf", "spark.ui.enabled=false"]
-    # java_options: for the driver, and for a cluster's executors too (their own JVMs).
-    driver = ["--driver-java-options", java_options] if java_options else []
+    # java_options: for the driver, and for a cluster's executors too (their own JVMs). A driver
+    # out of memory exits (instead of limping on, failing every job) and `calve up` starts it again.
+    driver = ["--driver-java-options", f"-XX:+ExitOnOutOfMemoryError {java_options}".strip()]
     if java_options and not master.startswith("local"):
         driver += ["--conf", f"spark.executor.extraJavaOptions={java_options}"]
     # spark-submit execs the JVM in this very process, so it dies with its parent.

@@ -36,7 +36,7 @@ from service.feeds.pages import read_page
 from service.feeds.spark_diffs import SparkDiffs
 from service.iceberg.changelog import CHANGE_TYPE, DELETE, INSERT, METADATA_COLUMNS, UPDATE_AFTER
 from service.pipelines.spec import FEED_OPERATION
-from service.pipelines.store import PipelineRecord, list_pipelines
+from service.pipelines.store import PipelineRecord, fed_by
 from service.protocol import scripts
 
 log = logging.getLogger(__name__)
@@ -71,22 +71,24 @@ class FeedPump:
         self.settings = settings
         self.client = client
         self._buffer = client.register_script(scripts.BUFFER)
-        self._pipelines: dict[str, tuple[float, list[PipelineRecord]]] = {}
+        self._pipelines: dict[tuple[str, str], tuple[float, list[PipelineRecord]]] = {}
         self.differ = SparkDiffs(client, settings.feed_spark_rows, settings.feed_diff_timeout_s)
 
     def _engine(self):  # noqa: ANN202
         return get_engine(self.settings.resolved_database_url())
 
     def fed_by(self, tenant: str, table_name: str) -> list[PipelineRecord]:
-        cached = self._pipelines.get(tenant)
+        """The pipelines reading `table_name`'s changes: an indexed query every PIPELINES_CACHE_S
+        per table, parsing only their definitions (once per version: store.stored_definition)."""
+        cached = self._pipelines.get((tenant, table_name))
         if cached is None or time.monotonic() - cached[0] > PIPELINES_CACHE_S:
             try:
                 with Session(self._engine()) as session:
-                    records = [r for r in list_pipelines(session, tenant) if r.definition.source.table is not None]
+                    records = fed_by(session, tenant, table_name)
             except NotFound:
                 records = []
-            cached = self._pipelines[tenant] = (time.monotonic(), records)
-        return [record for record in cached[1] if record.definition.source.table == table_name]
+            cached = self._pipelines[(tenant, table_name)] = (time.monotonic(), records)
+        return cached[1]
 
     def pump(self, tenant: str, table_name: str, load_table) -> int:  # noqa: ANN001 - () -> Table
         """Buffer the next changes of `table_name` for each pipeline it feeds; the events buffered."""

@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     receipt_ttl_s: int = 7 * 24 * 3600
     idempotency_window_s: int = 24 * 3600
 
+    # Fields a table may hold at any depth (each struct field, list element, map key and value
+    # counts, as Iceberg gives each an id), when a writer creates it from events or evolves it;
+    # new fields beyond go to the sink's extra_fields column, or are named as dropped. A batch's
+    # Spark job costs ~17 ms per column here (a 1,000-column batch ~17 s): see the README.
+    max_table_columns: int = Field(default=1000, ge=10)
+
+    # Live pipelines a tenant may have (POST /v1/pipelines answers 422 beyond): each costs every
+    # api and writer a lookup and a parsed definition, and GET /v1/pipelines lists them all.
+    max_pipelines_per_tenant: int = Field(default=100, ge=1)
+
     # Writer batching: a batch closes at whichever limit comes first.
     writer_batch_events: int = 200_000
     writer_batch_bytes: int = 48 * 1024 * 1024

@@ -89,6 +89,11 @@ def lease_key(tenant: str, table: str) -> str:
     return f"{_tag(tenant)}:lease:{table}"
 
 
+def heavy_lane_key(tenant: str) -> str:
+    """String: the writer running the tenant's heavy batch now (service/writer/lanes.py)."""
+    return f"{_tag(tenant)}:heavy-lane"
+
+
 def upkeep_key(tenant: str, table: str) -> str:
     """Hash: the last run of each upkeep task of the table (JSON per task)."""
     return f"{_tag(tenant)}:upkeep:{table}"

@@ -28,6 +28,13 @@ EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files b
 EVENTS_WITH_DROPPED_FIELDS = Counter(
     "calve_events_with_dropped_fields", "Events written without some of their fields: no column of the table takes them", ["tenant", "pipeline"]
 )
+PROCESS_RESTARTS = Counter(
+    "calve_process_restarts", "Processes `calve up` started again after they exited (api, writer, committer, redis, spark)", ["process"],
+)
+COLUMNS_REFUSED = Counter(
+    "calve_columns_refused", "New fields a table did not take as columns: it holds max_table_columns fields already "
+    "(they go to the sink's extra_fields column, or are named as dropped in the answers)", ["tenant", "table"],
+)
 BATCHES_SUPERSEDED = Counter(
     "calve_batches_superseded", "Batches a writer wrote but another writer had reclaimed and settled (files discarded)", ["tenant", "pipeline"]
 )

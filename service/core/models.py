@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import UniqueConstraint
+from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -60,12 +60,16 @@ class Pipeline(SQLModel, table=True):
     """A tenant's pipeline; its definitions are the versions. A deleted one keeps its versions
     (the writer may still hold buffered requests for it) and gives up its path."""
 
-    __table_args__ = (UniqueConstraint("tenant_id", "name"), UniqueConstraint("tenant_id", "path"))
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"), UniqueConstraint("tenant_id", "path"),
+        Index("ix_pipeline_tenant_source_table", "tenant_id", "source_table"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     tenant_id: int = Field(foreign_key="tenant.id", index=True)
     name: str = Field(max_length=63)
     path: str | None = Field(default=None, max_length=200)  # None once deleted
+    source_table: str | None = Field(default=None, max_length=63)  # the current version's source.table
     version: int = 1  # the current version
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)

@@ -53,7 +53,7 @@ from pyiceberg.types import (
 
 from service.core.exceptions import DefinitionInvalid, SpecError
 from service.core.keys import DLQ_TABLE, RESERVED_TABLE_PREFIX
-from service.pipelines.expressions import Expression, check_expression
+from service.pipelines.expressions import MAX_DEFINITION_EXPRESSIONS, Expression, check_expression, is_stored
 from service.pipelines.table_schema import Strict, TableSchema, column_name
 from service.pipelines.types import EXTRA_FIELDS_TYPE, is_extra_fields_type
 from service.tenancy.names import RULE, is_valid_name
@@ -301,6 +301,31 @@ class PipelineDefinition(Strict):
                 raise SpecError(where, f"the schema declares column {name!r} as {column.type}{' (required)' if column.required else ''}: "
                                 f"leave it out of the schema or declare it an optional {EXTRA_FIELDS_TYPE}")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expressions_bounded(cls, data: Any) -> Any:
+        """All expressions together within MAX_DEFINITION_EXPRESSIONS, counted before any is
+        parsed (a refused definition costs nothing to check); definitions read back are not."""
+        if is_stored() or not isinstance(data, dict):
+            return data
+
+        def texts(value: Any) -> list[str]:
+            return [v for v in value.values() if isinstance(v, str)] if isinstance(value, dict) else []
+
+        found = texts(data.get("routes"))
+        for processor in data.get("processors") or [] if isinstance(data.get("processors"), list) else []:
+            if isinstance(processor, dict):
+                found += [processor["where"]] if isinstance(processor.get("where"), str) else texts(processor.get("set"))
+        for sink in data.get("sinks") or [] if isinstance(data.get("sinks"), list) else []:
+            if isinstance(sink, dict) and isinstance(sink.get("operation"), str):
+                found.append(sink["operation"])
+        total = sum(len(text) for text in found)
+        if total > MAX_DEFINITION_EXPRESSIONS:
+            raise SpecError("routes", f"the definition's expressions hold {total} characters in all; at most "
+                            f"{MAX_DEFINITION_EXPRESSIONS} are accepted (split the pipeline, or shorten its expressions: "
+                            "`x IN (1, 2)` instead of `x = 1 OR x = 2`)")
+        return data
 
     @model_validator(mode="after")
     def _sink_routes_exist(self) -> PipelineDefinition:

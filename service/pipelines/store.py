@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import orjson
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, func, select
 
 from service.core.exceptions import AlreadyExists, DefinitionInvalid, NotFound, SpecError
 from service.core.keys import (
@@ -34,6 +34,7 @@ from service.core.models import (
     PipelineVersion,
     utcnow,
 )
+from service.pipelines.expressions import stored
 from service.pipelines.loki import LOKI_LOGS_SCHEMA
 from service.pipelines.otel import OTEL_LOGS_SCHEMA
 from service.pipelines.spec import PipelineDefinition, parse_definition
@@ -87,12 +88,29 @@ def builtin_pipeline(name: str = DEFAULT_PIPELINE) -> PipelineRecord:
     return PipelineRecord(name, 0, definition["source"]["http"]["path"], parse_definition(definition))
 
 
+# Stored definitions as parsed, by their text: a version never changes, so each is parsed once
+# per process however often it is read (a table's leader asks which pipelines it feeds every tick).
+_PARSED: LRUCache = LRUCache(maxsize=1024)
+_PARSED_LOCK = threading.Lock()
+
+
+def stored_definition(text: str) -> PipelineDefinition:
+    with _PARSED_LOCK:
+        definition = _PARSED.get(text)
+    if definition is None:
+        with stored():
+            definition = PipelineDefinition.model_validate(orjson.loads(text))
+        with _PARSED_LOCK:
+            _PARSED[text] = definition
+    return definition
+
+
 def _record(pipeline: Pipeline, version: PipelineVersion) -> PipelineRecord:
     return PipelineRecord(
         name=pipeline.name,
         version=version.version,
         path=pipeline.path,
-        definition=PipelineDefinition.model_validate(orjson.loads(version.definition)),
+        definition=stored_definition(version.definition),
         created_at=version.created_at,
         deleted=pipeline.deleted_at is not None,
     )
@@ -147,7 +165,7 @@ def _store_version(session: Session, pipeline: Pipeline, definition: PipelineDef
     return _record(pipeline, version)
 
 
-def create_pipeline(session: Session, tenant: str, definition: PipelineDefinition) -> PipelineRecord:
+def create_pipeline(session: Session, tenant: str, definition: PipelineDefinition, max_pipelines: int | None = None) -> PipelineRecord:
     tenant_id = _tenant_id(session, tenant)
     existing = _stored(session, tenant_id, definition.name)
     if existing is not None and existing.deleted_at is None:
@@ -155,7 +173,12 @@ def create_pipeline(session: Session, tenant: str, definition: PipelineDefinitio
     _check_path(session, tenant_id, definition)
     if existing is not None:  # created again after a delete: its history goes on
         return _new_version(session, existing, definition)
-    pipeline = Pipeline(tenant_id=tenant_id, name=definition.name, path=_http_path(definition), version=1)
+    live = session.exec(select(func.count()).select_from(Pipeline).where(Pipeline.tenant_id == tenant_id, Pipeline.deleted_at.is_(None))).one()
+    if max_pipelines is not None and live >= max_pipelines:
+        raise DefinitionInvalid([SpecError("name", f"the tenant has {live} pipelines, its limit (CALVE_MAX_PIPELINES_PER_TENANT); "
+                                           "delete one it no longer needs, or route more events through one pipeline")])
+    pipeline = Pipeline(tenant_id=tenant_id, name=definition.name, path=_http_path(definition), version=1,
+                        source_table=definition.source.table)
     session.add(pipeline)
     try:
         session.flush()
@@ -169,6 +192,7 @@ def _new_version(session: Session, pipeline: Pipeline, definition: PipelineDefin
     _forget_feed(session, pipeline.tenant_id, pipeline.name, keep=definition.source.table)
     pipeline.version += 1
     pipeline.path = _http_path(definition)
+    pipeline.source_table = definition.source.table
     pipeline.updated_at = utcnow()
     pipeline.deleted_at = None
     session.add(pipeline)
@@ -222,6 +246,14 @@ def list_pipelines(session: Session, tenant: str) -> list[PipelineRecord]:
     records = [_record(p, _version(session, p, p.version)) for p in pipelines]
     builtins = [builtin_pipeline(name) for name in BUILTIN_DEFINITIONS if _stored(session, tenant_id, name) is None]
     return sorted(records + builtins, key=lambda record: record.name)
+
+
+def fed_by(session: Session, tenant: str, table: str) -> list[PipelineRecord]:
+    """The live pipelines that read the changes of `table` (one indexed query)."""
+    pipelines = session.exec(select(Pipeline).where(
+        Pipeline.tenant_id == _tenant_id(session, tenant), Pipeline.source_table == table, Pipeline.deleted_at.is_(None),
+    ).order_by(Pipeline.name)).all()
+    return [_record(p, _version(session, p, p.version)) for p in pipelines]
 
 
 def delete_pipeline(session: Session, tenant: str, name: str) -> PipelineRecord:

@@ -42,7 +42,7 @@ class BatchWriter:
         self.engine = get_engine(settings.resolved_database_url())
         # A new pipeline version reaches this writer within pipeline_cache_s.
         self.pipelines = PipelineCache(settings.pipeline_cache_s)
-        self.tables = TableResolver(catalog)
+        self.tables = TableResolver(catalog, settings.max_table_columns)
         self.io = catalog_io(catalog)
         self._hand_off_script = HandOffScript(client)
 
@@ -58,6 +58,7 @@ class BatchWriter:
             dlq_directory=(dlq_directory := new_directory(self.tables.dlq_location(batch.tenant))),
             dlq_filesystem=spark_filesystem(dlq_directory, self.io),
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
+            max_columns=self.settings.max_table_columns,
         )
         started = time.perf_counter()
         result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries])

@@ -33,6 +33,7 @@ from service.writer.batches import Batch
 from service.writer.changes import ChangeApplier
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
+from service.writer.lanes import Lanes, keep_pending
 from service.writer.retries import NextStep, after_job_failure, retry_budget_s
 from service.writer.spark_errors import (
     is_spark_outage,
@@ -47,6 +48,7 @@ READ_COUNT = 200  # entries per XREADGROUP call
 # An entry read this many times without being settled (its writers crashed or were killed while
 # handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
 MAX_DELIVERIES = 5
+SET_ASIDE_POLL_MS = 250  # with batches set aside for a lane, how long a read waits for new entries
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 
 
@@ -63,6 +65,8 @@ class Writer:
         self._last_claim = 0.0
         self.batches = BatchWriter(settings, client, catalog, self.name)
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
+        self.lanes = Lanes(client, self.name)
+        self._set_aside: list[Batch] = []  # heavy batches whose tenant's lane another writer held
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
         self.compactor = Compactor(client, catalog, settings.spark_remote, self.name)
@@ -98,14 +102,15 @@ class Writer:
             return reclaimed
         streams = self._streams()
         if not streams:
-            if not self._retries:
+            if not self._retries and not self._set_aside:
                 stop.wait(0.5)
             return []
         batches: dict[str, Batch] = {}
         deadline = None
         while not stop.is_set():
             if deadline is None:
-                block_ms = 1 if self._retries else 1000  # earlier failures are waiting: only look
+                # Earlier failures are waiting: only look. Set-aside batches wait for a lane: look a while.
+                block_ms = 1 if self._retries else SET_ASIDE_POLL_MS if self._set_aside else 1000
             else:
                 block_ms = max(1, int((deadline - time.monotonic()) * 1000))
             for stream, entries in self._read(streams, block_ms):
@@ -189,8 +194,14 @@ class Writer:
         RETRY_SHARE at most, never by a whole sequence of isolating failing requests; when nothing
         else is waiting, rounds are short and the retries go on at full speed. New batches of a
         pipeline that has batches waiting to be retried join them: a failing pipeline's traffic
-        is served from the retry share only."""
+        is served from the retry share only.
+
+        Batches of pipelines whose last job was quick go first; a heavy batch runs only in its
+        tenant's lane (lanes.py), and waits set aside while another writer holds it."""
         started = time.monotonic()
+        waiting, self._set_aside = self._set_aside, []
+        self._retries.extendleft(reversed([batch for batch in waiting if batch.failures]))
+        batches = sorted([*[batch for batch in waiting if not batch.failures], *batches], key=self.lanes.expected_s)
         failing = {(batch.tenant, batch.pipeline) for batch in self._retries}
         for batch in batches:
             if stop.is_set():
@@ -213,6 +224,18 @@ class Writer:
             self.compactor.run_one(stop)
 
     def _write(self, batch: Batch, stop: threading.Event) -> None:
+        with self.lanes.lane(batch) as may_run:
+            if not may_run:
+                self._set_aside.append(batch)
+                keep_pending(self.client, batch, self.name)
+                return
+            started = time.monotonic()
+            try:
+                self._write_batch(batch, stop)
+            finally:
+                self.lanes.ran(batch, time.monotonic() - started)
+
+    def _write_batch(self, batch: Batch, stop: threading.Event) -> None:
         try:
             self.batches.write(batch)
             self._outages = 0

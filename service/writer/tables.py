@@ -5,6 +5,7 @@ commit data (see service/iceberg)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -13,6 +14,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
 from service.core import keys
+from service.core.metrics import COLUMNS_REFUSED
 from service.iceberg.catalog import (
     create_table_once,
     is_reserved_table_name,
@@ -27,17 +29,20 @@ from service.pipelines.spec import PipelineDefinition, Sink
 from service.pipelines.types import EXTRA_FIELDS_TYPE, is_extra_fields_type
 from service.tenancy.names import RULE, is_valid_name
 from spark_jobs.contract import DLQ_SCHEMA
-from spark_jobs.schemas import inferred_table_schema, needed_widenings
+from spark_jobs.schemas import field_count, inferred_table_schema, needed_widenings, within_limit
 from spark_jobs.targets import ChangeSpec, Target, new_directory
 
 log = logging.getLogger(__name__)
 
 EXTRA_FIELDS_ARROW = pa.map_(pa.string(), pa.string())
+LIMIT_LOG_S = 600.0
 
 
 class TableResolver:
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, max_columns: int | None = None) -> None:
         self.catalog = catalog
+        self.max_columns = max_columns  # fields at any depth (field_count) a created or evolved table may reach
+        self._limit_warned: dict[tuple[str, str], float] = {}  # when each table's limit was last logged
         self._dlq_locations: dict[str, str] = {}
         self._unfit_extra_columns: set[tuple[tuple[str, ...], str]] = set()  # warned about once
         # The tables of the batch being written, loaded once: the short way, its fallback and each
@@ -99,8 +104,14 @@ class TableResolver:
                 if absent:
                     return f"no event has identifier field {absent[0]!r} to create table {name!r} with"
                 # Identifier fields must be required: events without them go to the DLQ.
-                inferred = pa.schema([field.with_nullable(field.name not in identifiers) for field in inferred
-                                      if field.name != sink.extra_fields])
+                fields = [field.with_nullable(field.name not in identifiers) for field in inferred if field.name != sink.extra_fields]
+                if self.max_columns is not None:
+                    budget = self.max_columns - (field_count([pa.field("_", EXTRA_FIELDS_ARROW)]) if sink.extra_fields else 0)
+                    ordered = sorted(fields, key=lambda field: field.name not in identifiers)  # identifiers first
+                    kept, left_out = within_limit(ordered, budget)
+                    self._over_limit(tenant, name, left_out)
+                    fields = kept if left_out else fields  # the events' order when all fit
+                inferred = pa.schema(fields)
                 if sink.extra_fields:
                     inferred = inferred.append(pa.field(sink.extra_fields, EXTRA_FIELDS_ARROW))
                 table = create_table_once(self.catalog, tenant, name, inferred)
@@ -112,7 +123,8 @@ class TableResolver:
             if incoming is None:
                 return None
             before = table.schema().schema_id
-            table = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows))
+            table, left_out = evolve_schema(self.catalog, table, needed_widenings(table.schema().as_arrow(), incoming, rows), self.max_columns)
+            self._over_limit(tenant, name, left_out)
             if table.schema().schema_id != before:
                 log.info("evolved %s.%s to schema %d (%d columns)", tenant, name, table.schema().schema_id, len(table.schema().fields))
         table, extra_fields = self._extra_fields_column(table, sink)
@@ -141,6 +153,19 @@ class TableResolver:
             extra_fields=extra_fields,
         )
 
+    def _over_limit(self, tenant: str, name: str, left_out: list[str]) -> None:
+        """Count the fields a table did not take for its column limit; say so at most every LIMIT_LOG_S."""
+        if not left_out:
+            return
+        COLUMNS_REFUSED.labels(tenant, name).inc(len(left_out))
+        now = time.monotonic()
+        if now - self._limit_warned.get((tenant, name), -LIMIT_LOG_S) < LIMIT_LOG_S:
+            return
+        self._limit_warned[(tenant, name)] = now
+        shown = ", ".join(left_out[:5]) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
+        log.warning("table %s.%s holds %d fields, its limit (CALVE_MAX_TABLE_COLUMNS): new fields %s are no columns; "
+                    "they go to the sink's extra_fields column, or are named as dropped in the answers", tenant, name, self.max_columns, shown)
+
     def _extra_fields_column(self, table: Table, sink: Sink) -> tuple[Table, str | None]:
         """The table with the sink's extra_fields column (added when it lacks it: a table created
         before, or from a declared schema without it), and the column's name; None when the sink
@@ -152,7 +177,8 @@ class TableResolver:
         try:
             column = table.schema().find_field(name)
         except ValueError:
-            return evolve_schema(self.catalog, table, pa.schema([pa.field(name, EXTRA_FIELDS_ARROW)])), name
+            # The column where fields beyond the limit go is added even at the limit.
+            return evolve_schema(self.catalog, table, pa.schema([pa.field(name, EXTRA_FIELDS_ARROW)]))[0], name
         if is_extra_fields_type(column.field_type) and not column.required:
             return table, name
         if (table.name(), name) not in self._unfit_extra_columns:

@@ -131,6 +131,8 @@ BAD_DEFINITIONS = [
     ("source.http.path", {"source": {"http": {"path": "no-slash"}}}),
     ("name", {"name": "Bad-Name"}),
     ("sinks[0].shema", {"sinks": [{"table": "orders", "auto_create": True, "shema": {}}]}),
+    # The reported heavy definition: 50 routes of ~4,000 characters each (refused before any is parsed).
+    ("routes", {"routes": {f"r{i}": " OR ".join(["a = 1"] * 400) for i in range(50)}}),
 ]
 
 

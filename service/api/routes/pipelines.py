@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+import anyio
 import orjson
 import yaml
 from fastapi import APIRouter, Query, Request, status
@@ -17,6 +18,7 @@ from service.api.deps import (
     ReadPrincipal,
     RedisDep,
     SessionDep,
+    SettingsDep,
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
@@ -63,9 +65,15 @@ class _NoAliasLoader(yaml.SafeLoader):
 async def _definition(request: Request) -> PipelineDefinition:
     raw = await read_body(request, MAX_DEFINITION_BYTES)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    # Parsing and checking a large definition takes a while: off the event loop, so other
-    # requests are not kept waiting meanwhile.
-    return await run_in_threadpool(_parse, raw, content_type in YAML_TYPES)
+    # Parsing and checking a large definition takes a while (up to ~0.3 s within the limits): off
+    # the event loop, one at a time per api process, so that the loop keeps most of the interpreter
+    # (the GIL) for other tenants' requests however many definitions arrive at once.
+    global _parsing  # noqa: PLW0603 - made in the event loop, on first use
+    _parsing = _parsing or anyio.CapacityLimiter(1)
+    return await anyio.to_thread.run_sync(_parse, raw, content_type in YAML_TYPES, limiter=_parsing)
+
+
+_parsing: anyio.CapacityLimiter | None = None
 
 
 def _parse(raw: bytes, is_yaml: bool) -> PipelineDefinition:
@@ -104,10 +112,12 @@ async def _announce(client: RedisDep, tenant: str, definition: PipelineDefinitio
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=DEFINITION_BODY, responses=error_responses(400, 409, 413, 422))
-async def create(request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep) -> dict:
+async def create(
+    request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep, settings: SettingsDep,
+) -> dict:
     definition = await _definition(request)
     await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
-    record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition)
+    record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition, settings.max_pipelines_per_tenant)
     await _announce(client, principal.tenant, definition)
     return record.public()
 

@@ -1,0 +1,83 @@
+"""One writer at a time per tenant for its heavy batches, so that one tenant's slow or failing
+work never occupies every writer.
+
+A batch is heavy when its pipeline's last job on this writer took HEAVY_JOB_S or more (wide
+events, say), or when it failed before. Before running one, a writer takes the tenant's lane (a
+Redis lease, renewed while the job runs); a writer that finds it taken sets the batch aside
+(HeavyBatches) and serves other tenants meanwhile. Light batches never wait for a lane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import redis
+
+from service.core import keys
+from service.protocol import scripts
+from service.protocol.stream_ids import text
+from service.writer.batches import Batch
+
+HEAVY_JOB_S = 5.0  # a pipeline whose last job took this long has its next batches run in its tenant's lane
+LANE_LEASE_MS = 30_000  # renewed every third of it while the job runs; a crashed writer's lane frees itself
+
+
+class Lanes:
+    def __init__(self, client: redis.Redis, owner: str) -> None:
+        self.client = client
+        self.owner = owner
+        self._renew = client.register_script(scripts.RENEW_LEASE)
+        self._release = client.register_script(scripts.RELEASE_LEASE)
+        self._job_s: dict[tuple[str, str], float] = {}  # the last job's duration, per pipeline
+
+    def is_heavy(self, batch: Batch) -> bool:
+        return batch.failures > 0 or self._job_s.get((batch.tenant, batch.pipeline), 0.0) >= HEAVY_JOB_S
+
+    def expected_s(self, batch: Batch) -> float:
+        return self._job_s.get((batch.tenant, batch.pipeline), 0.0)
+
+    def ran(self, batch: Batch, seconds: float) -> None:
+        self._job_s[(batch.tenant, batch.pipeline)] = seconds
+
+    @contextlib.contextmanager
+    def lane(self, batch: Batch) -> Iterator[bool]:
+        """Whether `batch` may run now: light ones always; a heavy one while this writer holds its
+        tenant's lane (kept, by a thread renewing it, until the block ends)."""
+        if not self.is_heavy(batch):
+            yield True
+            return
+        key = keys.heavy_lane_key(batch.tenant)
+        if not self.client.set(key, self.owner, nx=True, px=LANE_LEASE_MS):
+            held = self.client.get(key)
+            if held is None or text(held) != self.owner:
+                yield False
+                return
+        done = threading.Event()
+        renewer = threading.Thread(target=self._keep, args=(key, done), name="heavy-lane", daemon=True)
+        renewer.start()
+        try:
+            yield True
+        finally:
+            done.set()
+            renewer.join()
+            with contextlib.suppress(redis.RedisError):
+                self._release(keys=[key], args=[self.owner])
+
+    def _keep(self, key: str, done: threading.Event) -> None:
+        while not done.wait(LANE_LEASE_MS / 3000):
+            with contextlib.suppress(redis.RedisError):
+                self._renew(keys=[key], args=[self.owner, LANE_LEASE_MS])
+
+
+def keep_pending(client: redis.Redis, batch: Batch, owner: str) -> None:
+    """Reset the idle time of a set-aside batch's entries that are still this writer's, so that
+    no other writer reclaims them as a crashed writer's (JUSTID: not counted as a delivery)."""
+    stream = keys.input_stream_key(batch.tenant, batch.pipeline)
+    pending = client.xpending_range(stream, keys.WRITER_GROUP, min=batch.entries[0].id, max=batch.entries[-1].id,
+                                    count=len(batch.entries), consumername=owner)
+    ours = {text(row["message_id"]) for row in pending}
+    ids = [entry.id for entry in batch.entries if entry.id in ours]
+    if ids:
+        client.xclaim(stream, keys.WRITER_GROUP, owner, min_idle_time=0, message_ids=ids, justid=True)
