@@ -8,15 +8,17 @@ each bad field when a request or a pipeline definition has several:
 
 from __future__ import annotations
 
+import logging
 import re
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from service.core.exceptions import (
     AlreadyExists,
@@ -31,6 +33,8 @@ from service.core.exceptions import (
     NotFound,
     SnapshotMissing,
 )
+
+log = logging.getLogger(__name__)
 
 
 class FieldError(BaseModel):
@@ -113,7 +117,15 @@ async def _definition_invalid(_request: Request, exc: DefinitionInvalid) -> JSON
     return JSONResponse({"detail": detail, "errors": errors}, status_code=HTTPStatus.UNPROCESSABLE_ENTITY)
 
 
+async def _client_gone(request: Request, _exc: ClientDisconnect) -> Response:
+    # A client that went away mid-body is a normal event for a network service: a warning, no
+    # traceback; nothing of its request was accepted, and nobody reads the answer.
+    log.warning("client disconnected before its body arrived: %s %s", request.method, request.url.path)
+    return Response(status_code=HTTPStatus.BAD_REQUEST)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(DefinitionInvalid, _definition_invalid)

@@ -271,3 +271,14 @@ def test_expiry_keeps_what_a_consumer_has_not_read_until_it_lags_too_long(app_cl
     state = {}
     consume(app_client, name, "slow", state, limit=3)
     assert state == table_state(catalog, table)
+
+
+def test_a_table_whose_snapshot_has_no_manifests_is_described_with_no_files(app_client, catalog: Catalog) -> None:  # noqa: ANN001
+    """What purges and replays can leave (here: an overwrite with no rows): was a 500."""
+    name, table = new_table(catalog)
+    table.append(rows((1, "a")))
+    table.overwrite(rows())
+    assert catalog.load_table(table.name()).current_snapshot().manifests(table.io) == []
+    answer = app_client.get(f"/v1/tables/{name}")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["health"]["data_files"] == 0 and answer.json()["health"]["manifests"] == 0

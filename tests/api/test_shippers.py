@@ -232,3 +232,17 @@ def test_a_snappy_push_that_would_decompress_past_the_limit_is_413_before_it_is_
     body = _varint(claimed) + b"\x00" * 16
     answer = app_client.post("/loki/api/v1/push", content=body, headers={"Content-Type": "application/x-protobuf"})
     assert answer.status_code == 413 and f"decompresses to {claimed} bytes" in answer.json()["detail"], answer.text
+
+
+def test_a_bulk_document_too_deep_to_encode_goes_to_the_dlq_and_the_rest_is_kept(app_client, redis_url: str) -> None:  # noqa: ANN001
+    """Nested 300 levels (orjson reads up to 1,024 but writes only 254): was a 500 for the whole bulk."""
+    client = redis.Redis.from_url(redis_url)
+    stream = keys.input_stream_key("demo", "logs")
+    deep = '{"a":' * 299 + "1" + "}" * 299
+    answer = post_bulk(app_client, bulk_body({"index": {"_index": "logs"}}, deep, {"index": {"_index": "logs"}}, {"msg": "kept"}))
+    assert answer.status_code == 200, answer.text
+    assert [next(iter(i.values()))["status"] for i in answer.json()["items"]] == [201, 201]
+    (entry,) = client.xrevrange(stream, count=1)
+    first, second = InputEntry.from_fields(*entry).body.split(b"\n")
+    assert first.startswith(b"!") and orjson.loads(first[1:])["event"] == deep, "set aside for the DLQ with its original text"
+    assert orjson.loads(second) == {"msg": "kept"}

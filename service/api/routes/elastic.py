@@ -175,10 +175,22 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
                 items.append(_item(action, index, doc_id, 400, "the document is not a JSON object", "mapper_parsing_exception"))
                 continue
             event = document
-            if target.operation is not None:
-                event.setdefault(target.identifier, doc_id)
-                event[target.operation] = "insert"
-        target.lines.append(orjson.dumps(event))
+            if target.operation is None:
+                # As sent: an event too deeply nested to encode again is set aside for the DLQ
+                # by parse_events, with its original text, as on /logs.
+                target.lines.append(lines[position - 1])
+                target.items.append(len(items))
+                items.append(_item(action, index, doc_id, 201))
+                continue
+            event.setdefault(target.identifier, doc_id)
+            event[target.operation] = "insert"
+        try:
+            line = orjson.dumps(event)
+        except orjson.JSONEncodeError as exc:  # nested beyond orjson's 254 levels
+            items.append(_item(action, index, doc_id, 400, f"the document nests too deeply to change a row by ({exc}); flatten it",
+                               "mapper_parsing_exception"))
+            continue
+        target.lines.append(line)
         target.items.append(len(items))
         items.append(_item(action, index, doc_id, 200 if action == "delete" else 201))
     return items, targets

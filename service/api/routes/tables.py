@@ -76,7 +76,10 @@ def _summary(catalog, tenant: str, name: str) -> dict:  # noqa: ANN001 - a pyice
 def health(table: Table, policy: CompactionPolicy) -> dict:
     """How the table is keeping: files, snapshots, manifests and metadata size."""
     snapshot = table.current_snapshot()
-    sizes = table.inspect.data_files().column("file_size_in_bytes").to_pylist() if snapshot else []
+    manifests = snapshot.manifests(table.io) if snapshot else []
+    # A snapshot with no manifests (a table emptied by purges, say) has no files; pyiceberg's
+    # data_files() fails on it instead of answering none.
+    sizes = table.inspect.data_files().column("file_size_in_bytes").to_pylist() if manifests else []
     metadata_bytes = len(table.io.new_input(table.metadata_location))
     small = policy.for_table(table).target_file_bytes * SMALL_FILE_RATIO  # what compaction would merge
     return {
@@ -84,7 +87,7 @@ def health(table: Table, policy: CompactionPolicy) -> dict:
         "avg_file_bytes": int(sum(sizes) / len(sizes)) if sizes else 0,
         "small_files": sum(1 for size in sizes if size < small),
         "snapshots": len(table.metadata.snapshots),
-        "manifests": len(snapshot.manifests(table.io)) if snapshot else 0,
+        "manifests": len(manifests),
         "metadata_bytes": metadata_bytes,
         "oldest_snapshot_ms": min((s.timestamp_ms for s in table.metadata.snapshots), default=None),
     }
