@@ -32,8 +32,9 @@ class Supervisor:
     def __init__(self) -> None:
         self.children: list[Child] = []
 
-    def start(self, name: str, start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
-        child = Child(name, start, start())
+    def start(self, name: str, start: Callable[[], subprocess.Popen], process: subprocess.Popen | None = None) -> subprocess.Popen:
+        """Start a process (or watch `process`, started already) and start it again when it exits."""
+        child = Child(name, start, process or start())
         self.children.append(child)
         return child.process
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -81,3 +81,30 @@ def keep_pending(client: redis.Redis, batch: Batch, owner: str) -> None:
     ids = [entry.id for entry in batch.entries if entry.id in ours]
     if ids:
         client.xclaim(stream, keys.WRITER_GROUP, owner, min_idle_time=0, message_ids=ids, justid=True)
+
+
+@contextlib.contextmanager
+def kept_pending(client: redis.Redis, owner: str, batches: Callable[[], list[Batch]], every_s: float) -> Iterator[None]:
+    """While the block runs (a round of jobs, a heavy one ~20 s), keep the idle time of the
+    entries this writer holds short (keep_pending every `every_s`): a live writer's entries are
+    never reclaimed by another writer as a crashed one's, which would write them twice over."""
+    done = threading.Event()
+
+    def keep() -> None:
+        while not done.wait(every_s):
+            try:
+                held = list(batches())
+            except RuntimeError:  # changed while copied: the next turn sees it
+                continue
+            for batch in held:
+                if batch.entries:
+                    with contextlib.suppress(redis.RedisError):
+                        keep_pending(client, batch, owner)
+
+    keeper = threading.Thread(target=keep, name="pending-keeper", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        keeper.join()

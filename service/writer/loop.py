@@ -33,7 +33,7 @@ from service.writer.batches import Batch
 from service.writer.changes import ChangeApplier
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
-from service.writer.lanes import Lanes, keep_pending
+from service.writer.lanes import Lanes, keep_pending, kept_pending
 from service.writer.retries import NextStep, after_job_failure, retry_budget_s
 from service.writer.spark_errors import (
     is_spark_outage,
@@ -197,11 +197,17 @@ class Writer:
         is served from the retry share only.
 
         Batches of pipelines whose last job was quick go first; a heavy batch runs only in its
-        tenant's lane (lanes.py), and waits set aside while another writer holds it."""
-        started = time.monotonic()
+        tenant's lane (lanes.py), and waits set aside while another writer holds it. Meanwhile
+        the entries of them all stay this writer's (kept_pending)."""
         waiting, self._set_aside = self._set_aside, []
         self._retries.extendleft(reversed([batch for batch in waiting if batch.failures]))
         batches = sorted([*[batch for batch in waiting if not batch.failures], *batches], key=self.lanes.expected_s)
+        held = lambda: [*batches, *self._retries, *self._set_aside]  # noqa: E731
+        with kept_pending(self.client, self.name, held, self.settings.writer_claim_idle_s / 3):
+            self._write_round(batches, stop)
+
+    def _write_round(self, batches: list[Batch], stop: threading.Event) -> None:
+        started = time.monotonic()
         failing = {(batch.tenant, batch.pipeline) for batch in self._retries}
         for batch in batches:
             if stop.is_set():

@@ -78,6 +78,9 @@ class LeaderRequests:
     def run(self, request: Any, scratch: Scratch) -> None:
         raise NotImplementedError
 
+    def finish(self, request: Any, outcome: Any) -> None:
+        """Answer a request whose run succeeded with `outcome`: by default there is nobody to answer."""
+
     def failed(self, request: Any, exc: Exception) -> None:
         raise NotImplementedError
 

@@ -21,6 +21,7 @@ The last line printed by `python -m tests.chaos` is one JSON object with a key p
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import random
@@ -275,7 +276,7 @@ class Scenario:
     drop_responses: bool = False
     needs_spark_server: bool = False
     # A scenario that runs its own stack and load instead of `inflict` on the standard ones.
-    runner: Callable[[Scenario, Path, RedisServer, str], Figures] | None = None
+    runner: Callable[[Scenario, Path, RedisServer, SparkServer | None, str], Figures] | None = None
 
 
 def writer_killed_mid_job(chaos: Chaos) -> None:
@@ -409,6 +410,10 @@ class Poisoner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, daemon=True)
 
+    def prepare(self, http: httpx.Client) -> None:
+        """Tenant demo's pipelines, made before the load starts."""
+        assert http.post("/v1/pipelines", json=BROKEN_PIPELINE).status_code == 201
+
     def start(self) -> Poisoner:
         self._thread.start()
         return self
@@ -436,13 +441,116 @@ class Poisoner:
                 self.requests += self.poison.is_set()
                 self._stop.wait(0.1)
 
+    compare_max = False  # the slowest answers too, not only the medians (HeavyTenant)
+    warm_tables: tuple[str, ...] = ("logs",)  # demo's tables written before the phases start
+
+    def check(self, catalog, evidence: list[str]) -> list[str]:  # noqa: ANN001 - a pyiceberg Catalog
+        """What the poison must have left behind: demo's bad events in its DLQ."""
+        dlq = catalog.load_table(("demo", keys.DLQ_TABLE)).scan().to_arrow() if catalog.table_exists(("demo", keys.DLQ_TABLE)) else None
+        dead_lettered = 0 if dlq is None else dlq.num_rows
+        evidence.append(f"{dead_lettered} of demo's events in its DLQ")
+        return [] if dead_lettered else ["no poison reached demo's DLQ"]
+
+
+WIDE_FIELDS = 5000  # the reported shape: {"a0":0,...,"a4999":4999}, ~60 KB an event
+
+
+class HeavyTenant(Poisoner):
+    """Tenant demo's legal but heavy input, as the hostile-input probe sent it: events of 5,000
+    fields to two pipelines that create and evolve their tables, and pipeline definitions with
+    50 routes each (the probe's 200 KB ones are refused now; these are the largest accepted)."""
+
+    compare_max = True
+    warm_tables = ()
+
+    def prepare(self, http: httpx.Client) -> None:
+        for name in ("wide0", "wide1"):
+            answer = http.post("/v1/pipelines", json={"name": name, "source": {"http": {"path": f"/{name}"}},
+                                                      "sinks": [{"table": name, "auto_create": True, "schema_evolution": True}]})
+            assert answer.status_code == 201, answer.text
+        self.refused = http.post("/v1/pipelines", json=heavy_definition("huge", 4000)).status_code
+
+    def _produce(self) -> None:
+        """Once per poisoned phase: the three heavy definitions stored again (new versions), and
+        one wide event to each wide pipeline, the two requests at once (wait=true)."""
+        wide = orjson.dumps({f"a{i}": i for i in range(WIDE_FIELDS)})
+        headers = {"Authorization": f"Bearer {TEST_TOKEN}", "Content-Type": "application/json"}
+        sent_this_phase = False
+        with httpx.Client(base_url=self.url, headers=headers, timeout=120) as http:
+            while not self._stop.is_set():
+                if not self.poison.is_set() or sent_this_phase:
+                    sent_this_phase = sent_this_phase and self.poison.is_set()
+                    self._stop.wait(0.2)
+                    continue
+                sent_this_phase = True
+                try:
+                    for index in range(3):
+                        http.put(f"/v1/pipelines/heavy{index}", json=heavy_definition(f"heavy{index}", 390))
+                    posts = [threading.Thread(target=self._post, args=(http, f"/{name}?wait=true&timeout=90", wide)) for name in ("wide0", "wide1")]
+                    for post in posts:
+                        post.start()
+                    for post in posts:
+                        post.join()
+                except httpx.TransportError:
+                    pass
+
+    def _post(self, http: httpx.Client, path: str, body: bytes) -> None:
+        with contextlib.suppress(httpx.TransportError):
+            http.post(path, content=body)
+        self.requests += 1
+
+    def check(self, catalog, evidence: list[str]) -> list[str]:  # noqa: ANN001
+        widths = [len(catalog.load_table(("demo", name)).schema().fields) for name in ("wide0", "wide1") if catalog.table_exists(("demo", name))]
+        evidence.append(f"demo's wide tables hold {widths} columns; the 200 KB definition answered {self.refused}")
+        problems = [] if widths and max(widths) <= 1000 else [f"wide tables {widths}: none written, or past the column limit"]
+        return problems + ([] if self.refused == 422 else [f"the 200 KB definition answered {self.refused}, not 422"])
+
+
+def heavy_definition(name: str, route_chars: int) -> dict:
+    """50 routes of `a = 1 or a = 1 ...` of about `route_chars` characters each."""
+    route = " or ".join(["a = 1"] * (route_chars // 9))
+    return {"name": name, "source": {"http": {"path": f"/{name}"}}, "routes": {f"r{i}": route for i in range(50)},
+            "sinks": [{"table": name, "auto_create": True, "routes": [f"r{i}" for i in range(50)]}]}
+
+
+def spark_comes_back(stack: Stack, spark_server: SparkServer, token: str, evidence: list[str]) -> list[str]:
+    """Kill -9 the Spark Connect server under `calve up`'s supervisor: it must be started again
+    by itself, and a tenant's wait=true answered as committed after."""
+    from service.cli.supervisor import Supervisor
+
+    supervisor = Supervisor()
+    supervisor.start("spark", lambda: spark_server.start().process, process=spark_server.process)
+    killed = time.monotonic()
+    spark_server.process.send_signal(signal.SIGKILL)
+    spark_server.process.wait()
+    try:
+        wait_until(lambda: supervisor.check() or (supervisor.processes() and spark_server.process.poll() is None),
+                   timeout_s=120, interval_s=0.5, what="Spark Connect started again by the supervisor")
+        with stack.client(token) as http:
+            answer = http.post("/logs?wait=true&timeout=120", json={"id": "after-spark", "msg": "after"})
+    except (AssertionError, httpx.HTTPError) as exc:
+        return [f"after Spark Connect was killed: {exc}"]
+    evidence.append(f"Spark Connect killed, started again and a request committed {time.monotonic() - killed:.0f} s later")
+    return [] if answer.status_code == 200 and answer.json()["status"] == "committed" else [f"after Spark came back: {answer.text[:300]}"]
+
+
+def run_heavy_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server: SparkServer | None, spark_remote: str) -> Figures:
+    return run_noisy_tenant(scenario, base, redis_server, spark_remote, HeavyTenant, spark_server)
+
 
 def percentile(latencies: list[float], fraction: float) -> float:
     ordered = sorted(latencies)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
 
 
-def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_remote: str) -> Figures:
+def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server: SparkServer | None, spark_remote: str) -> Figures:
+    return run_noisy_tenant(scenario, base, redis_server, spark_remote, Poisoner)
+
+
+def run_noisy_tenant(
+    scenario: Scenario, base: Path, redis_server: RedisServer, spark_remote: str, noisy: Callable[[str], Poisoner],
+    spark_server: SparkServer | None = None,
+) -> Figures:
     """Tenants alpha and beta send steadily (half of their producers with wait=true) through four
     phases of PHASE_S seconds: calm, poisoned, calm, poisoned (tenant demo sends poison in the
     poisoned ones). Passes with nothing of alpha's and beta's lost or duplicated, demo's poison in
@@ -470,15 +578,17 @@ def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer,
     try:
         with Session(get_engine(stack.settings.resolved_database_url())) as session:
             tokens = {name: issue_token(session, create_tenant(session, name))[1] for name in GOOD_TENANTS}
+        poisoner = noisy(stack.url)
         with stack.client() as http:
-            assert http.post("/v1/pipelines", json=BROKEN_PIPELINE).status_code == 201
+            poisoner.prepare(http)
         stack.start("writer", name="writer-1")
         stack.start("writer", name="writer-2")
         stack.start("committer", name="committer-1")
         loads = {name: Load(stack.url, producers=6, events=20, pause_s=0.2, token=token).start() for name, token in tokens.items()}
-        poisoner = Poisoner(stack.url).start()
+        poisoner.start()
         catalog = stack.catalog()
-        wait_until(lambda: all(catalog.table_exists((name, "logs")) for name in (*GOOD_TENANTS, "demo")), timeout_s=90, what="first commits")
+        warm = [(name, "logs") for name in GOOD_TENANTS] + [("demo", table) for table in poisoner.warm_tables]
+        wait_until(lambda: all(catalog.table_exists(identifier) for identifier in warm), timeout_s=90, what="first commits")
         time.sleep(5)  # past the first jobs of each table
         phases: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         poisoned_phases: list[tuple[float, float]] = []
@@ -523,6 +633,10 @@ def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer,
             problems.append("too few wait=true answers to compare")
         elif percentile(poisoned, 0.5) > 2 * percentile(calm, 0.5):
             problems.append(f"median with poison {percentile(poisoned, 0.5):.2f} s is over twice the calm {percentile(calm, 0.5):.2f} s")
+        elif poisoner.compare_max and max(poisoned) > 2 * max(calm):
+            problems.append(f"slowest with poison {max(poisoned):.2f} s is over twice the calm {max(calm):.2f} s")
+        if spark_server is not None:
+            problems += spark_comes_back(stack, spark_server, tokens[GOOD_TENANTS[0]], evidence)
 
         def drained() -> bool:
             backlogs = [int(stack.redis.get(keys.backlog_key(name)) or 0) for name in (*GOOD_TENANTS, "demo")]
@@ -535,11 +649,7 @@ def run_poison_tenant(scenario: Scenario, base: Path, redis_server: RedisServer,
         dead = [name for name, proc in stack.procs.items() if proc.poll() is not None]
         if dead:
             problems.append(f"processes died: {dead}")
-        dlq = catalog.load_table(("demo", keys.DLQ_TABLE)).scan().to_arrow() if catalog.table_exists(("demo", keys.DLQ_TABLE)) else None
-        dead_lettered = 0 if dlq is None else dlq.num_rows
-        evidence.append(f"{dead_lettered} of demo's events in its DLQ")
-        if not dead_lettered:
-            problems.append("no poison reached demo's DLQ")
+        problems += poisoner.check(catalog, evidence)
         figures = Figures()
         for name, load in loads.items():
             ids = catalog.load_table((name, "logs")).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
@@ -579,6 +689,11 @@ SCENARIOS = [
         "poison_tenant", "tenant demo sends poison while alpha and beta send as usual; their latency must hold",
         None, runner=run_poison_tenant,
     ),
+    Scenario(
+        "heavy_tenant", "tenant demo sends 5,000-field events to evolving tables and 50-route definitions, then Spark "
+        "Connect is killed: alpha's and beta's latency must hold, and Spark must come back by itself",
+        None, runner=run_heavy_tenant, needs_spark_server=True,
+    ),
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
@@ -590,7 +705,7 @@ def drained(stack: Stack) -> bool:
 
 def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server: SparkServer | None, spark_remote: str) -> Figures:
     if scenario.runner is not None:
-        return scenario.runner(scenario, base, redis_server, spark_remote)
+        return scenario.runner(scenario, base, redis_server, spark_server, spark_remote)
     started = time.monotonic()
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()

@@ -63,6 +63,7 @@ def test_small_files_are_compacted_while_ingest_keeps_committing(stack_factory) 
     assert sorted(row["id"] for row in duckdb_rows(table)) == after, "DuckDB reads the compacted table as pyiceberg does"
     assert sorted(set(after) - {f"d{n}-0-{i}" for n in range(len(during)) for i in range(10)}) == before
     assert_exactly_once(stack, expected=300 + 10 * len(during))
+    assert "unexpected error" not in (stack.data_dir / "writer.log").read_text(), "the compaction's hand-off ends cleanly"
 
 
 def test_a_rewrite_of_files_another_rewrite_replaced_first_is_dropped(stack_factory) -> None:  # noqa: ANN001
