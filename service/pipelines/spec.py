@@ -313,16 +313,19 @@ class PipelineDefinition(Strict):
         def texts(value: Any) -> list[str]:
             return [v for v in value.values() if isinstance(v, str)] if isinstance(value, dict) else []
 
-        found = texts(data.get("routes"))
-        for processor in data.get("processors") or [] if isinstance(data.get("processors"), list) else []:
+        processors = data.get("processors") if isinstance(data.get("processors"), list) else []
+        sinks = data.get("sinks") if isinstance(data.get("sinks"), list) else []
+        if len(processors) > MAX_PROCESSORS or len(data.get("routes") or ()) > MAX_ROUTES or len(sinks) > MAX_SINKS:
+            return data  # refused for their number, by the fields' own limits
+        chars = {"routes": sum(map(len, texts(data.get("routes")))), "processors": 0, "sinks": 0}
+        for processor in processors:
             if isinstance(processor, dict):
-                found += [processor["where"]] if isinstance(processor.get("where"), str) else texts(processor.get("set"))
-        for sink in data.get("sinks") or [] if isinstance(data.get("sinks"), list) else []:
-            if isinstance(sink, dict) and isinstance(sink.get("operation"), str):
-                found.append(sink["operation"])
-        total = sum(len(text) for text in found)
+                found = [processor["where"]] if isinstance(processor.get("where"), str) else texts(processor.get("set"))
+                chars["processors"] += sum(map(len, found))
+        chars["sinks"] = sum(len(sink["operation"]) for sink in sinks if isinstance(sink, dict) and isinstance(sink.get("operation"), str))
+        total = sum(chars.values())
         if total > MAX_DEFINITION_EXPRESSIONS:
-            raise SpecError("routes", f"the definition's expressions hold {total} characters in all; at most "
+            raise SpecError(max(chars, key=chars.get), f"the definition's expressions hold {total} characters in all; at most "
                             f"{MAX_DEFINITION_EXPRESSIONS} are accepted (split the pipeline, or shorten its expressions: "
                             "`x IN (1, 2)` instead of `x = 1 OR x = 2`)")
         return data

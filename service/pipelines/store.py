@@ -295,6 +295,9 @@ def find_by_path(session: Session, tenant: str, path: str) -> PipelineRecord | N
     return None
 
 
+_MISSING = object()
+
+
 class PipelineCache:
     """Recently looked-up pipelines, by (tenant, path) for the api and (tenant, name) for writers.
 
@@ -308,8 +311,11 @@ class PipelineCache:
 
     def get(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> PipelineRecord | None:
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
+            # One lookup: `key in cache` then `cache[key]` raised KeyError when the entry expired
+            # in between (a TTLCache checks the clock on each), a 500 for the request.
+            record = self._cache.get(key, _MISSING)
+        if record is not _MISSING:
+            return record
         record = load()
         with self._lock:
             self._cache[key] = record
