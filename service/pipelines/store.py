@@ -9,6 +9,7 @@ and Loki log lines, each into a table of its name with a declared schema, partit
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,13 +96,14 @@ _PARSED_LOCK = threading.Lock()
 
 
 def stored_definition(text: str) -> PipelineDefinition:
+    key = hashlib.sha256(text.encode()).digest()  # not the text itself: a definition may hold 256 KiB
     with _PARSED_LOCK:
-        definition = _PARSED.get(text)
+        definition = _PARSED.get(key)
     if definition is None:
         with stored():
             definition = PipelineDefinition.model_validate(orjson.loads(text))
         with _PARSED_LOCK:
-            _PARSED[text] = definition
+            _PARSED[key] = definition
     return definition
 
 

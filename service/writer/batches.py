@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import redis
+
+from service.core import keys
 from service.protocol.input_entry import InputEntry
+from service.protocol.stream_ids import text
 
 
 @dataclass
@@ -32,3 +36,13 @@ class Batch:
                 part.add(entry)
             parts.append(part)
         return parts
+
+
+def pending_of(client: redis.Redis, stream: str, entries: list[InputEntry], owner: str) -> dict[str, dict]:
+    """Of `entries`, those still pending for `owner` in the writers' group, by id, with XPENDING's
+    row for each (times_delivered, time_since_delivered)."""
+    if not entries:
+        return {}
+    rows = client.xpending_range(stream, keys.WRITER_GROUP, min=entries[0].id, max=entries[-1].id,
+                                 count=len(entries), consumername=owner)
+    return {text(row["message_id"]): row for row in rows}

@@ -18,7 +18,7 @@ import redis
 from service.core import keys
 from service.protocol import scripts
 from service.protocol.stream_ids import text
-from service.writer.batches import Batch
+from service.writer.batches import Batch, pending_of
 
 HEAVY_JOB_S = 5.0  # a pipeline whose last job took this long has its next batches run in its tenant's lane
 LANE_LEASE_MS = 30_000  # renewed every third of it while the job runs; a crashed writer's lane frees itself
@@ -75,9 +75,7 @@ def keep_pending(client: redis.Redis, batch: Batch, owner: str) -> None:
     """Reset the idle time of a set-aside batch's entries that are still this writer's, so that
     no other writer reclaims them as a crashed writer's (JUSTID: not counted as a delivery)."""
     stream = keys.input_stream_key(batch.tenant, batch.pipeline)
-    pending = client.xpending_range(stream, keys.WRITER_GROUP, min=batch.entries[0].id, max=batch.entries[-1].id,
-                                    count=len(batch.entries), consumername=owner)
-    ours = {text(row["message_id"]) for row in pending}
+    ours = pending_of(client, stream, batch.entries, owner)
     ids = [entry.id for entry in batch.entries if entry.id in ours]
     if ids:
         client.xclaim(stream, keys.WRITER_GROUP, owner, min_idle_time=0, message_ids=ids, justid=True)

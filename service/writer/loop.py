@@ -29,7 +29,7 @@ from service.protocol.heartbeats import SPARK_REACHABLE, Heartbeats
 from service.protocol.input_entry import InputEntry
 from service.protocol.stream_ids import text
 from service.writer.batch_writer import BatchWriter
-from service.writer.batches import Batch
+from service.writer.batches import Batch, pending_of
 from service.writer.changes import ChangeApplier
 from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
@@ -168,7 +168,8 @@ class Writer:
                 continue
             tenant, pipeline = keys.parse_input_stream_key(stream)
             log.info("writer %s reclaimed %d stale entries of %s", self.name, len(entries), stream)
-            deliveries = self._deliveries(stream, entries)
+            # How many times each was read (Redis counts every read and every reclaim).
+            deliveries = {entry_id: row["times_delivered"] for entry_id, row in pending_of(self.client, stream, entries, self.name).items()}
             worn_out, batch = Batch(tenant, pipeline), Batch(tenant, pipeline)
             for entry in entries:
                 (worn_out if deliveries.get(entry.id, 0) > MAX_DELIVERIES else batch).add(entry)
@@ -178,13 +179,6 @@ class Writer:
             if batch.entries:
                 batches.append(batch)
         return batches
-
-    def _deliveries(self, stream: str, entries: list[InputEntry]) -> dict[str, int]:
-        """How many times each entry was read (Redis counts every read and every reclaim)."""
-        pending = self.client.xpending_range(
-            stream, keys.WRITER_GROUP, min=entries[0].id, max=entries[-1].id, count=len(entries), consumername=self.name
-        )
-        return {text(row["message_id"]): row["times_delivered"] for row in pending}
 
     # -- one batch --------------------------------------------------------------------------
 
