@@ -15,7 +15,9 @@ failed, and what reaches Redis is always one line per event, in one of two forms
 from __future__ import annotations
 
 import json
+import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -31,6 +33,16 @@ JSON_TYPES = frozenset({"application/json", "text/json", "application/x-www-form
 # schema fails from 12 levels: pyspark's protobuf decoder refuses the nested cast expressions).
 MAX_DEPTH = 8
 SET_ASIDE_MARK = contract.SET_ASIDE_MARK.encode()
+# orjson reads an integer beyond 64 bits as a float, losing digits. A number that long has at least
+# 19 digits in a row: only text holding such a run is read again by the standard library, which
+# keeps every digit (a run inside a string or a long fraction costs that second read, nothing more).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# A field's name becomes a column's, and Spark's JSON parser refuses names past 50,000 characters
+# (failing the whole event): a longer name is no column name. Such a field is set aside on its own
+# and the event's other fields are written. Only an event holding a JSON string that long followed
+# by a colon (a key) is walked.
+MAX_FIELD_NAME = 1024
+_LONG_NAME = re.compile(rb'"(?:[^"\\]|\\.){%d,}"\s*:' % (MAX_FIELD_NAME + 1))
 
 
 @dataclass(frozen=True)
@@ -105,16 +117,66 @@ def set_aside_line(reason: str, event_text: str) -> bytes:
     return SET_ASIDE_MARK + orjson.dumps({"reason": reason, "event": event_text})
 
 
-def event_line(value: dict, text: bytes | None = None) -> bytes:
-    """The line the writer gets for one event object (`text`: its original JSON, when known)."""
+def loads_exact(text: bytes, parsed: object) -> object:
+    """`parsed` (orjson's reading of `text`), or the standard library's when `text` may hold an
+    integer beyond 64 bits that orjson turned into a float. orjson read it first, so the text is
+    valid JSON without infinities or lone surrogates, which the standard library would let through."""
+    if _LONG_DIGITS.search(text) is None:
+        return parsed
+    return json.loads(text)
+
+
+def dumps_exact(value: dict) -> bytes | None:
+    """The JSON of `value`, integers beyond 64 bits included; None when it nests too deep to encode."""
     try:
-        line = orjson.dumps(value)
-    except orjson.JSONEncodeError:  # nested beyond orjson's 254 levels: too deep by far
-        line = None
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, or nested beyond orjson's 254 levels
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except (RecursionError, ValueError):  # too deep by far
+        return None
+
+
+def event_lines(value: dict, text: bytes | None = None) -> list[bytes]:
+    """The lines the writer gets for one event object (`text`: its original JSON, when known):
+    the event, or the event set aside; or, when some of its field names are too long to be
+    columns, the event without them and those fields set aside."""
+    line = dumps_exact(value)
+    if line is not None and _LONG_NAME.search(line):
+        kept, long_named = _without_long_names(value)
+        if long_named:
+            return _split_long_names(kept, long_named, text, value)
     if line is None or (may_be_deep(line) and deeper_than(value, MAX_DEPTH)):
-        return set_aside_line(f"the event nests objects or arrays more than {MAX_DEPTH} levels deep; "
-                              "flatten it or send deep parts as JSON text", _original_text(value, text))
-    return line
+        return [set_aside_line(f"the event nests objects or arrays more than {MAX_DEPTH} levels deep; "
+                               "flatten it or send deep parts as JSON text", _original_text(value, text))]
+    return [line]
+
+
+def _without_long_names(value: dict) -> tuple[dict, dict]:
+    """(the event without fields named longer than MAX_FIELD_NAME at any depth through objects,
+    those fields as an object of their dotted paths)."""
+    long_named: dict = {}
+
+    def keep(node: dict, path: str) -> dict:
+        kept = {}
+        for key, child in node.items():
+            if len(key) > MAX_FIELD_NAME:
+                long_named[path + key] = child
+            else:
+                kept[key] = keep(child, f"{path}{key}.") if isinstance(child, dict) else child
+        return kept
+
+    return keep(value, ""), long_named
+
+
+def _split_long_names(kept: dict, long_named: dict, text: bytes | None, value: dict) -> list[bytes]:
+    names = ", ".join(f"{name[:40]!r}... ({len(name):,} characters)" for name in long_named)
+    reason = (f"field names longer than {MAX_FIELD_NAME:,} characters cannot be columns: {names}; "
+              "the event's other fields were written without them")
+    if not kept:
+        return [set_aside_line(reason.removesuffix("; the event's other fields were written without them"), _original_text(value, text))]
+    return [*event_lines(kept), set_aside_line(reason, _original_text(long_named, None))]
 
 
 def may_be_deep(text: bytes) -> bool:
@@ -135,23 +197,29 @@ def _original_text(value: dict, text: bytes | None) -> str:
 
 
 def _parse_ndjson(body: bytes, max_events: int) -> ParsedBody:
+    long_numbers = _LONG_DIGITS.search(body) is not None
+    texts = ((f"line {number}", raw.strip()) for number, raw in enumerate(body.split(b"\n"), start=1))
+    return _parse_texts(body, ((where, text) for where, text in texts if text), max_events, long_numbers)
+
+
+def _parse_texts(body: bytes, texts: Iterable[tuple[str, bytes]], max_events: int, long_numbers: bool) -> ParsedBody:
+    """The events of `texts` (where each is in the body, its JSON text), one by one: an event
+    nested deeper than JSON parsing allows is set aside, anything else that is not a JSON object
+    refuses the request."""
     lines: list[bytes] = []
-    for number, raw in enumerate(body.split(b"\n"), start=1):
-        line = raw.strip()
-        if not line:
-            continue
+    for where, text in texts:
         try:
-            value = orjson.loads(line)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
-            if str(exc).startswith("depth limit exceeded") and line.startswith(b"{"):
-                event = set_aside_line(f"the event nests objects or arrays deeper than JSON parsing allows ({exc})", line.decode(errors="replace"))
+            if str(exc).startswith("depth limit exceeded") and text.startswith(b"{"):
+                event = [set_aside_line(f"the event nests objects or arrays deeper than JSON parsing allows ({exc})", text.decode(errors="replace"))]
             else:
-                raise BadRequestBody(f"line {number}: malformed JSON ({exc}); nothing from this request was accepted") from exc
+                raise BadRequestBody(f"{where}: {_malformed(body, exc)}; nothing from this request was accepted") from exc
         else:
             if not isinstance(value, dict):
-                raise BadRequestBody(f"line {number}: expected a JSON object, got {type(value).__name__}")
-            event = event_line(value, line)
-        lines.append(event)
+                raise BadRequestBody(f"{where}: expected a JSON object, got {type(value).__name__}")
+            event = event_lines(loads_exact(text, value) if long_numbers else value, text)
+        lines.extend(event)
         if len(lines) > max_events:
             raise BodyTooLarge(f"more than {max_events} events in one request; split it")
     if not lines:
@@ -163,10 +231,19 @@ def _parse_json(body: bytes, max_events: int) -> ParsedBody:
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        hint = " (for one object per line, send Content-Type: application/x-ndjson)" if b"\n" in body.strip() else ""
         if str(exc).startswith("depth limit exceeded"):
-            hint = f" (nesting deeper than {MAX_DEPTH} levels is not accepted in an event)"
-        raise BadRequestBody(f"malformed JSON: {exc}{hint}") from exc
+            # An event nested deeper than JSON parsing allows is set aside, as in NDJSON: the
+            # body's events are parsed one by one.
+            stripped = body.strip()
+            elements = [stripped] if stripped.startswith(b"{") else array_elements(stripped)
+            if elements is not None:
+                where = "the body" if stripped.startswith(b"{") else "element {}"
+                texts = ((where.format(index), text) for index, text in enumerate(elements))
+                return _parse_texts(body, texts, max_events, _LONG_DIGITS.search(body) is not None)
+        hint = " (for one object per line, send Content-Type: application/x-ndjson)" if b"\n" in body.strip() else ""
+        raise BadRequestBody(f"{_malformed(body, exc)}{hint}") from exc
+    if _LONG_DIGITS.search(body) is not None:
+        value = loads_exact(body, value)
     events = [value] if isinstance(value, dict) else value
     if not isinstance(events, list):
         raise BadRequestBody(f"expected a JSON object or an array of objects, got {type(value).__name__}")
@@ -177,8 +254,57 @@ def _parse_json(body: bytes, max_events: int) -> ParsedBody:
     for index, event in enumerate(events):
         if not isinstance(event, dict):
             raise BadRequestBody(f"element {index}: expected a JSON object, got {type(event).__name__}")
-    lines = [event_line(event) for event in events]
+    lines = [line for event in events for line in event_lines(event)]
     return ParsedBody(ndjson=b"\n".join(lines), events=len(lines), set_aside=_set_aside(lines))
+
+
+# A JSON string (with its escapes) or one of the characters that shape an array: what splitting
+# an array into its elements needs to see. Strings are matched whole, so brackets in them do not count.
+_ARRAY_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def array_elements(text: bytes) -> list[bytes] | None:
+    """The texts of the elements of the JSON array `text` (stripped), without parsing them: how a
+    body orjson cannot read whole (an element nested too deep) is read element by element. None
+    when `text` is not one array."""
+    if not text.startswith(b"["):
+        return None
+    elements: list[bytes] = []
+    depth, begin = 0, 0
+    for token in _ARRAY_TOKENS.finditer(text):
+        mark = token.group()
+        if mark[:1] == b'"':
+            continue
+        if mark in (b"[", b"{"):
+            depth += 1
+            if depth == 1:
+                begin = token.end()
+        elif mark in (b"]", b"}"):
+            depth -= 1
+            if depth == 0:
+                last = text[begin:token.start()].strip()
+                if last or elements:
+                    elements.append(last)
+                return elements if not text[token.end():].strip() else None
+        elif depth == 1:
+            elements.append(text[begin:token.start()].strip())
+            begin = token.end()
+    return None
+
+
+def _malformed(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Why the body is no JSON, in terms a producer can act on: a body that is not UTF-8 text
+    (compressed without saying so, or in another encoding) is named as such."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        if body.startswith(b"\x1f\x8b"):
+            return "the body is gzip-compressed but no Content-Encoding says so; send the header Content-Encoding: gzip"
+        if body.startswith((b"\xff\xfe", b"\xfe\xff")) or body[:64].count(b"\x00") >= 8:
+            return "the body looks like UTF-16 text; JSON must be sent as UTF-8"
+        return (f"the body is not UTF-8 text (byte 0x{body[bad.start]:02x} at offset {bad.start}); JSON must be sent as UTF-8: "
+                "re-encode it (for example from latin-1) or escape the characters as \\uXXXX")
+    return f"malformed JSON ({exc})"
 
 
 def normalize_events(lines: list[bytes]) -> ParsedBody:
@@ -195,7 +321,7 @@ def normalize_events(lines: list[bytes]) -> ParsedBody:
         if not isinstance(value, dict):
             out.append(set_aside_line(f"expected a JSON object, got {type(value).__name__}", text.decode(errors="replace")))
             continue
-        out.append(event_line(value, text))
+        out.extend(event_lines(loads_exact(text, value), text))
     return ParsedBody(ndjson=b"\n".join(out), events=len(out), set_aside=_set_aside(out))
 
 

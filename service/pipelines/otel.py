@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from service.core.exceptions import OtlpError
 from service.pipelines.timestamps import iso_from_unix_nanos
@@ -48,30 +49,148 @@ _ANY_VALUE_KEYS = frozenset({
 })
 
 
-def parse_request(body: bytes, json: bool) -> ExportLogsServiceRequest:
+def parse_request(body: bytes, json: bool) -> tuple[ExportLogsServiceRequest, list[str]]:
     """An ExportLogsServiceRequest from protobuf bytes, or from the OTLP JSON mapping (ids in hex,
-    enums as integers, 64-bit integers as strings or numbers, unknown fields ignored)."""
-    request = ExportLogsServiceRequest()
+    enums as integers, 64-bit integers as strings or numbers, unknown fields ignored), and why each
+    log record it could not hold was refused. One bad record (an AnyValue nested past protobuf's
+    depth limit, a string that is not UTF-8, an id that is not hex) is left out and named; the
+    others are kept, for an exporter treats a 400 as final and would drop them all."""
     if not json:
+        request = ExportLogsServiceRequest()
         try:
             request.ParseFromString(body)
-        except (DecodeError, RecursionError) as exc:
-            raise OtlpError(f"the body is not an OTLP ExportLogsServiceRequest in protobuf ({exc})") from None
-        return request
+        except (DecodeError, RecursionError):
+            return _parse_protobuf_by_record(body)
+        return request, []
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise OtlpError(f"the body is not JSON: {exc}") from None
     if not isinstance(document, dict):
         raise OtlpError("the body is not an OTLP ExportLogsServiceRequest: a JSON object with resourceLogs")
-    for record in _records(document):
-        _hex_ids_to_base64(record)
-        _body_as_any_value(record)
+    request = ExportLogsServiceRequest()
     try:
+        for record in _records(document):
+            _hex_ids_to_base64(record)
+            _body_as_any_value(record)
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    except (OtlpError, json_format.ParseError, RecursionError):
+        return _parse_json_by_record(orjson.loads(body))  # afresh: the records above were changed in place
+    return request, []
+
+
+def _parse_json_by_record(document: dict) -> tuple[ExportLogsServiceRequest, list[str]]:
+    request, refused = ExportLogsServiceRequest(), []
+    for resource_logs in _objects(document.get("resourceLogs", document.get("resource_logs"))):
+        into = request.resource_logs.add()
+        _parse_dict({key: value for key, value in resource_logs.items() if key not in ("scopeLogs", "scope_logs")}, into, "resourceLogs")
+        for scope_logs in _objects(resource_logs.get("scopeLogs", resource_logs.get("scope_logs"))):
+            scope_into = into.scope_logs.add()
+            _parse_dict({key: value for key, value in scope_logs.items() if key not in ("logRecords", "log_records")}, scope_into, "scopeLogs")
+            for record in _objects(scope_logs.get("logRecords", scope_logs.get("log_records"))):
+                try:
+                    _hex_ids_to_base64(record)
+                    _body_as_any_value(record)
+                    parsed = json_format.ParseDict(record, LogRecord(), ignore_unknown_fields=True)
+                except (OtlpError, json_format.ParseError, RecursionError) as exc:
+                    refused.append(f"log record {_position(request, len(refused))}: {_said(exc)}")
+                    continue
+                scope_into.log_records.append(parsed)
+    return request, refused
+
+
+def _parse_dict(value: dict, into: Message, what: str) -> None:
+    try:
+        json_format.ParseDict(value, into, ignore_unknown_fields=True)
     except (json_format.ParseError, RecursionError) as exc:
-        raise OtlpError(f"the body is not an OTLP ExportLogsServiceRequest in JSON ({exc})") from None
-    return request
+        raise OtlpError(f"the body is not an OTLP ExportLogsServiceRequest in JSON: a {what} is not one ({_said(exc)})") from None
+
+
+def _parse_protobuf_by_record(body: bytes) -> tuple[ExportLogsServiceRequest, list[str]]:
+    """The export read one log record at a time from protobuf's wire format, after the whole
+    message failed to parse: the records that parse are kept, the others named."""
+    request, refused = ExportLogsServiceRequest(), []
+    try:
+        for number, resource_logs in _wire_fields(body):
+            if number != _RESOURCE_LOGS:
+                continue
+            into = request.resource_logs.add()
+            into.MergeFromString(b"".join(raw for n, raw in _wire_fields(resource_logs, raw=True) if n != _SCOPE_LOGS))
+            for number_in, scope_logs in _wire_fields(resource_logs):
+                if number_in != _SCOPE_LOGS:
+                    continue
+                scope_into = into.scope_logs.add()
+                scope_into.MergeFromString(b"".join(raw for n, raw in _wire_fields(scope_logs, raw=True) if n != _LOG_RECORDS))
+                for number_record, record in _wire_fields(scope_logs):
+                    if number_record != _LOG_RECORDS:
+                        continue
+                    try:
+                        scope_into.log_records.append(LogRecord.FromString(record))
+                    except (DecodeError, RecursionError) as exc:
+                        refused.append(f"log record {_position(request, len(refused))}: {_said(exc)}")
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise OtlpError(f"the body is not an OTLP ExportLogsServiceRequest in protobuf ({_said(exc)})") from None
+    return request, refused
+
+
+# Field numbers of opentelemetry-proto's logs messages: ExportLogsServiceRequest.resource_logs,
+# ResourceLogs.scope_logs, ScopeLogs.log_records.
+_RESOURCE_LOGS, _SCOPE_LOGS, _LOG_RECORDS = 1, 2, 2
+
+
+def _wire_fields(data: bytes, raw: bool = False) -> Iterator[tuple[int, bytes]]:
+    """The fields of a protobuf message as (number, payload of a length-delimited field, or the
+    field's whole encoding with `raw`); other wire types are skipped (or given whole with `raw`)."""
+    position = 0
+    while position < len(data):
+        start = position
+        key, position = _varint(data, position)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _value, position = _varint(data, position)
+            payload = b""
+        elif wire_type in (1, 5):
+            position += 8 if wire_type == 1 else 4
+            payload = b""
+        elif wire_type == 2:
+            length, position = _varint(data, position)
+            payload, position = data[position:position + length], position + length
+        else:
+            raise DecodeError(f"wire type {wire_type} of field {number} is not one these messages use")
+        if position > len(data):
+            raise DecodeError("the message is truncated")
+        if raw:
+            yield number, data[start:position]
+        elif wire_type == 2:
+            yield number, payload
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise DecodeError("a varint is truncated or too long")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, position
+
+
+def _position(request: ExportLogsServiceRequest, refused_before: int) -> int:
+    """The 0-based place in the export of the record being refused, counting every record."""
+    kept = sum(len(scope.log_records) for resource in request.resource_logs for scope in resource.scope_logs)
+    return kept + refused_before
+
+
+def _said(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, RecursionError) or "MaxDepth" in text or "too deep" in text:
+        return "its values nest deeper than protobuf's limit of 100 messages"
+    if "UTF-8" in text:
+        return "a string in it is not valid UTF-8"
+    return text[:300]
 
 
 def _records(document: dict) -> Iterator[dict]:
@@ -116,18 +235,26 @@ def _objects(value: Any) -> list[dict]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def events(request: ExportLogsServiceRequest, received_ns: int) -> Iterator[dict]:
-    """One event per LogRecord, with its resource's and scope's facts."""
+def events(request: ExportLogsServiceRequest, received_ns: int, refused: list[str]) -> Iterator[dict]:
+    """One event per LogRecord, with its resource's and scope's facts; a record whose times are
+    out of range is left out, and why is added to `refused`."""
+    position = -1
     for resource_logs in request.resource_logs:
         resource = _attributes(resource_logs.resource.attributes)
         for scope_logs in resource_logs.scope_logs:
             scope = scope_logs.scope
             for record in scope_logs.log_records:
+                position += 1
                 # A record without a time takes the time it was observed, else when Calve got it.
                 observed = record.observed_time_unix_nano or None
+                try:
+                    times = _iso(record.time_unix_nano or observed or received_ns), _iso(observed) if observed else None
+                except OtlpError as exc:
+                    refused.append(f"log record {position} of those decoded: {exc}")
+                    continue
                 event = {
-                    "timestamp": _iso(record.time_unix_nano or observed or received_ns),
-                    "observed_timestamp": _iso(observed) if observed else None,
+                    "timestamp": times[0],
+                    "observed_timestamp": times[1],
                     "severity_number": record.severity_number or None,
                     "severity_text": record.severity_text or None,
                     # An AnyValue holding nothing is no body (NULL), never the text "null".

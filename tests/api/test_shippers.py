@@ -141,7 +141,8 @@ def test_otlp_bodies_that_are_not_log_exports_are_400_and_nothing_is_buffered(ap
         (b"\xff\x00garbage", "application/x-protobuf", "not an OTLP ExportLogsServiceRequest in protobuf"),
         (b"{nope", "application/json", "not JSON"),
         (orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"traceId": "zz"}]}]}]}), "application/json", "is not hex"),
-        (orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"timeUnixNano": "99999999999999999999999"}]}]}]}), "application/json", "OTLP"),
+        (orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"timeUnixNano": "99999999999999999999999"}]}]}]}), "application/json",
+         "no log record of the export could be read: log record 0: Failed to parse timeUnixNano"),
         (b"{}", "text/plain", "unsupported Content-Type"),
     ):
         answer = app_client.post("/otlp/v1/logs", content=body, headers={"Content-Type": kind})
@@ -246,3 +247,61 @@ def test_a_bulk_document_too_deep_to_encode_goes_to_the_dlq_and_the_rest_is_kept
     first, second = InputEntry.from_fields(*entry).body.split(b"\n")
     assert first.startswith(b"!") and orjson.loads(first[1:])["event"] == deep, "set aside for the DLQ with its original text"
     assert orjson.loads(second) == {"msg": "kept"}
+
+
+def test_a_bulk_id_beyond_64_bits_is_an_integer_and_keeps_its_digits(app_client, redis_url: str) -> None:  # noqa: ANN001
+    """orjson reads 2**64 as a float: the action was refused as '_id a string or an integer'."""
+    ids = {
+        "name": "big_ids", "source": {"http": {"path": "/big_ids"}},
+        "sinks": [{"table": "big_ids", "auto_create": True, "operation": "op", "identifier_columns": ["id"],
+                   "schema": {"columns": [{"name": "id", "type": "string", "required": True}, {"name": "n", "type": "string"}]}}],
+    }
+    assert app_client.post("/v1/pipelines", json=ids).status_code in (201, 409)
+    client = redis.Redis.from_url(redis_url)
+    body = (b'{"index":{"_index":"big_ids","_id":18446744073709551616}}\n{"n":123456789012345678901234567890}\n'
+            b'{"delete":{"_index":"big_ids","_id":-99999999999999999999}}\n')
+    answer = post_bulk(app_client, body)
+    assert answer.status_code == 200 and not answer.json()["errors"], answer.text
+    assert [next(iter(i.values()))["_id"] for i in answer.json()["items"]] == ["18446744073709551616", "-99999999999999999999"]
+    (entry,) = client.xrevrange(keys.input_stream_key("demo", "big_ids"), count=1)
+    assert InputEntry.from_fields(*entry).body.split(b"\n") == [
+        b'{"n":123456789012345678901234567890,"id":"18446744073709551616","op":"insert"}',
+        b'{"id":"-99999999999999999999","op":"delete"}',
+    ]
+
+
+def test_an_otlp_export_keeps_its_readable_records_and_names_the_others_in_partial_success(app_client, redis_url: str) -> None:  # noqa: ANN001
+    """One record nested past protobuf's depth limit, or holding a string that is not UTF-8, or an
+    id that is not hex, used to make the whole export a 400 (final for an exporter): every record lost."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+
+    client = redis.Redis.from_url(redis_url)
+    request = ExportLogsServiceRequest()
+    resource_logs = request.resource_logs.add()
+    resource_logs.resource.attributes.add(key="service.name").value.string_value = "checkout"
+    records = resource_logs.scope_logs.add().log_records
+    for text in ("first", "deep", "BAD-UTF8", "last"):
+        record = records.add(time_unix_nano=1764000000123456789)
+        value = record.body
+        for _ in range(60 if text == "deep" else 0):
+            value = value.array_value.values.add()
+        value.string_value = text
+    body = request.SerializeToString().replace(b"BAD-UTF8", b"\xff\xfe\xfd-UTF8")  # same length
+    answer = app_client.post("/otlp/v1/logs", content=body, headers={"Content-Type": "application/x-protobuf"})
+    assert answer.status_code == 200, answer.text
+    partial = ExportLogsServiceResponse.FromString(answer.content).partial_success
+    assert partial.rejected_log_records == 2
+    assert "log record 1: its values nest deeper than" in partial.error_message and "log record 2: a string in it is not valid UTF-8" in partial.error_message
+    kept = last_events(client, "otel_logs")
+    assert [(event["body"], event["resource_attributes"]) for event in kept] == [("first", {"service.name": "checkout"}), ("last", {"service.name": "checkout"})]
+
+    deep: dict = {"stringValue": "deep"}
+    for _ in range(60):
+        deep = {"arrayValue": {"values": [deep]}}
+    json_records = [{"body": {"stringValue": "one"}}, {"body": deep}, {"traceId": "zz", "body": "bad id"}, {"body": "two"}]
+    document = {"resourceLogs": [{"scopeLogs": [{"scope": {"name": "app"}, "logRecords": json_records}]}]}
+    answer = app_client.post("/otlp/v1/logs", content=orjson.dumps(document), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["partialSuccess"]["rejectedLogRecords"] == "2"
+    assert "log record 2: traceId 'zz' is not hex" in answer.json()["partialSuccess"]["errorMessage"]
+    assert [(event["body"], event["scope_name"]) for event in last_events(client, "otel_logs")] == [("one", "app"), ("two", "app")]

@@ -341,12 +341,10 @@ def test_hostile_numbers_depths_and_definitions_get_a_4xx_never_a_500(api: Stack
             assert refused.status_code == 422 and "is not allowed" in refused.text, function
         too_many = http.post("/v1/pipelines", json=base | {"processors": [{"where": "a > 1"}] * 10_000})
         assert too_many.status_code == 422 and too_many.json()["errors"][0]["field"] == "processors"
-        # 255 levels as a JSON body: accepted, the event set aside for the DLQ; past the parser's
-        # own limit: 400 saying so.
-        accepted = http.post("/logs", content=b'{"a":' * 255 + b"1" + b"}" * 255, headers={"Content-Type": "application/json"})
-        assert accepted.status_code == 202, accepted.text
-        refused = http.post("/logs", content=b'{"a":' * 3000 + b"1" + b"}" * 3000, headers={"Content-Type": "application/json"})
-        assert refused.status_code == 400 and "nesting deeper than" in refused.text
+        # 255 levels as a JSON body, or past the parser's own limit: accepted, the event set aside for the DLQ.
+        for levels in (255, 3000):
+            accepted = http.post("/logs", content=b'{"a":' * levels + b"1" + b"}" * levels, headers={"Content-Type": "application/json"})
+            assert accepted.status_code == 202, accepted.text
     with api.client(api.operator) as http:
         refused = http.post("/v1/tenants", json={"name": "gamma", "max_events_per_s": huge})
         assert refused.status_code == 422, refused.text

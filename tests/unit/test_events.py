@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import tracemalloc
 
 import orjson
@@ -98,9 +99,36 @@ def test_duplicate_keys_keep_the_last_value_in_both_body_kinds() -> None:
     assert ndjson.ndjson == array.ndjson == b'{"dup":"second","n":{"k":2}}'
 
 
-def test_a_json_body_nested_beyond_the_parser_is_a_400_naming_the_limit() -> None:
-    with pytest.raises(BadRequestBody, match="nesting deeper than"):
-        parse_events(_deep(3000), "application/json", 10)
+def test_events_nested_beyond_the_parser_are_set_aside_in_a_json_body_as_in_ndjson() -> None:
+    """orjson refuses a body nested past 1,024 levels whole: a JSON body is then read element by
+    element, so the deep event goes to the DLQ and the others are written, as NDJSON's lines are."""
+    events = [b'{"ok":"[,{\\"}"}', _deep(3000), b'{"n":[1,{"b":2}]}']
+    as_array = parse_events(b"[" + b",\n ".join(events) + b"]", "application/json", 10)
+    as_lines = parse_events(b"\n".join(events), "application/x-ndjson", 10)
+    assert as_array.ndjson == as_lines.ndjson and (as_array.events, as_array.set_aside) == (3, 1)
+    assert as_array.ndjson.split(b"\n")[2] == b'{"n":[1,{"b":2}]}'
+    alone = parse_events(_deep(3000), "application/json", 10)
+    assert (alone.events, alone.set_aside) == (1, 1)
+    with pytest.raises(BadRequestBody, match="element 1: expected a JSON object"):
+        parse_events(b"[" + _deep(3000) + b", 7]", "application/json", 10)
+
+
+def test_integers_beyond_64_bits_keep_every_digit() -> None:
+    """orjson reads them as floats (99999999999999999999999 became 1e23): such text is read again exactly."""
+    body = b'{"big":99999999999999999999999,"neg":-9223372036854775809,"f":0.1,"s":"12345678901234567890"}'
+    for content_type, text in (("application/json", body), ("application/json", b"[" + body + b"]"), ("application/x-ndjson", body)):
+        assert parse_events(text, content_type, 10).ndjson == body, content_type
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ('{"msg":"caf\u00e9"}'.encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 11)"),
+    ('{"msg":"x"}'.encode("utf-16"), "looks like UTF-16"),
+    (gzip.compress(b'{"msg":"x"}'), "send the header Content-Encoding: gzip"),
+])
+@pytest.mark.parametrize("content_type", ["application/json", "application/x-ndjson"])
+def test_a_body_that_is_not_utf8_is_named_for_what_it_is_not(body: bytes, said: str, content_type: str) -> None:
+    with pytest.raises(BadRequestBody, match=re.escape(said)):
+        parse_events(body, content_type, 10)
 
 
 def test_replayed_dlq_events_are_checked_like_intake() -> None:

@@ -39,7 +39,7 @@ from service.api.deps import (
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.api.events import ParsedBody, decode_body, parse_events
+from service.api.events import ParsedBody, decode_body, dumps_exact, loads_exact, parse_events
 from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining
 from service.core import metrics
 from service.core.config import Settings
@@ -126,7 +126,7 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
     position = 0
     while position < len(lines):
         try:
-            action_line = orjson.loads(lines[position])
+            action_line = loads_exact(lines[position], orjson.loads(lines[position]))  # an _id beyond 64 bits too
         except orjson.JSONDecodeError as exc:
             raise BadRequestBody(f"bulk line {position + 1} is not JSON: {exc}") from None
         position += 1
@@ -144,7 +144,7 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
             if position >= len(lines):
                 raise BadRequestBody(f"bulk line {position}: the {action} action has no document line after it")
             try:
-                document = orjson.loads(lines[position])
+                document = loads_exact(lines[position], orjson.loads(lines[position]))
             except orjson.JSONDecodeError:
                 document = None
             position += 1
@@ -184,10 +184,9 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
                 continue
             event.setdefault(target.identifier, doc_id)
             event[target.operation] = "insert"
-        try:
-            line = orjson.dumps(event)
-        except orjson.JSONEncodeError as exc:  # nested beyond orjson's 254 levels
-            items.append(_item(action, index, doc_id, 400, f"the document nests too deeply to change a row by ({exc}); flatten it",
+        line = dumps_exact(event)
+        if line is None:
+            items.append(_item(action, index, doc_id, 400, "the document nests too deeply to change a row by; flatten it",
                                "mapper_parsing_exception"))
             continue
         target.lines.append(line)

@@ -24,6 +24,7 @@ from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep,
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.api.events import media_type
 from service.api.routes.ingest import accept_converted
+from service.core import metrics
 from service.core.exceptions import BadRequestBody, OtlpError
 from service.core.keys import OTEL_LOGS_PIPELINE
 from service.pipelines import otel
@@ -70,30 +71,47 @@ async def export_logs(
         raise BadRequestBody(f"unsupported Content-Type {kind!r}: OTLP/HTTP sends {PROTOBUF} or {JSON}")
     json = kind == JSON
     received_ns = time.time_ns()
+    refused: list[str] = []
     receipt_id = await accept_converted(request, principal, buffer, limits, settings, OTEL_LOGS_PIPELINE,
-                                        lambda body: _event_lines(body, json, received_ns))
+                                        lambda body: _event_lines(body, json, received_ns, refused))
     answer = ExportLogsServiceResponse()
+    if refused:
+        # Records Calve could not read are rejected now, whatever becomes of the others.
+        metrics.REQUESTS_REJECTED.labels(principal.tenant, "otlp_record_unreadable").inc(len(refused))
+        answer.partial_success.rejected_log_records = len(refused)
+        answer.partial_success.error_message = f"{len(refused)} log records could not be read and were not accepted: {_listed(refused)}"
     if receipt_id is None:
         return _encode(answer, json)
     wait_s = min(settings.wait_timeout_s, settings.max_wait_timeout_s)
     receipt = await waiter.wait(principal.tenant, receipt_id, wait_s) if wait else None
+    said = []
     if wait and receipt is not None and receipt.status == FAILED:
-        answer.partial_success.rejected_log_records = receipt.events
-        answer.partial_success.error_message = f"the records cannot be committed: {receipt.error}"
+        answer.partial_success.rejected_log_records += receipt.events
+        said.append(f"the records cannot be committed: {receipt.error}")
     elif wait and (receipt is None or receipt.status != COMMITTED):
         # Buffered, not committed in time: still a success (sent again, it would be written twice).
-        answer.partial_success.error_message = (f"accepted as receipt {receipt_id}, not yet committed; "
-                                                f"GET /v1/receipts/{receipt_id} tells when it is")
+        said.append(f"accepted as receipt {receipt_id}, not yet committed; GET /v1/receipts/{receipt_id} tells when it is")
     elif receipt is not None and (dead := receipt.public()["dlq_events"]):
-        answer.partial_success.rejected_log_records = dead
-        answer.partial_success.error_message = (f"{dead} log records went to the dead-letter queue; "
-                                                f"GET /v1/dlq?pipeline={OTEL_LOGS_PIPELINE} says why")
+        answer.partial_success.rejected_log_records += dead
+        said.append(f"{dead} log records went to the dead-letter queue; GET /v1/dlq?pipeline={OTEL_LOGS_PIPELINE} says why")
+    if said:
+        answer.partial_success.error_message = "; ".join([answer.partial_success.error_message, *said] if refused else said)
     return _encode(answer, json)
 
 
-def _event_lines(body: bytes, json: bool, received_ns: int) -> bytes:
+def _event_lines(body: bytes, json: bool, received_ns: int, refused: list[str]) -> bytes:
+    """The export's records as NDJSON events; why each record left out was refused, in `refused`
+    (all of them refused: the export is a 400 saying why)."""
     try:
-        request = otel.parse_request(body, json)
-        return b"\n".join(orjson.dumps(event) for event in otel.events(request, received_ns))
+        request, refused[:] = otel.parse_request(body, json)
+        lines = b"\n".join(orjson.dumps(event) for event in otel.events(request, received_ns, refused))
     except OtlpError as exc:
         raise BadRequestBody(str(exc)) from None
+    if refused and not lines:
+        raise BadRequestBody(f"no log record of the export could be read: {_listed(refused)}")
+    return lines
+
+
+def _listed(refused: list[str]) -> str:
+    shown = "; ".join(refused[:3])
+    return shown + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")

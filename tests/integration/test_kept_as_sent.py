@@ -1,0 +1,32 @@
+"""Data kept as sent: what a producer sends is stored as it was, or named where it is not."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def test_long_integers_and_long_field_names_are_kept_or_named(stack) -> None:  # noqa: ANN001
+    """An integer beyond 64 bits keeps every digit in `_extra` (orjson used to make it a float:
+    9.999999999999999E22); a field whose name is too long to be a column goes to the DLQ with
+    the reason while the event's other fields are written (the whole event used to go there, as
+    'no field of the event matches a column')."""
+    long_name = "k" * 1_000_000
+    with stack.client() as http:
+        assert http.post("/logs?wait=true", json={"id": "a", "msg": "creates the table"}).status_code == 200
+        big = http.post("/logs?wait=true", content=b'{"id":"big","x":99999999999999999999999,"y":[18446744073709551616]}',
+                        headers={"Content-Type": "application/json"})
+        assert big.status_code == 200 and big.json()["dlq_events"] == 0, big.text
+        named = http.post("/logs?wait=true", content=orjson.dumps({"id": "long", "msg": "kept", long_name: 1}),
+                          headers={"Content-Type": "application/json"})
+        assert named.status_code == 200, named.text
+        assert (named.json()["tables"]["logs"]["rows"], named.json()["dlq_events"]) == (1, 1)
+    rows = {row["id"]: row for row in stack.rows()}
+    assert dict(rows["big"]["_extra"]) == {"x": "99999999999999999999999", "y": "[18446744073709551616]"}
+    assert rows["long"]["msg"] == "kept" and rows["long"]["_extra"] is None
+    [dead] = stack.rows("_calve_dlq")
+    assert dead["receipt"] == named.json()["receipt"]
+    assert "longer than 1,024 characters" in dead["reason"] and "(1,000,000 characters)" in dead["reason"]
+    assert orjson.loads(dead["event"]) == {long_name: 1}
