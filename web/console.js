@@ -297,7 +297,7 @@ function rowsPreview(path) {
     const filter = input.value.trim();
     try {
       const preview = await api(path + "/rows?limit=50" + (filter ? "&filter=" + encodeURIComponent(filter) : ""));
-      rows.replaceChildren(grid(preview.rows));
+      rows.replaceChildren(...(preview.note ? [el("p", preview.note)] : []), grid(preview.rows));
     } catch (e) { rows.replaceChildren(); fail(rows, e); }
   };
   form.addEventListener("submit", (ev) => { ev.preventDefault(); load(); });
@@ -604,7 +604,7 @@ async function tokensPage() {
   } catch (e) { fail(view, e); return; }
   view.appendChild(el("h2", "New token"));
   const form = el("form");
-  const scopes = ["ingest", "read", "admin"].map((scope) => {
+  const scopes = ["ingest", "read", "consume", "admin"].map((scope) => {
     const box = el("input"); box.type = "checkbox"; box.value = scope; box.checked = scope === "ingest";
     const label = el("label"); label.append(box, " " + scope + " ");
     form.appendChild(label);

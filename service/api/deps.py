@@ -132,14 +132,16 @@ async def _principal(request: Request, _credentials: HTTPAuthorizationCredential
     return principal
 
 
-def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
+def require_scope(scope: str, *or_scopes: str):  # noqa: ANN201 - a dependency factory
+    """A principal holding `scope` (or one of `or_scopes`)."""
     async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
         if principal.is_operator and scope != OPERATOR_SCOPE:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, "operator tokens manage tenants only; use a token of the tenant"
             )
-        if scope not in principal.scopes:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the '{scope}' scope")
+        if not principal.scopes & {scope, *or_scopes}:
+            named = " or ".join(f"'{s}'" for s in (scope, *or_scopes))
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the {named} scope")
         return principal
 
     return check
@@ -148,6 +150,10 @@ def require_scope(scope: str):  # noqa: ANN201 - a dependency factory
 IngestPrincipal = Annotated[Principal, Depends(require_scope("ingest"))]
 ReadPrincipal = Annotated[Principal, Depends(require_scope("read"))]
 AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]
+# A change-feed consumer's pages are read with `read` or `consume`; its cursor moves with `consume`
+# (or `admin`, which creates and deletes consumers): a read-only token cannot make an application skip changes.
+ConsumerReadPrincipal = Annotated[Principal, Depends(require_scope("read", "consume"))]
+ConsumePrincipal = Annotated[Principal, Depends(require_scope("consume", "admin"))]
 OperatorPrincipal = Annotated[Principal, Depends(require_scope(OPERATOR_SCOPE))]
 
 TableName = Annotated[str, Path(pattern=NAME_PATTERN, description=RULE)]

@@ -32,6 +32,7 @@ from service.core.exceptions import (
     InvalidName,
     NotFound,
     SnapshotMissing,
+    SnapshotUnknown,
 )
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ ERROR_STATUS = {
     BodyTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     InvalidName: HTTPStatus.UNPROCESSABLE_ENTITY,
     ChangelogError: HTTPStatus.CONFLICT,  # not an ancestor, delete files, a cursor behind the checkpoint
-    SnapshotMissing: HTTPStatus.GONE,
+    SnapshotMissing: HTTPStatus.GONE,  # expired (or, with history expired, never one: Calve cannot tell)
+    SnapshotUnknown: HTTPStatus.NOT_FOUND,
     HistoryExpired: HTTPStatus.GONE,
     ConsumerLagging: HTTPStatus.GONE,
     BadCursor: HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -91,8 +93,14 @@ def _answer_with(code: int):  # noqa: ANN202 - an exception handler factory
     return handler
 
 
+# FastAPI's answer to a JSON body it cannot decode as text (not UTF-8, or compressed without saying so).
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
 async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 400 and detail == _UNPARSED_BODY:
+        detail = "the body is not JSON text in UTF-8 (another encoding, or compressed without a Content-Encoding); send it as UTF-8 JSON"
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 

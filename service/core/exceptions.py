@@ -121,6 +121,16 @@ class SnapshotMissing(ChangelogError):
         self.snapshot_id = snapshot_id
 
 
+class SnapshotUnknown(SnapshotMissing):
+    """The snapshot named never was one of the table's: its id is not one Iceberg gives, or the
+    table's history is whole (nothing of it was expired) and does not hold it."""
+
+    def __init__(self, table: str, snapshot_id: int) -> None:
+        ChangelogError.__init__(self, f"table {table!r} never had a snapshot {snapshot_id}; GET /v1/tables/{table.rsplit('.', 1)[-1]} "
+                                      "lists its snapshots")
+        self.snapshot_id = snapshot_id
+
+
 class NotAnAncestor(ChangelogError):
     """The range's first snapshot is not on the history of its last."""
 

@@ -11,9 +11,8 @@ import pyarrow as pa
 from cachetools import LRUCache
 from pyiceberg.table import Table
 
-from service.core.exceptions import SnapshotMissing
 from service.feeds.cursors import LOAD, ORIGIN, Cursor
-from service.iceberg.changelog import Changelog, SnapshotChanges, SnapshotFiles, lineage, snapshot_files
+from service.iceberg.changelog import Changelog, SnapshotChanges, SnapshotFiles, lineage, missing_snapshot, snapshot_files
 
 # A batch of change rows, and the cursor after its first n rows.
 Positioned = tuple[pa.RecordBatch, Callable[[int], Cursor]]
@@ -39,7 +38,7 @@ def _plan(changelog: Changelog, snapshot_id: int, differ: Differ | None) -> Snap
     if plan is None:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
-            raise SnapshotMissing(".".join(table.name()), snapshot_id)
+            raise missing_snapshot(table, snapshot_id)
         files = snapshot_files(table, snapshot)
         plan = (differ(changelog, files) if differ is not None else None) or changelog.plan(files)
         with _PLANS_LOCK:
@@ -59,7 +58,7 @@ def _snapshot_rows(changelog: Changelog, snapshot_id: int, skip: int, differ: Di
 def _load_rows(changelog: Changelog, cursor: Cursor) -> Iterator[Positioned]:
     snapshot = changelog.table.metadata.snapshot_by_id(cursor.snapshot_id)
     if snapshot is None:
-        raise SnapshotMissing(".".join(changelog.table.name()), cursor.snapshot_id)
+        raise missing_snapshot(changelog.table, cursor.snapshot_id)
     files = changelog.load(snapshot)
     for index in range(cursor.file, len(files)):
         row = (cursor.offset or 0) if index == cursor.file else 0

@@ -42,7 +42,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from service.core.exceptions import DeleteFilesFound, HistoryExpired, NotAnAncestor, ReservedColumn, SnapshotMissing
+from service.core.exceptions import DeleteFilesFound, HistoryExpired, NotAnAncestor, ReservedColumn, SnapshotMissing, SnapshotUnknown
 from service.iceberg.files import locate
 from service.iceberg.private import file_batches
 
@@ -85,13 +85,23 @@ def is_first(snapshot: Snapshot) -> bool:
     return summary is None or (summary["total-records"] or "0") == (summary["added-records"] or "0")
 
 
+def missing_snapshot(table: Table, snapshot_id: int) -> SnapshotMissing:
+    """The error for a snapshot id the table does not hold: unknown (404) when it cannot have been
+    one of the table's (Iceberg's ids are positive, and a table whose oldest snapshot began its
+    history expired none), else missing (410: expired, or never one; the metadata cannot tell)."""
+    snapshots = table.metadata.snapshots
+    if snapshot_id <= 0 or not snapshots or is_first(min(snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))):
+        return SnapshotUnknown(_name(table), snapshot_id)
+    return SnapshotMissing(_name(table), snapshot_id)
+
+
 def lineage(table: Table, from_id: int | None, to_id: int | None = None) -> list[Snapshot]:
     """The snapshots after `from_id` (exclusive; None: from the table's first) up to `to_id`
     (default: the current one), oldest first."""
     metadata = table.metadata
     for wanted in (from_id, to_id):
         if wanted is not None and metadata.snapshot_by_id(wanted) is None:
-            raise SnapshotMissing(_name(table), wanted)
+            raise missing_snapshot(table, wanted)
     snapshot = metadata.snapshot_by_id(to_id) if to_id is not None else table.current_snapshot()
     newest_first: list[Snapshot] = []
     while snapshot is not None and snapshot.snapshot_id != from_id:

@@ -136,14 +136,22 @@ def test_bad_ranges_are_refused_with_what_to_do(app_client, catalog: Catalog) ->
     first = table.current_snapshot().snapshot_id
     table.append(rows((2, "b")))
     second = catalog.load_table(table.name()).current_snapshot().snapshot_id
-    answer = app_client.get(f"/v1/tables/{name}/changes", params={"from_snapshot": 12345})
-    assert answer.status_code == 410 and "no snapshot 12345" in answer.json()["detail"]
+    # Never one of the table's (its history is whole, or the id is not one Iceberg gives): 404, not 410.
+    for params in ({"from_snapshot": 12345}, {"from_snapshot": -2597780}, {"to_snapshot": 2**63 - 1}):
+        answer = app_client.get(f"/v1/tables/{name}/changes", params=params)
+        assert answer.status_code == 404 and "never had a snapshot" in answer.json()["detail"], params
+    answer = app_client.post(f"/v1/tables/{name}/consumers", json={"name": "neg", "start": -7})
+    assert answer.status_code == 404 and "never had a snapshot -7" in answer.json()["detail"]
     answer = app_client.get(f"/v1/tables/{name}/changes", params={"from_snapshot": second, "to_snapshot": first})
     assert answer.status_code == 409 and "not an ancestor" in answer.json()["detail"]
     assert app_client.get("/v1/tables/nope/changes").status_code == 404
     expire_snapshots(catalog.load_table(table.name()), ExpiryPolicy(max_age_s=0, min_snapshots=1, max_snapshots=1))
     answer = app_client.get(f"/v1/tables/{name}/changes")
     assert answer.status_code == 410 and f"from_snapshot={second}" in answer.json()["detail"]
+    # Once history was expired, an id the table lacks may be one that was: 410, saying both.
+    answer = app_client.get(f"/v1/tables/{name}/changes", params={"from_snapshot": first})
+    assert answer.status_code == 410 and "expired, or never was" in answer.json()["detail"]
+    assert app_client.get(f"/v1/tables/{name}/changes", params={"from_snapshot": -1}).status_code == 404
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
@@ -282,3 +290,35 @@ def test_a_table_whose_snapshot_has_no_manifests_is_described_with_no_files(app_
     answer = app_client.get(f"/v1/tables/{name}")
     assert answer.status_code == 200, answer.text
     assert answer.json()["health"]["data_files"] == 0 and answer.json()["health"]["manifests"] == 0
+
+
+def test_every_consumer_route_takes_the_scopes_the_readme_names(app_client, catalog: Catalog) -> None:  # noqa: ANN001
+    """Pages are read with `read` or `consume`; the cursor moves with `consume` or `admin`;
+    consumers are created and deleted with `admin`. A read-only token used to create, delete and
+    acknowledge (making an application skip changes)."""
+    name, table = new_table(catalog)
+    table.append(rows((1, "a")))
+    tokens = {}
+    for scope in ("ingest", "read", "consume", "admin"):
+        answer = app_client.post("/v1/tokens", json={"scopes": [scope]})
+        assert answer.status_code == 201, answer.text
+        tokens[scope] = {"Authorization": f"Bearer {answer.json()['token']}"}
+    allowed = {
+        ("POST", "consumers"): {"admin"}, ("GET", "consumers"): {"read", "consume"}, ("GET", "consumers/c"): {"read", "consume"},
+        ("GET", "consumers/c/changes"): {"read", "consume"}, ("POST", "consumers/c/ack"): {"consume", "admin"},
+        ("DELETE", "consumers/c"): {"admin"},
+    }
+    for (method, route), scopes in allowed.items():
+        for scope, headers in tokens.items():
+            if route == "consumers/c/ack":
+                page = app_client.get(f"/v1/tables/{name}/consumers/c/changes").json()
+                body = {"cursor": page["cursor"]}
+            else:
+                body = {"name": "c", "start": "earliest"} if method == "POST" else None
+            answer = app_client.request(method, f"/v1/tables/{name}/{route}", json=body, headers=headers)
+            if scope in scopes:
+                assert answer.status_code in (200, 201, 204), (method, route, scope, answer.text)
+                if method == "DELETE":  # again, for the next scope that may delete
+                    assert app_client.post(f"/v1/tables/{name}/consumers", json={"name": "c", "start": "earliest"}).status_code == 201
+            else:
+                assert answer.status_code == 403 and "scope" in answer.json()["detail"], (method, route, scope, answer.text)

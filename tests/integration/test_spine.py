@@ -146,12 +146,17 @@ def test_tables_api_describes_and_previews(stack: Stack) -> None:
         rows = http.get("/v1/tables/logs/rows", params={"filter": "level = 'error' and id in ('e1', 'e3', 't1')"}).json()["rows"]
         assert sorted((row["id"], row["_extra"]) for row in rows) == [("e1", {"n": "1"}), ("e3", {"n": "3"})], "a map is an object"
         assert http.get("/v1/tables/logs/rows", params={"filter": "level = 'debug'"}).json()["rows"] == []
-        for bad, says in (("level = ", "at character 1"), ("colour = 'red'", "colour"), ("level = 'x' and", "character"),
-                          ("level like '%rror'", "wildcard")):
+        for bad, says in (("level = ", "at character 1"), ("level = 'x' and", "character"),
+                          ("level like '%rror'", "wildcard"), ("_extra is null", "is a map")):
             answer = http.get("/v1/tables/logs/rows", params={"filter": bad})
             assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "query.filter", answer.text
             assert says in answer.json()["detail"], answer.text
-        assert "the columns are id, level, _extra" in http.get("/v1/tables/logs/rows", params={"filter": "colour = 'red'"}).json()["detail"]
+        # A column the table lacks is NULL in every row, as SQL would read it, and the answer says so.
+        for missing, ids in (("colour = 'red'", []), ("colour is null and level = 'error'", ["e0", "e1", "e2", "e3", "e4"]),
+                             ("not (colour = 'red') or id = 't1'", ["t1"]), ("not (colour is not null or level = 'error')", ["t1"])):
+            answer = http.get("/v1/tables/logs/rows", params={"filter": missing}).json()
+            assert sorted(row["id"] for row in answer["rows"]) == ids, missing
+            assert answer["missing_columns"] == ["colour"] and "its columns are id, level, _extra" in answer["note"]
         assert http.get("/v1/tables/nope").status_code == 404
         assert http.get("/v1/tables/..%2Fetc").status_code in (404, 422)
         assert http.get("/v1/receipts/" + "0" * 32).status_code == 404

@@ -20,7 +20,10 @@ from pydantic import BaseModel, Field
 from pyiceberg.table import Table
 
 from service.api.deps import (
+    AdminPrincipal,
     CatalogDep,
+    ConsumePrincipal,
+    ConsumerReadPrincipal,
     ReadPrincipal,
     SessionDep,
     TableName,
@@ -140,7 +143,7 @@ WITH_BODY_ERRORS = error_responses(400, 404, 409, 410, 422)  # a body that is no
 
 
 @router.post("/{name}/consumers", status_code=status.HTTP_201_CREATED, responses=WITH_BODY_ERRORS)
-def create_consumer(name: TableName, body: ConsumerIn, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
+def create_consumer(name: TableName, body: ConsumerIn, principal: AdminPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
     """A consumer of the table's changes, starting where `start` says."""
     table = table_or_404(catalog, principal.tenant, name)
     start = body.start if body.start in (EARLIEST, LATEST) else str(body.start)
@@ -149,19 +152,19 @@ def create_consumer(name: TableName, body: ConsumerIn, principal: ReadPrincipal,
 
 
 @router.get("/{name}/consumers", responses=error_responses(404, 422))
-def list_consumers(name: TableName, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
+def list_consumers(name: TableName, principal: ConsumerReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
     table = table_or_404(catalog, principal.tenant, name)
     return {"consumers": [_view(consumer, table) for consumer in ConsumerStore(session, principal.tenant).list(name)]}
 
 
 @router.get("/{name}/consumers/{consumer}", responses=error_responses(404, 422))
-def show_consumer(name: TableName, consumer: ConsumerName, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
+def show_consumer(name: TableName, consumer: ConsumerName, principal: ConsumerReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
     table = table_or_404(catalog, principal.tenant, name)
     return _view(ConsumerStore(session, principal.tenant).get(name, consumer), table)
 
 
 @router.delete("/{name}/consumers/{consumer}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 422))
-def delete_consumer(name: TableName, consumer: ConsumerName, principal: ReadPrincipal, session: SessionDep) -> Response:
+def delete_consumer(name: TableName, consumer: ConsumerName, principal: AdminPrincipal, session: SessionDep) -> Response:
     """Forget the consumer: the snapshots it held are expired as the table's policy says."""
     ConsumerStore(session, principal.tenant).delete(name, consumer)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -169,7 +172,7 @@ def delete_consumer(name: TableName, consumer: ConsumerName, principal: ReadPrin
 
 @router.get("/{name}/consumers/{consumer}/changes", responses=CONSUMER_ERRORS)
 async def consumer_changes(
-    name: TableName, consumer: ConsumerName, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep, request: Request,
+    name: TableName, consumer: ConsumerName, principal: ConsumerReadPrincipal, catalog: CatalogDep, session: SessionDep, request: Request,
     limit: int = Query(1000, ge=1, le=MAX_PAGE),
 ) -> Response:
     """The next changes after the consumer's checkpoint (at most `limit` rows), and the `cursor`
@@ -209,7 +212,7 @@ def _lagging(record: ChangeConsumer, why: str) -> str:
 
 
 @router.post("/{name}/consumers/{consumer}/ack", responses=WITH_BODY_ERRORS)
-def ack_consumer(name: TableName, consumer: ConsumerName, body: AckIn, principal: ReadPrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
+def ack_consumer(name: TableName, consumer: ConsumerName, body: AckIn, principal: ConsumePrincipal, catalog: CatalogDep, session: SessionDep) -> dict:
     """Move the consumer's checkpoint to `cursor` (never back)."""
     table = table_or_404(catalog, principal.tenant, name)
     store = ConsumerStore(session, principal.tenant)

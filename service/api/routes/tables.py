@@ -16,8 +16,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.expressions.parser import parse as parse_row_filter
-from pyiceberg.expressions.visitors import bind
 from pyiceberg.table import Table
 from pyparsing import ParseException
 
@@ -34,6 +32,7 @@ from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys
 from service.iceberg.catalog import calve_table_name, table_identifier
 from service.iceberg.compaction import SMALL_FILE_RATIO, CompactionPolicy
+from service.iceberg.row_filters import FilterError, row_filter
 from service.protocol import commit_entry
 from service.protocol.upkeep import UpkeepRun
 
@@ -133,35 +132,39 @@ def preview_rows(
     filter: str | None = Query(  # noqa: A002 - the query parameter's name
         None, max_length=2000, examples=["level = 'error' and status >= 500"],
         description="only rows that match: comparisons (= != < <= > >=), in (...), is null, like 'prefix%', "
-                    "between, joined with and, or, not; strings in single quotes",
+                    "between, joined with and, or, not; strings in single quotes. A column the table lacks is NULL in "
+                    "every row: the answer names it in missing_columns",
     ),
 ) -> Response:
     table = table_or_404(catalog, principal.tenant, name)
-    rows = table.scan(row_filter=_row_filter(table, filter), limit=limit).to_arrow().to_pylist(maps_as_pydicts="lossy")
+    expression, missing = _row_filter(table, filter)
+    rows = table.scan(row_filter=expression, limit=limit).to_arrow().to_pylist(maps_as_pydicts="lossy")
+    answer: dict = {"rows": rows[:limit]}
+    if missing:
+        answer["missing_columns"] = missing
+        answer["note"] = (f"table {name!r} has no column {', '.join(map(repr, missing))}: NULL in every row (a field that has "
+                          f"not arrived, or a misspelling); its columns are {', '.join(table.schema().column_names)}")
     # orjson serialises datetimes, decimals-as-str and bytes fallbacks without a custom encoder.
-    content = orjson.dumps({"rows": rows[:limit]}, default=str, option=orjson.OPT_NON_STR_KEYS)
+    content = orjson.dumps(answer, default=str, option=orjson.OPT_NON_STR_KEYS)
     return Response(content, media_type="application/json")
 
 
-def _row_filter(table: Table, text: str | None) -> BooleanExpression:
-    """The filter parsed and bound to the table's columns, or a 422 naming what is wrong."""
+def _row_filter(table: Table, text: str | None) -> tuple[BooleanExpression, list[str]]:
+    """The filter bound to the table's columns and the columns it names that the table lacks
+    (NULL in every row), or a 422 naming what is wrong."""
     if not text or not text.strip():
-        return AlwaysTrue()
+        return AlwaysTrue(), []
     example = "e.g. level = 'error' and status >= 500"
     try:
-        expression = parse_row_filter(text)
+        return row_filter(table.schema(), text)
     except ParseException as exc:
         problem = f"not a row filter at character {exc.loc + 1} (near {text[exc.loc:exc.loc + 20]!r}); {example}"
-    except ValueError as exc:  # parsed, but refused: a LIKE pattern with a leading wildcard
-        problem = f"{exc}; {example}"
+    except FilterError as exc:
+        problem = str(exc)
     except RecursionError:
         problem = f"a row filter nested too deep; {example}"
-    else:
-        try:
-            bind(table.schema(), expression, case_sensitive=True)
-            return expression
-        except (ValueError, TypeError) as exc:  # an unknown column, a literal the column's type cannot take
-            problem = f"{exc}; the columns are {', '.join(table.schema().column_names)}"
+    except (ValueError, TypeError) as exc:  # a LIKE with a leading wildcard, a literal the column's type cannot take
+        problem = f"{exc}; the columns are {', '.join(table.schema().column_names)}"
     raise RequestValidationError([{"loc": ("query", "filter"), "msg": problem, "type": "value_error"}])
 
 

@@ -80,7 +80,7 @@ async def read_tenants(_operator: OperatorPrincipal, session: SessionDep, client
     ]}
 
 
-@router.patch("/{name}", responses=error_responses(404, 413, 422))
+@router.patch("/{name}", responses=error_responses(400, 404, 413, 422))  # a body that is not JSON text: 400
 async def change_tenant_limits(
     name: TenantName, body: TenantLimits, request: Request, _operator: OperatorPrincipal, session: SessionDep, client: RedisDep,
 ) -> TenantPublic:
