@@ -35,9 +35,10 @@ test: lint test-deps
 	$(PY) -m compileall -q service spark_jobs tests
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-# ruff, configured in pyproject.toml: seconds, so make test runs it first.
+# ruff and deptry, configured in pyproject.toml: seconds, so make test runs them first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check service spark_jobs tests alembic
+	$(VENV)/bin/deptry .
 
 # CALVE_SPARK_WORKERS=2 make bench: the same on a 2-worker Spark standalone cluster.
 bench: $(STAMP) system-deps

@@ -87,7 +87,8 @@ def table_or_404(catalog: Catalog, tenant: str, name: str) -> Table:
 def token_from(header: str | None) -> str | None:
     """The token in an Authorization header, in the forms shippers can be configured with:
     `Bearer <token>`, `ApiKey <token>` (or Elasticsearch's `ApiKey base64(id:token)`), and HTTP
-    Basic with the token as the password (any user name)."""
+    Basic with the token as the password (any user name). An ApiKey that is not base64 of
+    `id:token` is the token itself, whatever its shape (an operator may choose one)."""
     scheme, _, value = (header or "").strip().partition(" ")
     scheme, value = scheme.lower(), value.strip()
     if scheme == "bearer" or (scheme == "apikey" and value.startswith(TOKEN_PREFIX)):
@@ -97,9 +98,11 @@ def token_from(header: str | None) -> str | None:
     try:
         decoded = base64.b64decode(value, validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
-        return None
+        decoded = ""
     _user, colon, token = decoded.partition(":")
-    return token if colon and token else None
+    if colon and token:
+        return token
+    return (value or None) if scheme == "apikey" else None
 
 
 async def _principal(request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
@@ -130,6 +133,11 @@ async def _principal(request: Request, _credentials: HTTPAuthorizationCredential
             status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
         )
     return principal
+
+
+async def authenticated(request: Request) -> Principal:
+    """The principal of the request's token, or the 401 a route requiring one answers."""
+    return await _principal(request, None)
 
 
 def require_scope(scope: str, *or_scopes: str):  # noqa: ANN201 - a dependency factory

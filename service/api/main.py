@@ -15,6 +15,7 @@ from fastapi.responses import FileResponse, Response
 
 from service.api.bodies import BodyGuard
 from service.api.buffer import RequestBuffer
+from service.api.deps import authenticated
 from service.api.errors import install_error_handlers
 from service.api.routes import (
     changes,
@@ -107,11 +108,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    def console(request: Request) -> Response:
+    async def console(request: Request) -> Response:
         """The console to a browser; to any other client, the cluster info Elasticsearch shippers
-        probe before they send to `_bulk` (routes/elastic.py)."""
+        probe before they send to `_bulk` (routes/elastic.py). A token sent with the probe is
+        checked (401 if it is wrong), so a shipper's start-up check fails on a wrong token, not its
+        first `_bulk`."""
         if "text/html" in request.headers.get("accept", ""):
             return FileResponse(CONSOLE_PAGE, headers=CONSOLE_HEADERS)
+        if request.headers.get("authorization"):
+            await authenticated(request)
         return elastic.cluster_info()
 
     @app.get("/console/{name}", include_in_schema=False)

@@ -80,8 +80,12 @@ FEED_OPERATION = "_change_type"
 
 def is_reserved_path(path: str) -> bool:
     """Whether `path` is one of Calve's own endpoints or a shipper protocol's, at or under a
-    reserved segment (`/otlp/v1/logs`, not `/otlp_events`)."""
-    return any(path == prefix or path.startswith(prefix + "/") for prefix in RESERVED_PATH_PREFIXES) or path.endswith("/_bulk")
+    reserved segment (`/otlp/v1/logs`, not `/otlp_events`; `/logs/_doc`)."""
+    if any(path == prefix or path.startswith(prefix + "/") for prefix in RESERVED_PATH_PREFIXES):
+        return True
+    # Elasticsearch's document APIs under an index: /{index}/_bulk, /_doc[/{id}], /_create/{id}.
+    segments = path.split("/")
+    return len(segments) >= 3 and segments[2] in ("_bulk", "_doc", "_create")
 
 
 class HttpSource(Strict):

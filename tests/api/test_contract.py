@@ -70,6 +70,14 @@ def test_a_wrong_method_on_a_known_path_is_405_naming_the_right_ones(app_client)
     assert app_client.get("/no/such/path").status_code == 404
 
 
+def test_a_typo_in_an_api_path_is_named_as_one_not_as_a_missing_pipeline(app_client) -> None:  # noqa: ANN001
+    for path in ("/v1/tables/ext/fiels", "/v1/nope", "/otlp/v1/log", "/loki/api/v1/pushh"):
+        answer = app_client.post(path, json={"a": 1})
+        assert answer.status_code == 404 and "/docs lists the API's routes" in answer.json()["detail"], (path, answer.text)
+    answer = app_client.post("/no_such_pipeline", json={"a": 1})
+    assert answer.status_code == 404 and "GET /v1/pipelines lists them" in answer.json()["detail"]
+
+
 def test_every_error_has_one_shape_with_each_bad_field_named(app_client) -> None:  # noqa: ANN001
     invalid = app_client.get("/v1/tables/logs/rows", params={"limit": 0})
     assert invalid.status_code == 422
@@ -156,3 +164,19 @@ def test_a_body_that_is_not_utf8_gets_an_answer_its_route_declares(app_client) -
             assert str(answer.status_code) in operation["responses"], (method, path, answer.status_code, answer.text)
             assert answer.status_code < 500 and "detail" in answer.json(), (method, path, answer.text)
     assert asked >= 10
+
+
+def test_every_table_route_answers_404_for_a_table_that_does_not_exist(app_client) -> None:  # noqa: ANN001
+    """GET .../dead-commits of a table that never was answered 200 {"entries": []}."""
+    document = app_client.get("/openapi.json").json()
+    bodies = {"maintenance": {"tasks": ["compact"], "wait_s": 0}, "consumers": {"name": "c"}, "ack": {"cursor": "snap:1"}}
+    asked = 0
+    for path, operations in document["paths"].items():
+        if not path.startswith("/v1/tables/{name}"):
+            continue
+        for method in operations:
+            url = path.replace("{name}", "never_was").replace("{consumer}", "c").replace("{entry_id}", "1-0")
+            answer = app_client.request(method.upper(), url, json=bodies.get(path.rsplit("/", 1)[-1]))
+            asked += 1
+            assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
+    assert asked >= 12

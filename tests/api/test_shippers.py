@@ -305,3 +305,16 @@ def test_an_otlp_export_keeps_its_readable_records_and_names_the_others_in_parti
     assert answer.json()["partialSuccess"]["rejectedLogRecords"] == "2"
     assert "log record 2: traceId 'zz' is not hex" in answer.json()["partialSuccess"]["errorMessage"]
     assert [(event["body"], event["scope_name"]) for event in last_events(client, "otel_logs")] == [("one", "app"), ("two", "app")]
+
+
+def test_single_document_apis_answer_in_elasticsearchs_shape_with_the_bulk_items_rules(app_client, redis_url: str) -> None:  # noqa: ANN001
+    client = redis.Redis.from_url(redis_url)
+    created = app_client.post("/logs/_doc", content=b'{\n  "msg": "pretty",\n  "n": 1\n}', headers={"Content-Type": "application/json"})
+    assert created.status_code == 201 and created.headers["x-elastic-product"] == "Elasticsearch", created.text
+    assert created.json()["result"] == "created" and created.json()["_index"] == "logs" and "status" not in created.json()
+    assert last_events(client, "logs") == [{"msg": "pretty", "n": 1}]
+    assert app_client.put("/logs/_doc/abc", json={"msg": "by id"}).json()["_id"] == "abc"
+    missing = app_client.post("/nope/_doc", json={"a": 1})
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "index_not_found_exception" and missing.json()["status"] == 404
+    not_object = app_client.post("/logs/_create/1", content=b"[1, 2]", headers={"Content-Type": "application/json"})
+    assert not_object.status_code == 400 and not_object.json()["error"]["type"] == "mapper_parsing_exception"

@@ -370,3 +370,25 @@ def test_shippers_can_send_the_token_as_apikey_or_as_a_basic_auth_password(app_c
     assert get(f"Digest {TEST_TOKEN}") == 401
     answer = app_client.get("/v1/tables", headers={"Authorization": ""})
     assert answer.status_code == 401 and "Basic auth" in answer.json()["detail"]
+
+
+def test_apikey_takes_a_token_of_any_shape_and_a_probe_checks_the_token_it_sends(app_client) -> None:  # noqa: ANN001
+    """An operator-chosen token (CALVE_BOOTSTRAP_TOKEN) needs no `calve_` prefix: as `ApiKey <token>`
+    it used to fail (only base64(id:token) worked). And `GET /` with a wrong token answered 200, so a
+    shipper's start-up check passed and the 401 came on its first `_bulk`."""
+    import base64
+
+    from sqlmodel import Session as DbSession
+
+    from service.tenancy.tenants import get_tenant, issue_token
+
+    chosen = "my-own-token-of-40-characters-0123456789"
+    with DbSession(app_client.app.state.engine) as session:
+        issue_token(session, get_tenant(session, "demo"), "read", raw=chosen)
+    for authorization in (f"ApiKey {chosen}", f"ApiKey {base64.b64encode(f'id:{chosen}'.encode()).decode()}", f"Bearer {chosen}"):
+        assert app_client.get("/v1/tables", headers={"Authorization": authorization}).status_code == 200, authorization
+    assert app_client.get("/v1/tables", headers={"Authorization": "ApiKey not-a-token"}).status_code == 401
+    probe = {"Accept": "application/vnd.elasticsearch+json; compatible-with=8"}
+    assert app_client.get("/", headers=probe | {"Authorization": f"ApiKey {chosen}"}).status_code == 200
+    wrong = app_client.get("/", headers=probe | {"Authorization": "ApiKey calve_wrong"})
+    assert wrong.status_code == 401 and wrong.json()["detail"] == "unknown or revoked token"

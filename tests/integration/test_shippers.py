@@ -41,6 +41,16 @@ def test_the_elasticsearch_clients_bulk_helper_indexes_and_deletes(stack: Stack)
     wait_until(lambda: sorted(row["id"] for row in stack.rows("people")) == [0, 1, 3], timeout_s=90, what="deleted")
     assert {row["id"]: row["name"] for row in stack.rows("people")} == {0: "p0", 1: "p1", 3: "three"}
 
+    # One document at a time (`POST /{index}/_doc`, `PUT /{index}/_doc/{id}`, `PUT /{index}/_create/{id}`):
+    # these were 404 "no pipeline at /logs/_doc".
+    answer = client.index(index="logs", document={"id": "es-single", "level": "warn"})
+    assert answer["result"] == "created" and answer["_index"] == "logs" and answer["_id"]
+    assert client.index(index="people", id="3", document={"name": "three again"})["_id"] == "3"
+    assert client.create(index="people", id="7", document={"name": "seven"})["result"] == "created"
+    wait_until(lambda: {row["id"]: row["name"] for row in stack.rows("people")} == {0: "p0", 1: "p1", 3: "three again", 7: "seven"},
+               timeout_s=90, what="single documents indexed")
+    assert "es-single" in {row["id"] for row in stack.rows("logs")}
+
 
 def test_the_opentelemetry_sdks_otlp_http_exporter_lands_log_records_in_the_otel_logs_table(stack: Stack) -> None:
     """Python's logging through the OpenTelemetry SDK and its OTLP/HTTP exporter (protobuf, gzip):

@@ -21,10 +21,11 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import orjson
 import redis.asyncio as aioredis
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from sqlmodel import Session
@@ -75,6 +76,7 @@ BULK_BODY = {
     }
 }
 BULK_ERRORS = error_responses(400, 404, 413, 422, 429, 503)
+DocumentId = Annotated[str, Path(min_length=1, max_length=512, description="the document's _id")]
 
 
 def cluster_info() -> JSONResponse:
@@ -201,10 +203,18 @@ async def bulk(request: Request, principal: Principal, settings: Settings, buffe
     tenant's limits are charged once for the whole request: a refusal (400, 413, 429, 503) leaves
     nothing of the request accepted, so the shipper's retry of the whole body duplicates nothing."""
     started = time.monotonic()
-    tenant = principal.tenant
     refuse_while_draining(request, PRODUCT)
     raw = await read_body(request, settings.max_body_bytes)
     body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
+    items = await _accept_items(request, principal, settings, buffer, limits, body, index)
+    errors = any("error" in next(iter(item.values())) for item in items)
+    return JSONResponse({"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}, headers=PRODUCT)
+
+
+async def _accept_items(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
+                        body: bytes, index: str | None) -> list[dict]:
+    """The bulk body's items, planned, parsed and buffered: the answer's items."""
+    tenant = principal.tenant
     engine = request.app.state.engine
 
     def load(name: str) -> PipelineRecord:
@@ -236,8 +246,7 @@ async def bulk(request: Request, principal: Principal, settings: Settings, buffe
         metrics.REQUESTS_REJECTED.labels(tenant, "redis_unavailable").inc()
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the buffer (Redis) is unavailable; retry later",
                             headers={"Retry-After": "5", **PRODUCT}) from exc
-    errors = any("error" in next(iter(item.values())) for item in items)
-    return JSONResponse({"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}, headers=PRODUCT)
+    return items
 
 
 @router.post("/_bulk", openapi_extra=BULK_BODY, responses=BULK_ERRORS)
@@ -262,3 +271,61 @@ async def bulk_index_put(
     index: TableName, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep,
 ) -> Response:
     return await bulk(request, principal, settings, buffer, limits, index)
+
+
+# -- one document at a time: what applications' clients send (`client.index(...)`) ----------------
+
+DOCUMENT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "one document: a JSON object, an event of the pipeline the index names",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+DOCUMENT_ANSWERS = {201: {"description": "the document is accepted (buffered): Elasticsearch's index answer"},
+                    **error_responses(400, 403, 404, 413, 422, 429, 503)}
+
+
+async def _one_document(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
+                        index: str, action: str, doc_id: str | None) -> JSONResponse:
+    """The document as a bulk item of `action` (same rules, same buffering), answered as
+    Elasticsearch answers its single-document APIs: the item's fields, or its error, with its status."""
+    refuse_while_draining(request, PRODUCT)
+    raw = await read_body(request, settings.max_body_bytes)
+    document = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes).strip()
+    if b"\n" in document:  # pretty-printed: one line, as a bulk body holds it
+        try:
+            document = dumps_exact(loads_exact(document, orjson.loads(document))) or document
+        except orjson.JSONDecodeError:
+            pass  # refused as the bulk item would be: not a JSON object
+        document = document.replace(b"\n", b" ")
+    meta = {"_index": index} | ({"_id": doc_id} if doc_id is not None else {})
+    [item] = await _accept_items(request, principal, settings, buffer, limits, orjson.dumps({action: meta}) + b"\n" + document, None)
+    answer = item[action]
+    code = answer.pop("status")
+    if "error" in answer:
+        return JSONResponse({"error": answer["error"], "status": code}, status_code=code, headers=PRODUCT)
+    return JSONResponse(answer | {"_seq_no": 0, "_primary_term": 1}, status_code=code, headers=PRODUCT)
+
+
+@router.post("/{index}/_doc", openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+async def index_document(
+    index: TableName, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep, limits: LimitsDep,
+) -> Response:
+    return await _one_document(request, principal, settings, buffer, limits, index, "index", None)
+
+
+@router.api_route("/{index}/_doc/{doc_id}", methods=["PUT", "POST"], openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+async def index_document_by_id(
+    index: TableName, doc_id: DocumentId, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep,
+    limits: LimitsDep,
+) -> Response:
+    return await _one_document(request, principal, settings, buffer, limits, index, "index", doc_id)
+
+
+@router.api_route("/{index}/_create/{doc_id}", methods=["PUT", "POST"], openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+async def create_document(
+    index: TableName, doc_id: DocumentId, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep,
+    limits: LimitsDep,
+) -> Response:
+    return await _one_document(request, principal, settings, buffer, limits, index, "create", doc_id)

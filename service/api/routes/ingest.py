@@ -125,6 +125,9 @@ async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
                 return find_by_path(session, tenant, path)
 
         record = await run_in_threadpool(request.app.state.pipelines.get, (tenant, path), load)
+    if record is None and is_reserved_path(path):
+        # Calve's own prefixes (/v1, /otlp, /loki, ...) hold no pipelines: a typo of an API route.
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: POST {path[:200]}; /docs lists the API's routes")
     if record is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, f"no pipeline of tenant {tenant!r} at {path[:200]}; GET /v1/pipelines lists them and their paths"

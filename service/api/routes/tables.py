@@ -187,11 +187,15 @@ def _dead_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> dict:
     }
 
 
-@router.get("/{name}/dead-commits", responses=error_responses(422))
-async def list_dead_commits(name: TableName, principal: ReadPrincipal, client: RedisDep) -> dict:
+@router.get("/{name}/dead-commits", responses=error_responses(404, 422))
+async def list_dead_commits(name: TableName, principal: ReadPrincipal, catalog: CatalogDep, client: RedisDep) -> dict:
     """Files whose commit can never succeed (a file gone, a schema the table refuses), with why;
-    their receipts are failed. Retry one once its cause is fixed, or discard it."""
+    their receipts are failed. Retry one once its cause is fixed, or discard it. A table that does
+    not exist is a 404, as on every table route, unless it has such entries (its files were written
+    for a table since dropped): they stay visible, to be discarded."""
     raw = await client.xrange(keys.dead_commit_stream_key(principal.tenant, name), count=1000)
+    if not raw:
+        await run_in_threadpool(table_or_404, catalog, principal.tenant, name)
     return {"entries": [_dead_entry(entry_id, fields) for entry_id, fields in raw]}
 
 
