@@ -16,7 +16,9 @@ def spark_session(remote: str) -> SparkSession:
     with _lock:
         session = _sessions.get(remote)
         if session is None:
-            session = SparkSession.builder.remote(remote).getOrCreate()
+            # create(), not getOrCreate(): the latter answers pyspark's default session whatever
+            # its remote, and one a caller had closed (a test once got another's closed session).
+            session = SparkSession.builder.remote(remote).create()
             # Partition values and epoch conversions are UTC, as Iceberg defines them; and a pipeline
             # expression that fails on one event (a bad cast, a division by zero) gives NULL for
             # that event instead of failing the whole batch.

@@ -59,6 +59,38 @@ function bytes(n) {
   return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
+// "3 min ago" (or "in 2 s", for a clock ahead of this one).
+function ago(ms) {
+  const seconds = Math.round((Date.now() - ms) / 1000);
+  const size = Math.abs(seconds);
+  const [n, unit] = size < 60 ? [size, "s"] : size < 3600 ? [Math.round(size / 60), "min"]
+    : size < 86400 ? [Math.round(size / 3600), "h"] : [Math.round(size / 86400), "d"];
+  return seconds >= 0 ? `${n} ${unit} ago` : `in ${n} ${unit}`;
+}
+
+// A time as people read it, in this browser's zone, with how long ago.
+function when(ms) {
+  if (ms === null || ms === undefined) return "never";
+  const date = new Date(ms);
+  const text = date.toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return `${text} (${ago(ms)})`;
+}
+
+function plural(n, word) { return `${n.toLocaleString()} ${word}${n === 1 ? "" : "s"}`; }
+
+// The table's health as sentences a person reads at a glance, worst first.
+function healthSentences(health) {
+  const { data_files: files, small_files: small, snapshots, manifests } = health;
+  const lines = [];
+  if (!files) lines.push("No data files yet.");
+  else if (small === files && files > 1) lines.push(`${plural(files, "data file")}, all small: compaction will merge them.`);
+  else if (small > 1) lines.push(`${plural(files, "data file")}, ${small} of them small: compaction will merge those.`);
+  else lines.push(`${plural(files, "data file")} of ${bytes(health.avg_file_bytes)} on average: no compaction needed.`);
+  lines.push(`${plural(snapshots, "snapshot")} kept` + (health.oldest_snapshot_ms ? `, the oldest from ${ago(health.oldest_snapshot_ms)}.` : "."));
+  lines.push(`${plural(manifests, "manifest")}; table metadata ${bytes(health.metadata_bytes)}.`);
+  return lines;
+}
+
 function show(value) {
   if (value === null || value === undefined) return "∅";
   return typeof value === "object" ? JSON.stringify(value) : String(value);
@@ -213,7 +245,7 @@ async function tablesPage() {
       const link = el("a", name); link.href = "#table/" + encodeURIComponent(name);
       const cell = el("td"); cell.appendChild(link); tr.appendChild(cell);
       [show(d.rows), d.bytes == null ? "∅" : bytes(d.bytes), show(d.data_files),
-       d.last_commit_ms ? new Date(d.last_commit_ms).toISOString() : "never"].forEach((v) => tr.appendChild(el("td", v)));
+       when(d.last_commit_ms)].forEach((v) => tr.appendChild(el("td", v)));
     });
     const scroll = el("div", undefined, "scroll");
     scroll.appendChild(table);
@@ -230,7 +262,14 @@ async function tablePage(name) {
     const info = await api(path);
     view.lastChild.remove();
     const { upkeep, ...health } = info.health;
-    view.appendChild(facts({ location: info.location, current_snapshot_id: info.current_snapshot_id, ...health }));
+    const summary = el("div"); summary.id = "table-health";
+    healthSentences(health).forEach((line) => summary.appendChild(el("p", line)));
+    view.appendChild(summary);
+    view.appendChild(facts({
+      location: info.location, "current snapshot": info.current_snapshot_id ?? "none",
+      "data files": `${health.data_files.toLocaleString()} (${health.small_files.toLocaleString()} small), ${bytes(health.avg_file_bytes)} on average`,
+      "oldest snapshot": when(health.oldest_snapshot_ms), metadata: bytes(health.metadata_bytes),
+    }));
     view.appendChild(el("h2", "Schema"));
     view.appendChild(grid(info.schema.fields.map((f) => ({ id: f.id, name: f.name, type: typeName(f.type), required: f.required }))));
     view.appendChild(el("h2", "Partition spec"));
@@ -238,10 +277,10 @@ async function tablePage(name) {
     view.appendChild(el("h2", "Recent snapshots"));
     view.appendChild(snapshotTimeline(info.snapshots));
     view.appendChild(grid(info.snapshots.map((x) => ({
-      snapshot_id: x.snapshot_id, time: new Date(x.timestamp_ms).toISOString(), operation: x.summary.operation,
+      snapshot_id: x.snapshot_id, time: when(x.timestamp_ms), operation: x.summary.operation,
       added_records: x.summary["added-records"], watermark: x.summary["calve.watermark"], fence: x.summary["calve.fence"] }))));
     view.appendChild(el("h2", "Upkeep"));
-    view.appendChild(grid(Object.entries(upkeep || {}).map(([task, run]) => ({ task, ...run }))));
+    view.appendChild(grid(Object.entries(upkeep || {}).map(([task, { at_ms: at, ...run }]) => ({ task, when: when(at), ...run }))));
     view.appendChild(el("h2", "Rows (first 50)"));
     view.appendChild(rowsPreview(path));
   } catch (e) { view.replaceChildren(el("h2", `Table ${name}`)); fail(view, e); }
@@ -274,13 +313,13 @@ function snapshotTimeline(snapshots) {
     mark.setAttribute("y", "4"); mark.setAttribute("width", "5"); mark.setAttribute("height", "22");
     mark.setAttribute("class", "op-" + (x.summary.operation || "other"));
     const tip = document.createElementNS(ns, "title");
-    tip.textContent = `${x.snapshot_id} ${new Date(x.timestamp_ms).toISOString()} ${x.summary.operation}: ` +
+    tip.textContent = `${x.snapshot_id} ${when(x.timestamp_ms)} ${x.summary.operation}: ` +
       `+${x.summary["added-records"] || 0} −${x.summary["deleted-records"] || 0} records`;
     mark.appendChild(tip);
     svg.appendChild(mark);
   });
-  const seconds = Math.round(span / 1000);
-  figure.append(el("figcaption", `${snapshots.length} snapshots over ${seconds} s: append, overwrite (row changes, compaction), delete`), svg);
+  figure.append(el("figcaption", `${plural(snapshots.length, "snapshot")}, from ${ago(first)} to ${ago(first + span)}: ` +
+    "append (blue), overwrite (orange: row changes, compaction), delete (red)"), svg);
   return figure;
 }
 

@@ -71,7 +71,7 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     page.wait_for_selector("#view .list a")
     assert set(page.locator("#view .list a").all_inner_texts()) >= {"logs", "strict", "_calve_dlq"}
     logs_row = page.locator("#view tbody tr").filter(has=page.locator("a:text-is('logs')")).locator("td").all_inner_texts()
-    assert (logs_row[1], logs_row[3]) == ("3", "2") and logs_row[2].endswith("B") and logs_row[4].startswith("20"), "rows, size, files, last commit"
+    assert (logs_row[1], logs_row[3]) == ("3", "2") and logs_row[2].endswith("B") and logs_row[4].endswith("ago)"), "rows, size, files, last commit"
     page.screenshot(path=str(tmp_path / "tables.png"), full_page=True)
 
     page.click("#view .list a:text-is('logs')")
@@ -87,16 +87,25 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     newest = xs.index(max(xs))
     assert str(snapshot_id) in marks.nth(newest).locator("title").text_content(), "the current snapshot is the rightmost mark"
     assert HOSTILE in text, "an event's HTML is shown as text"
+    # Health a person reads at a glance: sentences, sizes in KiB, times with how long ago; no raw counters.
+    health = page.inner_text("#table-health")
+    assert "2 data files, all small: compaction will merge them." in health and "KiB" in health, health
+    assert "avg_file_bytes" not in text and "oldest_snapshot_ms" not in text and " ago" in text
     page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
     page.fill("#row-filter input", "id = 'b'")
     page.click("#row-filter button")
 
     expect(page.locator("#rows tbody tr")).to_have_count(1)
     assert "plain" in page.inner_text("#rows") and HOSTILE not in page.inner_text("#rows"), "only the row that matches"
-    page.fill("#row-filter input", "colour = 'red'")
+    page.fill("#row-filter input", "level = ")
     page.click("#row-filter button")
     page.wait_for_selector("#rows .err")
-    assert "query.filter" in page.inner_text("#rows .err") and "colour" in page.inner_text("#rows .err")
+    assert "query.filter" in page.inner_text("#rows .err") and "character" in page.inner_text("#rows .err")
+    # A column the table lacks is NULL in every row: no rows, and the page says why.
+    page.fill("#row-filter input", "colour = 'red'")
+    page.click("#row-filter button")
+    expect(page.locator("#rows")).to_contain_text("has no column 'colour'")
+    assert page.locator("#rows tbody tr").count() == 0
 
     page.reload()
     page.wait_for_selector("#view table")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.columns import any_of
 from spark_jobs.schemas import field_count
+from spark_jobs.session import spark_session
 from tests.conftest import Stack
 from tests.integration.test_pipelines import create, send
 
@@ -73,7 +73,7 @@ def test_a_struct_wider_than_the_limit_keeps_the_fields_that_fit(stack_factory) 
 def test_an_expression_over_thousands_of_columns_stays_shallow(spark_remote: str) -> None:
     """A left-deep `a | b | c ...` over 5,000 columns failed pyspark's recursive plan walk
     (RecursionError): one table of 5,000 columns stopped its writer."""
-    spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    spark = spark_session(spark_remote)
     flags = [F.lit(i == 4999) for i in range(5000)]
     assert spark.range(1).select(any_of(flags).alias("any")).first()["any"] is True
     assert spark.range(1).select(any_of(flags[:4999]).alias("any")).first()["any"] is False
