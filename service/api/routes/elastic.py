@@ -304,7 +304,9 @@ async def _one_document(request: Request, principal: Principal, settings: Settin
     answer = item[action]
     code = answer.pop("status")
     if "error" in answer:
-        return JSONResponse({"error": answer["error"], "status": code}, status_code=code, headers=PRODUCT)
+        # Elasticsearch's error shape, and Calve's `detail`, so both kinds of client read it.
+        body = {"error": answer["error"], "status": code, "detail": answer["error"]["reason"]}
+        return JSONResponse(body, status_code=code, headers=PRODUCT)
     return JSONResponse(answer | {"_seq_no": 0, "_primary_term": 1}, status_code=code, headers=PRODUCT)
 
 
