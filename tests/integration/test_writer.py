@@ -154,7 +154,22 @@ def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_sta
         return targets[-1]
 
     definition = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}]})
-    job = PipelineJob(spark_session(spark_remote), "events", 1, definition, resolve=resolve,
+    # An earlier test of this process may have left a session to a Spark server since restarted:
+    # start from a fresh one that answers.
+    from spark_jobs.session import reset_session
+    from tests.conftest import wait_until
+
+    def fresh_session():  # noqa: ANN202
+        reset_session(spark_remote)
+        try:
+            spark = spark_session(spark_remote)
+            spark.range(1).collect()
+        except Exception:  # noqa: BLE001 - not answering yet: try again
+            return None
+        return spark
+
+    spark = wait_until(fresh_session, timeout_s=60, what="a Spark session that answers")
+    job = PipelineJob(spark, "events", 1, definition, resolve=resolve,
                       dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=schema)
     pipeline_job._direct_off_until = 0.0
     try:
