@@ -80,7 +80,7 @@ def parse_request(body: bytes, json: bool) -> tuple[ExportLogsServiceRequest, li
 
 
 def _parse_json_by_record(document: dict) -> tuple[ExportLogsServiceRequest, list[str]]:
-    request, refused = ExportLogsServiceRequest(), []
+    request, refused, position = ExportLogsServiceRequest(), [], -1  # position: the record's place in the export
     for resource_logs in _objects(document.get("resourceLogs", document.get("resource_logs"))):
         into = request.resource_logs.add()
         _parse_dict({key: value for key, value in resource_logs.items() if key not in ("scopeLogs", "scope_logs")}, into, "resourceLogs")
@@ -88,12 +88,13 @@ def _parse_json_by_record(document: dict) -> tuple[ExportLogsServiceRequest, lis
             scope_into = into.scope_logs.add()
             _parse_dict({key: value for key, value in scope_logs.items() if key not in ("logRecords", "log_records")}, scope_into, "scopeLogs")
             for record in _objects(scope_logs.get("logRecords", scope_logs.get("log_records"))):
+                position += 1
                 try:
                     _hex_ids_to_base64(record)
                     _body_as_any_value(record)
                     parsed = json_format.ParseDict(record, LogRecord(), ignore_unknown_fields=True)
                 except (OtlpError, json_format.ParseError, RecursionError) as exc:
-                    refused.append(f"log record {_position(request, len(refused))}: {_said(exc)}")
+                    refused.append(f"log record {position}: {_said(exc)}")
                     continue
                 scope_into.log_records.append(parsed)
     return request, refused
@@ -109,7 +110,7 @@ def _parse_dict(value: dict, into: Message, what: str) -> None:
 def _parse_protobuf_by_record(body: bytes) -> tuple[ExportLogsServiceRequest, list[str]]:
     """The export read one log record at a time from protobuf's wire format, after the whole
     message failed to parse: the records that parse are kept, the others named."""
-    request, refused = ExportLogsServiceRequest(), []
+    request, refused, position = ExportLogsServiceRequest(), [], -1  # position: the record's place in the export
     try:
         for number, resource_logs in _wire_fields(body):
             if number != _RESOURCE_LOGS:
@@ -124,10 +125,11 @@ def _parse_protobuf_by_record(body: bytes) -> tuple[ExportLogsServiceRequest, li
                 for number_record, record in _wire_fields(scope_logs):
                     if number_record != _LOG_RECORDS:
                         continue
+                    position += 1
                     try:
                         scope_into.log_records.append(LogRecord.FromString(record))
                     except (DecodeError, RecursionError) as exc:
-                        refused.append(f"log record {_position(request, len(refused))}: {_said(exc)}")
+                        refused.append(f"log record {position}: {_said(exc)}")
     except (DecodeError, RecursionError, ValueError) as exc:
         raise OtlpError(f"the body is not an OTLP ExportLogsServiceRequest in protobuf ({_said(exc)})") from None
     return request, refused
@@ -176,12 +178,6 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
         if not byte & 0x80:
             return value, position
-
-
-def _position(request: ExportLogsServiceRequest, refused_before: int) -> int:
-    """The 0-based place in the export of the record being refused, counting every record."""
-    kept = sum(len(scope.log_records) for resource in request.resource_logs for scope in resource.scope_logs)
-    return kept + refused_before
 
 
 def _said(exc: BaseException) -> str:

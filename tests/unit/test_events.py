@@ -138,3 +138,19 @@ def test_replayed_dlq_events_are_checked_like_intake() -> None:
     lines = parsed.ndjson.split(b"\n")
     assert lines[0] == b'{"a":2}'
     assert all(line.startswith(SET_ASIDE_MARK) for line in lines[1:]) and parsed.set_aside == 3
+
+
+def test_fields_named_too_long_to_be_columns_are_set_aside_and_the_rest_kept() -> None:
+    """At any depth, escaped quotes in the name included (they must not hide its length)."""
+    from service.api.events import MAX_FIELD_NAME, SET_ASIDE_MARK
+
+    long_name = 'k"' * MAX_FIELD_NAME  # each quote is two bytes in the text, one character in the name
+    event = {"id": 1, "user": {"name": "a", long_name: 2}, "msg": "x" * 2000}
+    for body, content_type in ((orjson.dumps(event), "application/x-ndjson"), (orjson.dumps([event, {"id": 2}]), "application/json")):
+        lines = parse_events(body, content_type, 10).ndjson.split(b"\n")
+        assert orjson.loads(lines[0]) == {"id": 1, "user": {"name": "a"}, "msg": "x" * 2000}, content_type
+        assert lines[1].startswith(SET_ASIDE_MARK)
+        aside = orjson.loads(lines[1][1:])
+        assert orjson.loads(aside["event"]) == {f"user.{long_name}": 2} and "(2,053 characters)" in aside["reason"]  # its dotted path
+    short = {"k" * MAX_FIELD_NAME: 1, "msg": "y" * 5000}
+    assert parse_events(orjson.dumps(short), "application/x-ndjson", 10).ndjson == orjson.dumps(short), "a name of the limit is a name"

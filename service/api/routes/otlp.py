@@ -95,7 +95,7 @@ async def export_logs(
         answer.partial_success.rejected_log_records += dead
         said.append(f"{dead} log records went to the dead-letter queue; GET /v1/dlq?pipeline={OTEL_LOGS_PIPELINE} says why")
     if said:
-        answer.partial_success.error_message = "; ".join([answer.partial_success.error_message, *said] if refused else said)
+        answer.partial_success.error_message = "; ".join(filter(None, [answer.partial_success.error_message, *said]))
     return _encode(answer, json)
 
 
