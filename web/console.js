@@ -123,7 +123,13 @@ function facts(pairs) {
 function page(title) {
   const view = $("view");
   view.replaceChildren(el("h2", title));
-  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("current", location.hash.startsWith(a.getAttribute("href"))));
+  // A table's or pipeline's own page is under its list (#table/x under #tables).
+  const section = location.hash.replace(/^#(table|pipeline)\//, "#$1s/").split("/")[0];
+  document.querySelectorAll("#nav a").forEach((a) => {
+    const here = section === a.getAttribute("href");
+    a.classList.toggle("current", here);
+    if (here) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  });
   return view;
 }
 
@@ -179,17 +185,49 @@ function sparkline(title, points) {
   figure.dataset.title = title;
   figure.dataset.max = String(max);
   figure.dataset.latest = String(latest);
+  const round = (v) => (v >= 100 ? Math.round(v).toLocaleString() : Number(v.toFixed(2)).toLocaleString());
+  // The top of the scale: a round number at or above the largest value, so the axis reads at a glance.
+  const top = max > 0 ? niceCeiling(max) : 1;
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", `0 0 ${KEEP_SAMPLES} 40`);
   svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `${title}: now ${round(latest)}, max ${round(max)}`);
+  const y = (v) => 40 - (v === null ? 0 : v) * (40 / top);
+  for (const level of [0.5, 1]) {
+    const rule = document.createElementNS(ns, "line");
+    rule.setAttribute("x1", "0"); rule.setAttribute("x2", String(KEEP_SAMPLES));
+    rule.setAttribute("y1", String(y(top * level))); rule.setAttribute("y2", String(y(top * level)));
+    rule.setAttribute("class", "rule");
+    svg.appendChild(rule);
+  }
+  const xs = points.map((_v, i) => i + KEEP_SAMPLES - points.length);
+  if (points.length) {
+    const area = document.createElementNS(ns, "polygon");
+    area.setAttribute("points", [`${xs[0]},40`, ...points.map((v, i) => `${xs[i]},${y(v)}`), `${xs[xs.length - 1]},40`].join(" "));
+    svg.appendChild(area);
+  }
   const line = document.createElementNS(ns, "polyline");
-  const scale = max > 0 ? 38 / max : 0;
-  line.setAttribute("points", points.map((v, i) => `${i + KEEP_SAMPLES - points.length},${39 - (v === null ? 0 : v) * scale}`).join(" "));
+  line.setAttribute("points", points.map((v, i) => `${xs[i]},${y(v)}`).join(" "));
   svg.appendChild(line);
-  const round = (v) => (v >= 100 ? Math.round(v).toLocaleString() : v.toFixed(2));
-  figure.append(el("figcaption", `${title}: now ${round(latest)}, max ${round(max)}`), svg);
+  const caption = el("figcaption");
+  caption.append(el("span", title, "chart-title"), el("span", round(latest), "chart-now"));
+  const yAxis = el("div", undefined, "chart-y");
+  yAxis.append(el("span", round(top)), el("span", round(top / 2)), el("span", "0"));
+  const plot = el("div", undefined, "chart-plot");
+  plot.append(yAxis, svg);
+  const minutes = (KEEP_SAMPLES * SAMPLE_MS) / 60000;
+  const xAxis = el("div", undefined, "chart-x");
+  xAxis.append(el("span", `${minutes} min ago`), el("span", `max ${round(max)}`), el("span", "now"));
+  figure.append(caption, plot, xAxis);
   return figure;
+}
+
+// The smallest of 1, 2, 2.5, 5 times a power of ten at or above v.
+function niceCeiling(v) {
+  const power = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 2.5, 5, 10].map((m) => m * power).find((c) => c >= v);
 }
 
 function drawOverview(view) {

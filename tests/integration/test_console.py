@@ -91,6 +91,8 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     health = page.inner_text("#table-health")
     assert "2 data files, all small: compaction will merge them." in health and "KiB" in health, health
     assert "avg_file_bytes" not in text and "oldest_snapshot_ms" not in text and " ago" in text
+    # The navigation marks where the page is: a table's page is under Tables.
+    expect(page.locator("#nav a[aria-current='page']")).to_have_text("Tables")
     page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
     page.fill("#row-filter input", "id = 'b'")
     page.click("#row-filter button")
@@ -136,6 +138,11 @@ def test_the_console_signs_in_shows_exact_snapshot_ids_survives_a_reload_and_sho
     for title in ("wait=true latency p50 (s)", "wait=true latency p99 (s)"):
         expect(page.locator(f"figure[data-title='{title}']")).not_to_have_attribute("data-max", "0", timeout=15_000)
     assert "logs" in page.inner_text("#overview-body")
+    # Each chart has its axes: a round top of scale at or above its largest value, and its time span.
+    chart = page.locator("figure[data-title='Events committed /s']")
+    top = float(chart.locator(".chart-y span").first.inner_text().replace(",", ""))
+    assert top >= float(chart.get_attribute("data-max")) > 0 and "min ago" in chart.locator(".chart-x").inner_text()
+    expect(page.locator("#nav a[aria-current='page']")).to_have_text("Overview")
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
 
     # On a phone's width no page is wider than the screen: a wide table scrolls inside its box.
