@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import declared_not_null
-from spark_jobs.files import _path, conform, read_parquet, write_parquet
+from spark_jobs.files import _path, conform, freeze_once, read_parquet, write_parquet
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -97,6 +97,7 @@ def _copier(directory: str, filesystem, schema: pa.Schema):  # noqa: ANN001, ANN
         import pyarrow.parquet as pq
         from pyarrow import fs as pafs
 
+        freeze_once()
         if isinstance(filesystem, pafs.LocalFileSystem):  # an object store has no directories to make
             filesystem.create_dir(directory, recursive=True)
         for listing in batches:

@@ -7,11 +7,18 @@ batch each Spark task hands its requests' bodies to pyarrow in a Python worker (
 which parses the NDJSON with the table's schema and writes one Parquet file: about a tenth of the
 CPU of parsing with Spark's JSON functions and converting column by column.
 
-It is all or nothing. Whatever the Spark job would treat as anything but a plain row (a field the
-table lacks, a value of another type, a number out of range, a duplicate key, a missing required
-field, an event with no field of the table) makes pyarrow refuse the batch, or is found after the
-parse; then the files written are deleted and the caller runs the whole Spark job, which decides
-what each event becomes exactly as it always does. So this path changes how fast, never what.
+Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
+infers them as columns of their own, which says which events have any (a few, typically); only
+those events' lines are read again, by Python's json, for each such field's text, spelled as
+Spark's JSON functions spell it (`extra_text`). A value whose spelling is not certain (a float at
+or beyond 1e16, where Java 17's Double.toString is not the shortest; a control character or an
+unpaired surrogate in a string) refuses the batch. A table without the map: any such field refuses.
+
+Otherwise it is all or nothing. Whatever the Spark job would treat as anything but a plain row (a
+value of another type, a number out of range, a duplicate key, a missing required field, an
+event with no field of the table) makes pyarrow refuse the batch, or is found after the parse;
+then the files written are deleted and the caller runs the whole Spark job, which decides what
+each event becomes exactly as it always does. So this path changes how fast, never what.
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.files import _path, conform
+from spark_jobs.files import _path, conform, freeze_once
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Types whose JSON reading pyarrow and the Spark job agree on exactly; anything else: the Spark job.
 _PLAIN_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int64, pa.types.is_int32,
                 pa.types.is_float64, pa.types.is_float32, pa.types.is_boolean)
+
+TEXT_MAP = pa.map_(pa.string(), pa.string())
 
 RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType())])
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string())])
@@ -49,16 +58,17 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None) -> pa.Schema | Non
 
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
-    parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],
+    parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
 ) -> tuple[dict[str, int] | None, str | None]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None), or
-    (None, why not) with nothing left behind."""
+    (None, why not) with nothing left behind. extra_fields: the table's map column for the fields
+    it lacks (None: such a field refuses the batch)."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
         filesystem = pafs.LocalFileSystem()
     frame = spark.createDataFrame(pa.table({"receipt": pa.array(receipts, pa.string()), "body": pa.array(bodies, pa.large_binary())}))
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required)
+    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -76,7 +86,114 @@ def append_directly(
     return counts, None
 
 
-def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str]):  # noqa: ANN001, ANN202
+class Unspellable(ValueError):
+    """A value whose text in the extra_fields map this path cannot be sure to spell as Spark does."""
+
+
+class _Object(list):
+    """A JSON object's (key, value) pairs, in order, duplicates kept (as Spark copies them)."""
+
+
+def extra_text(value: object, top: bool = True) -> str:
+    """A JSON value (from json.loads with object_pairs_hook=_Object) as the Spark job's
+    extra_fields map keeps it: Spark's JSON functions read it as a string, which is Jackson's
+    compact copy of it (a string at the top as it is; numbers re-spelled: 1e3 as 1000.0, 1.50 as
+    1.5). Raises Unspellable where the spelling is not certain."""
+    if isinstance(value, str):
+        return _checked(value) if top else _quoted(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return java_double(value)
+    if isinstance(value, _Object):
+        return "{" + ",".join(f"{_quoted(key)}:{extra_text(item, False)}" for key, item in value) + "}"
+    return "[" + ",".join(extra_text(item, False) for item in value) + "]"
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _checked(text: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Unspellable("an unpaired surrogate in a string") from None
+    return text
+
+
+def _quoted(text: str) -> str:
+    """A string as Jackson writes it: quote, backslash and the five short escapes; any other
+    control character (Jackson writes \\u001F in capitals) is Unspellable."""
+    _checked(text)
+    if any(c < " " or c in '"\\' for c in text):
+        if any(c < " " and c not in "\b\f\n\r\t" for c in text):
+            raise Unspellable("a control character in a string")
+        text = "".join(_ESCAPES.get(c, c) for c in text)
+    return f'"{text}"'
+
+
+def java_double(x: float) -> str:
+    """x as Java 17's Double.toString spells it: positional from 1e-3 to 1e7 (always a point),
+    otherwise d.dddE<n>. Checked against Java 17 on 300,000 values: equal below 1e16; from there
+    Java's digits are not always the shortest, so those are Unspellable."""
+    import math
+    from decimal import Decimal
+
+    if not math.isfinite(x) or abs(x) >= 1e16:
+        raise Unspellable(f"the number {x!r}")
+    if x == 0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    sign, digits, exponent = Decimal(repr(x)).as_tuple()
+    shown = "".join(map(str, digits)).rstrip("0") or "0"
+    point = len(digits) + exponent  # digits before the decimal point
+    minus = "-" if sign else ""
+    if 1e-3 <= abs(x) < 1e7:
+        if point <= 0:
+            return f"{minus}0.{'0' * -point}{shown}"
+        if point >= len(shown):
+            return f"{minus}{shown}{'0' * (point - len(shown))}.0"
+        return f"{minus}{shown[:point]}.{shown[point:]}"
+    return f"{minus}{shown[0]}.{shown[1:] or '0'}E{point - 1}"
+
+
+def extra_maps(table: pa.Table, body: bytes, known: list[str], every_line: bool = False) -> pa.Array:
+    """The extra_fields map of each event of `table` (parsed from `body`, fields outside `known`
+    inferred as columns of their own): NULL where the event has no non-null field outside
+    `known`, else those fields' text by extra_text, in the event's order. every_line: the other
+    fields were not inferred (ignored), so every line is read for them. Raises Unspellable (or
+    ValueError) where unsure."""
+    import pyarrow.compute as pc
+
+    if every_line:
+        rows = list(range(table.num_rows))
+    else:
+        present = None
+        for name in (name for name in table.column_names if name not in known):
+            valid = pc.is_valid(table.column(name))
+            present = valid if present is None else pc.or_(present, valid)
+        rows = pc.indices_nonzero(present).to_pylist() if present is not None else []
+    maps: list[list[tuple[str, str]] | None] = [None] * table.num_rows
+    if rows:
+        lines = [line for line in body.split(b"\n") if line.strip()]
+        taken = set(known)
+        for row in rows:
+            pairs = json.loads(lines[row], object_pairs_hook=_Object)
+            names = [key for key, _value in pairs]
+            if len(set(names)) != len(names):
+                raise Unspellable("a key twice in an event")
+            maps[row] = [(_checked(key), extra_text(value)) for key, value in pairs if key not in taken and value is not None] or None
+    return pa.array(maps, TEXT_MAP)
+
+
+def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
+              extra_fields: str | None = None):
     def append(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import io
 
@@ -84,15 +201,28 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         import pyarrow.json as pj
         import pyarrow.parquet as pq
 
+        freeze_once()
         def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None) -> pa.RecordBatch:
             return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused}], schema=RESULT_ARROW)
 
-        options = pj.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="error")
+        def read(body: bytes, unexpected: str) -> pa.Table:
+            options = pj.ParseOptions(explicit_schema=parsing, unexpected_field_behavior=unexpected)
+            return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
+
+        known = parsing.names
         tables, counts = [], {}
         for batch in batches:
             for receipt, body in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                every_line = False
                 try:
-                    table = pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
+                    try:
+                        # Fields the table lacks inferred as columns: which events have any.
+                        table = read(body, "infer" if extra_fields else "error")
+                    except pa.ArrowInvalid:
+                        if not extra_fields:
+                            raise
+                        # Such a field of changing type cannot be inferred: every line is looked at.
+                        table, every_line = read(body, "ignore"), True
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     yield answer(refused=str(exc)[:300])
                     return
@@ -100,6 +230,13 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 if table.num_rows != events:
                     yield answer(refused=f"{events} events read as {table.num_rows} rows")
                     return
+                if extra_fields:
+                    try:
+                        extras = extra_maps(table, body, known, every_line)
+                    except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
+                        yield answer(refused=f"a field the table lacks: {str(exc)[:200]}")
+                        return
+                    table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
                 counts[receipt] = counts.get(receipt, 0) + events
                 tables.append(table)
         if not tables:

@@ -104,7 +104,7 @@ class PipelineJob:
             return None
         try:
             counts, _refused = append_directly(
-                self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
+                self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
             )
         except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
             # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the

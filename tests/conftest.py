@@ -120,6 +120,24 @@ def spark_remote(spark_server: SparkServer | None) -> str:
 
 
 @pytest.fixture
+def fresh_spark(spark_remote: str):  # noqa: ANN201
+    """A Spark session that answers. An earlier test of this process may have left a session to a
+    Spark server since restarted: start from a fresh one."""
+    from spark_jobs.session import reset_session, spark_session
+
+    def fresh():  # noqa: ANN202
+        reset_session(spark_remote)
+        try:
+            spark = spark_session(spark_remote)
+            spark.range(1).collect()
+        except Exception:  # noqa: BLE001 - not answering yet: try again
+            return None
+        return spark
+
+    return wait_until(fresh, timeout_s=60, what="a Spark session that answers")
+
+
+@pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     client.flushall()

@@ -8,6 +8,12 @@ writers, committer, Spark JVM, redis-server, the load generator itself) and per 
 events, and the mean Spark job and commit times from Calve's metrics (tests/bench/profile.py).
 The last line of output is one JSON object.
 
+Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default `plain,extra`):
+`plain`, every event with exactly the table's fields (the built-in `logs`); `extra`, the same
+with 2% of events carrying one field the table lacks (kept in its `_extra` map). Each shape is
+reported with its ratio to `plain` of the same run; the first is warmed up BENCH_WARMUP_S, the
+others BENCH_SHAPE_WARMUP_S (20).
+
 Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60);
 BENCH_WAREHOUSE=seaweedfs starts SeaweedFS and runs the stack on its REST catalog with the
 warehouse in its S3 (the baseline stays on local files). Any CALVE_* setting reaches the stack
@@ -56,10 +62,24 @@ def make_event(i: int) -> dict:
     }
 
 
-def make_bodies(count: int) -> list[bytes]:
+EXTRA_NAMES = ["user_id", "trace_id", "region", "retry", "cache_hit"]
+
+
+def with_extra_field(event: dict, i: int) -> dict:
+    """The event and, for 2% of them, one field the built-in `logs` table lacks."""
+    if i % 50 == 7:
+        name = EXTRA_NAMES[i % len(EXTRA_NAMES)]
+        event[name] = {"user_id": f"u-{i % 9973}", "trace_id": f"{i:032x}", "region": "eu-west-1", "retry": i % 3, "cache_hit": i % 2 == 0}[name]
+    return event
+
+
+SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i)}
+
+
+def make_bodies(count: int, shape: str = "plain") -> list[bytes]:
     bodies = []
     for b in range(count):
-        bodies.append(b"\n".join(orjson.dumps(make_event(b * EVENTS_PER_REQUEST + i)) for i in range(EVENTS_PER_REQUEST)))
+        bodies.append(b"\n".join(orjson.dumps(SHAPES[shape](b * EVENTS_PER_REQUEST + i)) for i in range(EVENTS_PER_REQUEST)))
     return bodies
 
 
@@ -142,7 +162,7 @@ async def produce(
         warm_start = time.monotonic()
         warm_end = warm_start + warmup_s
         await asyncio.gather(*(one(i, warm_start, warm_end) for i in range(producers)))
-        say(f"  warm-up: {committed / warmup_s:,.0f} events/s committed, p50 {statistics.median(latencies) if latencies else float('nan'):.2f}s (not counted)")
+        say(f"  warm-up: {committed / max(warmup_s, 1e-9):,.0f} events/s committed, p50 {statistics.median(latencies) if latencies else float('nan'):.2f}s (not counted)")
         committed = 0
         latencies.clear()
         opened = await asyncio.to_thread(take_sample)
@@ -179,12 +199,30 @@ def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
     return events / (time.perf_counter() - started)
 
 
+def measure(shape: str, port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample) -> dict:  # noqa: ANN001
+    size = statistics.mean(len(line) for line in bodies[0].split(b"\n"))
+    say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events, wait=true, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
+    committed, latencies, failures, opened, closed = asyncio.run(produce(port, bodies, seconds, producers, warmup_s, take_sample))
+    rate = committed / seconds
+    p50 = statistics.median(latencies) if latencies else float("nan")
+    p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
+    say(f"calve, {shape}: {rate:,.0f} events/s committed; wait=true ack p50 {p50:.2f}s p99 {p99:.2f}s; {failures} non-200 answers")
+    profile = breakdown(opened, closed, committed)
+    say("where the cores went in the measured window:\n" + table(profile))
+    return {"events_per_s": round(rate, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3), "failures": failures, **profile}
+
+
 def main() -> None:
     seconds = float(os.environ.get("BENCH_SECONDS", "60"))
     producers = int(os.environ.get("BENCH_PRODUCERS", "150"))
     warmup_s = float(os.environ.get("BENCH_WARMUP_S", "60"))
-    bodies = make_bodies(200)
-    size = statistics.mean(len(line) for line in bodies[0].split(b"\n"))
+    shape_warmup_s = float(os.environ.get("BENCH_SHAPE_WARMUP_S", "20"))
+    shapes = [name.strip() for name in os.environ.get("BENCH_SHAPES", "plain,extra").split(",") if name.strip()]
+    unknown = [name for name in shapes if name not in SHAPES]
+    if unknown:
+        raise SystemExit(f"BENCH_SHAPES: no shape {unknown}; the shapes are {', '.join(SHAPES)}")
+    bodies = {shape: make_bodies(200, shape) for shape in shapes}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:
         work = Path(tmp)
         port = free_port()
@@ -202,31 +240,28 @@ def main() -> None:
         stack = start_stack(data_dir, port)
         operator = operator_token(data_dir)
         try:
-            say(f"load: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events, wait=true, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
-            committed, latencies, failures, opened, closed = asyncio.run(
-                produce(port, bodies, seconds, producers, warmup_s, lambda: sample(stack.pid, port, operator))
-            )
+            for index, shape in enumerate(shapes):
+                results[shape] = measure(shape, port, bodies[shape], seconds, producers, warmup_s if index == 0 else shape_warmup_s,
+                                         lambda: sample(stack.pid, port, operator))
         finally:
             stack.send_signal(signal.SIGTERM)
             stack.wait(120)
             if seaweed is not None:
                 seaweed.stop()
-        rate = committed / seconds
-        p50 = statistics.median(latencies) if latencies else float("nan")
-        p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
-        say(f"calve: {rate:,.0f} events/s committed; wait=true ack p50 {p50:.2f}s p99 {p99:.2f}s; {failures} non-200 answers")
-        profile = breakdown(opened, closed, committed)
-        say("where the cores went in the measured window:\n" + table(profile))
         say("baseline: pyarrow parse + Parquet + pyiceberg append, one process ...")
-        base = baseline(bodies, work, batches=20)
+        base = baseline(bodies[shapes[0]], work, batches=20)
         say(f"baseline: {base:,.0f} events/s")
+    first = results[shapes[0]]
+    reference = results.get("plain", first)["events_per_s"]
+    for shape, result in results.items():
+        result["vs_plain"] = round(result["events_per_s"] / reference, 3) if reference else None
+        say(f"  {shape:<8} {result['events_per_s']:>10,.0f} events/s  {result['vs_plain']:.2f}x plain  p50 {result['ack_p50_s']:.2f}s p99 {result['ack_p99_s']:.2f}s  "
+            f"{result['cpu_s_per_100k_all_roles']} CPU-s/100k (all roles)")
     print(orjson.dumps({
-        "events_per_s": round(rate, 1),
-        "ack_p50_s": round(p50, 3),
-        "ack_p99_s": round(p99, 3),
+        **first,
         "baseline_events_per_s": round(base, 1),
-        "ratio": round(rate / base, 3) if base else None,
-        **profile,
+        "ratio": round(first["events_per_s"] / base, 3) if base else None,
+        "shapes": results,
     }).decode(), flush=True)
 
 

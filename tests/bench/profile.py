@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-ROLE_ORDER = ("api", "writer", "committer", "spark", "spark executors", "spark cluster", "redis", "supervisor", "load generator")
+ROLE_ORDER = ("api", "writer", "committer", "spark", "spark python", "spark executors", "spark cluster", "redis", "supervisor", "load generator")
 METRIC = re.compile(r"^(calve_(?:spark_job|commit)_duration_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
@@ -29,6 +29,8 @@ def role_of(process: psutil.Process) -> str | None:
             return role
     if "service.cli up" in command:
         return "supervisor"
+    if "pyspark.daemon" in command or "pyspark.worker" in command:
+        return "spark python"  # Spark's Python workers (mapInArrow's tasks): as much CPU as the JVM
     if "java" in command and "SparkConnect" in command:
         return "spark"
     if "java" in command and ("deploy.master.Master" in command or "deploy.worker.Worker" in command):
@@ -81,7 +83,10 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
         timings[short] = {"count": int(count), "mean_s": round(total / count, 3) if count else None,
                           "events_each": round(events / count) if count else None}
     order = {role: index for index, role in enumerate(ROLE_ORDER)}
+    stack = sum(seconds for role, seconds in cpu.items() if role != "load generator")
     return {
+        # Every process of the stack (the load generator is not Calve's).
+        "cpu_s_per_100k_all_roles": round(stack * 100_000 / events, 3) if events else None,
         "cpu_s": {role: round(cpu[role], 2) for role in sorted(cpu, key=order.get)},
         "cpu_s_per_100k_events": {role: per_100k[role] for role in sorted(per_100k, key=order.get)},
         "timings": timings,
@@ -97,6 +102,7 @@ def table(profile: dict) -> str:
         rss = profile.get("rss_mib", {}).get(role)
         memory = f"   RSS {rss[0]} -> {rss[1]} MiB" if rss else ""
         lines.append(f"  {role:<15} {seconds:6.1f}   {profile['cpu_s_per_100k_events'][role]}{memory}")
+    lines.append(f"  all but the load generator: {profile['cpu_s_per_100k_all_roles']} CPU-s per 100k events")
     for name, timing in profile["timings"].items():
         lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
     return "\n".join(lines)

@@ -95,9 +95,9 @@ def test_a_writer_exits_promptly_when_spark_is_already_gone(stack_factory, spark
 
 def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spark_job(stack) -> None:  # noqa: ANN001
     """Once `logs` exists, a batch whose events fit it as they are is written by pyarrow in Spark's
-    tasks (spark_jobs/direct_append.py); one with a field the table lacks, or a value of another
-    type, is refused there and written by the Spark job, which keeps the field in `_extra` or
-    converts the value as it always does. The metrics say which way each batch went."""
+    tasks (spark_jobs/direct_append.py), a field the table lacks kept in `_extra` there too; one
+    with a value of another type is refused there and written by the Spark job, which converts the
+    value as it always does. The metrics say which way each batch went."""
     import orjson
     from sqlmodel import Session
 
@@ -114,19 +114,21 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     send({"id": 1, "msg": "creates the table", "n": 1})
     assert send({"id": 2, "msg": "fits", "n": 2}, {"id": 3, "msg": None, "n": 3})["tables"]["logs"]["rows"] == 2
     send({"id": 4, "msg": "and more", "n": 4, "level": "warn"})
+    send({"id": 5, "msg": "a number as text", "n": "5"})
     with Session(get_engine(stack.settings.resolved_database_url())) as session:
         operator = issue_token(session, None, label="prometheus")[1]
     with stack.client(operator) as http:
         text = http.get("/metrics").text
-    assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 1.0' in text
+    assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 2.0' in text
     assert 'calve_direct_batches_total{outcome="refused",pipeline="logs",tenant="demo"} 1.0' in text
     rows = sorted(stack.rows(), key=lambda row: row["id"])
     assert [(row["id"], row["msg"], row["n"], row["_extra"]) for row in rows] == [
         (1, "creates the table", 1, None), (2, "fits", 2, None), (3, None, 3, None), (4, "and more", 4, [("level", "warn")]),
+        (5, "a number as text", 5, None),
     ]
 
 
-def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_stays_off_a_while(spark_remote, tmp_path) -> None:  # noqa: ANN001
+def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_stays_off_a_while(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     """A real failure inside Spark's Python workers (the short way's storage cannot be reached: an
     S3 endpoint where nothing listens) is no failure of the batch: the short way is switched off
     for DIRECT_OFF_S and the Spark job writes the batch (here the table resolves the second time to
@@ -138,7 +140,6 @@ def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_sta
     from service.pipelines.spec import PipelineDefinition
     from spark_jobs import pipeline_job
     from spark_jobs.pipeline_job import PipelineJob
-    from spark_jobs.session import spark_session
     from spark_jobs.targets import Target
 
     schema = pa.schema([pa.field("msg", pa.string())])
@@ -154,22 +155,7 @@ def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_sta
         return targets[-1]
 
     definition = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}]})
-    # An earlier test of this process may have left a session to a Spark server since restarted:
-    # start from a fresh one that answers.
-    from spark_jobs.session import reset_session
-    from tests.conftest import wait_until
-
-    def fresh_session():  # noqa: ANN202
-        reset_session(spark_remote)
-        try:
-            spark = spark_session(spark_remote)
-            spark.range(1).collect()
-        except Exception:  # noqa: BLE001 - not answering yet: try again
-            return None
-        return spark
-
-    spark = wait_until(fresh_session, timeout_s=60, what="a Spark session that answers")
-    job = PipelineJob(spark, "events", 1, definition, resolve=resolve,
+    job = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve,
                       dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=schema)
     pipeline_job._direct_off_until = 0.0
     try:

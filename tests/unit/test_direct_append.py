@@ -14,7 +14,7 @@ from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType, TimestamptzType
 
-from spark_jobs.direct_append import _appender, parse_schema
+from spark_jobs.direct_append import Unspellable, _appender, _Object, extra_text, java_double, parse_schema
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -26,9 +26,9 @@ TABLE = Schema(
 ).as_arrow()
 
 
-def run(tmp_path, bodies: dict[str, bytes]) -> dict:  # noqa: ANN001
+def run(tmp_path, bodies: dict[str, bytes], extra_fields: str | None = "_extra") -> dict:  # noqa: ANN001
     parsing = parse_schema(TABLE, "_extra")
-    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}))
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), extra_fields)
     batch = pa.record_batch({"receipt": list(bodies), "body": pa.array(list(bodies.values()), pa.large_binary())})
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
     return answer
@@ -51,7 +51,10 @@ def test_events_that_fit_are_one_file_in_the_tables_schema_with_counts_per_recei
 
 
 @pytest.mark.parametrize("body", [
-    b'{"id": 1, "level": "x"}',          # a field the table lacks (the Spark job keeps it in _extra)
+    b'{"id": 1, "level": 1e400}',        # a field the table lacks that Spark spells "Infinity"
+    b'{"id": 1, "level": 1e17}',         # ... or, as Java 17 does, not always in the fewest digits
+    b'{"id": 1, "level": ["a\\u0001"]}',  # ... or a control character in a list, which Jackson writes in capitals
+    b'{"id": 1, "level": 1, "level": 2}',  # ... twice
     b'{"id": 1, "msg": 5}',              # a number for a string column (the Spark job's coercion rules decide)
     b'{"id": "1"}',                      # a string for a long column
     b'{"id": 1, "n": 3000000000}',       # out of an int column's range
@@ -66,6 +69,40 @@ def test_anything_but_a_plain_row_is_refused_and_nothing_is_left(tmp_path, body:
     answer = run(tmp_path, {"r1": b'{"id": 7, "msg": "fine"}', "r2": body})
     assert answer["refused"] and answer["path"] is None
     assert not list((tmp_path).rglob("*.parquet"))
+
+
+def test_fields_the_table_lacks_go_into_the_extra_map_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
+    answer = run(tmp_path, {
+        "r1": b'{"id": 1, "msg": "a", "level": "warn"}\n{"id": 2, "o": {"b": 1, "c" : [1, 2.0, "x\\n"]}, "e": 1e3, "z": null}',
+        # A field of changing type (pyarrow cannot infer it as a column): every line is read for it.
+        "r2": b'{"id": 3, "code": 1}\n{"id": 4, "code": "E1", "_extra": 5}\n{"id": 5}',
+    })
+    assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 2, "r2": 3}
+    assert [row["_extra"] for row in pq.read_table(answer["path"]).to_pylist()] == [
+        [("level", "warn")], [("o", '{"b":1,"c":[1,2.0,"x\\n"]}'), ("e", "1000.0")], [("code", "1")], [("code", "E1"), ("_extra", "5")], None,
+    ]
+
+
+def test_without_an_extra_fields_column_a_field_the_table_lacks_refuses_the_batch(tmp_path) -> None:  # noqa: ANN001
+    answer = run(tmp_path, {"r1": b'{"id": 1, "level": "x"}'}, extra_fields=None)
+    assert answer["refused"] and not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize(("text", "spelled"), [
+    ('"plain é"', "plain é"), ("true", "true"), ("-0", "0"), ("12345678901234567890123", "12345678901234567890123"),
+    ("1.50", "1.5"), ("1e3", "1000.0"), ("1E-7", "1.0E-7"), ("0.001", "0.001"), ("1e7", "1.0E7"), ("-0.0", "-0.0"),
+    ("123456789.125", "1.23456789125E8"), ("9999999.5", "9999999.5"), ('[ "x" , null, {} ]', '["x",null,{}]'),
+    ('{"k": {"a":"q\\"\\\\\\t/"}, "k": 1}', '{"k":{"a":"q\\"\\\\\\t/"},"k":1}'),
+])
+def test_values_are_spelled_as_sparks_json_functions_spell_them(text: str, spelled: str) -> None:
+    assert extra_text(json.loads(text, object_pairs_hook=_Object)) == spelled
+
+
+def test_java_doubles_beyond_the_certain_range_are_unspellable() -> None:
+    assert java_double(9.5e15) == "9.5E15"
+    for value in (1e16, -2e23, float("inf")):
+        with pytest.raises(Unspellable):
+            java_double(value)
 
 
 def test_only_tables_of_plain_columns_take_the_short_way() -> None:
