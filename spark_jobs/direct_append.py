@@ -136,7 +136,17 @@ def _quoted(text: str) -> str:
         if any(c < " " and c not in "\b\f\n\r\t" for c in text):
             raise Unspellable("a control character in a string")
         text = "".join(_ESCAPES.get(c, c) for c in text)
+    if not text.isascii() and any(c > "\uffff" for c in text):
+        text = "".join(_surrogates(c) if c > "\uffff" else c for c in text)
     return f'"{text}"'
+
+
+def _surrogates(c: str) -> str:
+    """A character beyond the Basic Multilingual Plane as Jackson writes it inside JSON text: its
+    UTF-16 surrogates, each escaped in capitals (\\uD800\\uDC00; Jackson's default leaves
+    COMBINE_UNICODE_SURROGATES_IN_UTF8 off)."""
+    code = ord(c) - 0x10000
+    return f"\\u{0xD800 + (code >> 10):04X}\\u{0xDC00 + (code & 0x3FF):04X}"
 
 
 def java_double(x: float) -> str:

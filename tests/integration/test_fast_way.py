@@ -42,7 +42,7 @@ DEFINITION = PipelineDefinition.model_validate({
 NUMBER = st.from_regex(r"\A-?(0|[1-9][0-9]{0,22})(\.[0-9]{1,6})?([eE][+-]?[0-9]{1,3})?\Z")
 TEXT = st.one_of(
     st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8),
-    st.sampled_from(["é", "a\nb", 'q"\\', "\t/", "日本", "\x01"]),
+    st.sampled_from(["é", "a\nb", 'q"\\', "\t/", "日本", "\x01", "😀"]),
     st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=3),
 )
 FLOAT = st.floats(-1e17, 1e17) | st.floats(allow_nan=False, allow_infinity=False)

@@ -91,7 +91,7 @@ def test_without_an_extra_fields_column_a_field_the_table_lacks_refuses_the_batc
 @pytest.mark.parametrize(("text", "spelled"), [
     ('"plain é"', "plain é"), ("true", "true"), ("-0", "0"), ("12345678901234567890123", "12345678901234567890123"),
     ("1.50", "1.5"), ("1e3", "1000.0"), ("1E-7", "1.0E-7"), ("0.001", "0.001"), ("1e7", "1.0E7"), ("-0.0", "-0.0"),
-    ("123456789.125", "1.23456789125E8"), ("9999999.5", "9999999.5"), ('[ "x" , null, {} ]', '["x",null,{}]'),
+    ('"😀"', "😀"), ('["😀 \\ud800\\udc00"]', '["\\uD83D\\uDE00 \\uD800\\uDC00"]'), ("123456789.125", "1.23456789125E8"), ("9999999.5", "9999999.5"), ('[ "x" , null, {} ]', '["x",null,{}]'),
     ('{"k": {"a":"q\\"\\\\\\t/"}, "k": 1}', '{"k":{"a":"q\\"\\\\\\t/"},"k":1}'),
 ])
 def test_values_are_spelled_as_sparks_json_functions_spell_them(text: str, spelled: str) -> None:
