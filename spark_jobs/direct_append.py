@@ -9,7 +9,9 @@ CPU of parsing with Spark's JSON functions and converting column by column.
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically); only
-those events' lines are read again, by Python's json, for each such field's text, spelled as
+those events' lines are read again (every line where each event may have one: more than
+MANY_INFERRED such columns, one in every event, or types that change so pyarrow cannot infer
+them), by Python's json, for each such field's text, spelled as
 Spark's JSON functions spell it (`extra_text`). A value whose spelling is not certain (a float at
 or beyond 1e16, where Java 17's Double.toString is not the shortest; a control character or an
 unpaired surrogate in a string) refuses the batch. A table without the map: any such field refuses.
@@ -24,9 +26,12 @@ each event becomes exactly as it always does. So this path changes how fast, nev
 from __future__ import annotations
 
 import json
+import math
 import sys
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
+from functools import reduce
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -90,12 +95,9 @@ class Unspellable(ValueError):
     """A value whose text in the extra_fields map this path cannot be sure to spell as Spark does."""
 
 
-class _Object(list):
-    """A JSON object's (key, value) pairs, in order, duplicates kept (as Spark copies them)."""
-
-
 def extra_text(value: object, top: bool = True) -> str:
-    """A JSON value (from json.loads with object_pairs_hook=_Object) as the Spark job's
+    """A JSON value (from json.loads with object_pairs_hook=tuple: an object is a tuple of its
+    (key, value) pairs, in order, duplicates kept as Spark copies them) as the Spark job's
     extra_fields map keeps it: Spark's JSON functions read it as a string, which is Jackson's
     compact copy of it (a string at the top as it is; numbers re-spelled: 1e3 as 1000.0, 1.50 as
     1.5). Raises Unspellable where the spelling is not certain."""
@@ -111,7 +113,7 @@ def extra_text(value: object, top: bool = True) -> str:
         return str(value)
     if isinstance(value, float):
         return java_double(value)
-    if isinstance(value, _Object):
+    if isinstance(value, tuple):
         return "{" + ",".join(f"{_quoted(key)}:{extra_text(item, False)}" for key, item in value) + "}"
     return "[" + ",".join(extra_text(item, False) for item in value) + "]"
 
@@ -153,9 +155,6 @@ def java_double(x: float) -> str:
     """x as Java 17's Double.toString spells it: positional from 1e-3 to 1e7 (always a point),
     otherwise d.dddE<n>. Checked against Java 17 on 300,000 values: equal below 1e16; from there
     Java's digits are not always the shortest, so those are Unspellable."""
-    import math
-    from decimal import Decimal
-
     if not math.isfinite(x) or abs(x) >= 1e16:
         raise Unspellable(f"the number {x!r}")
     if x == 0:
@@ -173,33 +172,35 @@ def java_double(x: float) -> str:
     return f"{minus}{shown[0]}.{shown[1:] or '0'}E{point - 1}"
 
 
-def extra_maps(table: pa.Table, body: bytes, known: list[str], every_line: bool = False) -> pa.Array:
-    """The extra_fields map of each event of `table` (parsed from `body`, fields outside `known`
+def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line: bool = False) -> pa.Array:
+    """The extra_fields map of each event of `table` (parsed from `lines`, fields outside `known`
     inferred as columns of their own): NULL where the event has no non-null field outside
     `known`, else those fields' text by extra_text, in the event's order. every_line: the other
     fields were not inferred (ignored), so every line is read for them. Raises Unspellable (or
     ValueError) where unsure."""
     import pyarrow.compute as pc
 
-    if every_line:
-        rows = list(range(table.num_rows))
+    inferred = [table.column(name) for name in table.column_names if name not in known]
+    held = [column for column in inferred if column.null_count < len(column)]
+    if every_line or len(held) > MANY_INFERRED or any(column.null_count == 0 for column in held):
+        # Each event has some, or the columns are too many to ask one by one (wide events).
+        rows: list[int] = list(range(table.num_rows))
+    elif held:
+        rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(column) for column in held])).to_pylist()
     else:
-        present = None
-        for name in (name for name in table.column_names if name not in known):
-            valid = pc.is_valid(table.column(name))
-            present = valid if present is None else pc.or_(present, valid)
-        rows = pc.indices_nonzero(present).to_pylist() if present is not None else []
+        return pa.nulls(table.num_rows, TEXT_MAP)
     maps: list[list[tuple[str, str]] | None] = [None] * table.num_rows
-    if rows:
-        lines = [line for line in body.split(b"\n") if line.strip()]
-        taken = set(known)
-        for row in rows:
-            pairs = json.loads(lines[row], object_pairs_hook=_Object)
-            names = [key for key, _value in pairs]
-            if len(set(names)) != len(names):
-                raise Unspellable("a key twice in an event")
-            maps[row] = [(_checked(key), extra_text(value)) for key, value in pairs if key not in taken and value is not None] or None
+    taken = set(known)
+    decode = json.JSONDecoder(object_pairs_hook=tuple).decode
+    for row in rows:
+        pairs = decode(lines[row].decode())
+        if len({key for key, _value in pairs}) != len(pairs):
+            raise Unspellable("a key twice in an event")
+        maps[row] = [(_checked(key), extra_text(value)) for key, value in pairs if key not in taken and value is not None] or None
     return pa.array(maps, TEXT_MAP)
+
+
+MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
 
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
@@ -236,13 +237,14 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     yield answer(refused=str(exc)[:300])
                     return
-                events = sum(1 for line in body.split(b"\n") if line.strip())
+                lines = [line for line in body.split(b"\n") if line.strip()]
+                events = len(lines)
                 if table.num_rows != events:
                     yield answer(refused=f"{events} events read as {table.num_rows} rows")
                     return
                 if extra_fields:
                     try:
-                        extras = extra_maps(table, body, known, every_line)
+                        extras = extra_maps(table, lines, known, every_line)
                     except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
                         yield answer(refused=f"a field the table lacks: {str(exc)[:200]}")
                         return

@@ -17,23 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyiceberg.schema import Schema
-from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType
 
 from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
 from spark_jobs import pipeline_job
 from spark_jobs.pipeline_job import PipelineJob
 from spark_jobs.targets import Target
+from tests.unit.test_direct_append import TABLE  # the short way's own tests' table: every plain type and _extra
 
-TABLE = Schema(
-    NestedField(1, "id", LongType(), required=True),
-    NestedField(2, "msg", StringType()),
-    NestedField(3, "n", IntegerType()),
-    NestedField(4, "x", DoubleType()),
-    NestedField(5, "ok", BooleanType()),
-    NestedField(6, "_extra", MapType(7, StringType(), 8, StringType())),
-).as_arrow()
 DEFINITION = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "extra_fields": "_extra"}],
 })

@@ -14,7 +14,7 @@ from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType, TimestamptzType
 
-from spark_jobs.direct_append import Unspellable, _appender, _Object, extra_text, java_double, parse_schema
+from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -95,7 +95,7 @@ def test_without_an_extra_fields_column_a_field_the_table_lacks_refuses_the_batc
     ('{"k": {"a":"q\\"\\\\\\t/"}, "k": 1}', '{"k":{"a":"q\\"\\\\\\t/"},"k":1}'),
 ])
 def test_values_are_spelled_as_sparks_json_functions_spell_them(text: str, spelled: str) -> None:
-    assert extra_text(json.loads(text, object_pairs_hook=_Object)) == spelled
+    assert extra_text(json.loads(text, object_pairs_hook=tuple)) == spelled
 
 
 def test_java_doubles_beyond_the_certain_range_are_unspellable() -> None:
