@@ -1,11 +1,19 @@
 """The short way for the commonest batch: events that fit their table as they are.
 
-A pipeline with no processors or routes, one static sink into an existing unpartitioned table
-that only appends, whose columns are strings, integers, floating point numbers and booleans (and
-its extra_fields map): its events need no inference, no expressions and no coercion. For such a
-batch each Spark task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`),
-which parses the NDJSON with the table's schema and writes one Parquet file: about a tenth of the
-CPU of parsing with Spark's JSON functions and converting column by column.
+A pipeline with no processors or routes, one static sink into an existing table that only
+appends, whose columns are strings, integers, floating point numbers, booleans, timestamps and
+dates (and its extra_fields map), partitioned by nothing or by identity, year, month, day, hour or
+a string's truncate: its events need no inference and no expressions. For such a batch each Spark
+task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`), which parses the
+NDJSON with the table's schema and writes one Parquet file per partition value: about a tenth of
+the CPU of parsing with Spark's JSON functions and converting column by column.
+
+Timestamps and dates are read as the README's conversion rules read them (coerce.py), for the
+forms both ways surely read alike (`times`): ISO 8601 as `2024-05-01T10:11:12.123Z` spells it (T
+or a space, up to six fractional digits, Z or an offset to the minute; no offset for a timestamp
+without zone; a date alone) from 1900 on, and epoch milliseconds (days for a date columns) as JSON
+integers. Any other spelling, a day that does not exist or a column sent both ways in one request
+refuses the batch.
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically); only
@@ -38,7 +46,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.files import _path, conform, freeze_once
+from spark_jobs.files import _path, conform, freeze_once, runs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -48,32 +56,134 @@ _PLAIN_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int64,
 
 TEXT_MAP = pa.map_(pa.string(), pa.string())
 
+# The ISO 8601 spellings whose reading pyarrow's cast and Spark's agree on, from 1900 (no calendar
+# rebasing, no year outside four digits): a date, or a date and time with an optional offset.
+_DATE = r"(19|[2-9][0-9])[0-9]{2}-[0-9]{2}-[0-9]{2}"
+_CLOCK = r"[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+_OFFSET = r"(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9])"
+ISO = {"timestamptz": f"^{_DATE}({_CLOCK}{_OFFSET}?)?$", "timestamp": f"^{_DATE}({_CLOCK})?$", "date": f"^{_DATE}$"}
+# Epoch milliseconds (days for a date) from 1900-01-01 through 9999-12-31, as JSON integers.
+EPOCH_RANGE = {"timestamptz": (-2_208_988_800_000, 253_402_300_799_999), "timestamp": (-2_208_988_800_000, 253_402_300_799_999),
+               "date": (-25_567, 2_932_896)}
+# Partition transforms whose rows this path groups itself, and the kinds of column each takes.
+_TEMPORAL = {"year", "month", "day", "hour"}
+
+
+def time_kind(data_type: pa.DataType) -> str | None:
+    """"timestamptz", "timestamp" or "date" for the table's time columns this path converts."""
+    if pa.types.is_timestamp(data_type) and data_type.unit == "us":
+        if data_type.tz is None:
+            return "timestamp"
+        return "timestamptz" if data_type.tz in ("UTC", "+00:00", "Etc/UTC") else None
+    return "date" if pa.types.is_date32(data_type) else None
+
 RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType())])
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string())])
 
 
-def parse_schema(schema: pa.Schema, extra_fields: str | None) -> pa.Schema | None:
-    """The schema pyarrow parses with (the table's, without its extra_fields column, and without
-    field metadata); None when a column's type is not one this path reads."""
-    fields = [pa.field(f.name, f.type) for f in schema if f.name != extra_fields]
-    if not fields or not all(any(check(f.type) for check in _PLAIN_TYPES) for f in fields):
-        return None
-    return pa.schema(fields)
+def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tuple[str, str]] | tuple = ()) -> pa.Schema | None:
+    """The schema pyarrow parses with (the table's, without its extra_fields column and field
+    metadata; time columns as text, converted after: `times`); None when a column's type or a
+    partition transform is not one this path handles."""
+    fields = []
+    for f in schema:
+        if f.name == extra_fields:
+            continue
+        if any(check(f.type) for check in _PLAIN_TYPES):
+            fields.append(pa.field(f.name, f.type))
+        elif time_kind(f.type):
+            fields.append(pa.field(f.name, pa.string()))
+        else:
+            return None
+    types = {f.name: f.type for f in schema}
+    for source, transform in partition:
+        data_type = types.get(source)
+        kind = time_kind(data_type) if data_type is not None else None
+        if data_type is None or source == extra_fields:
+            return None
+        if transform == "identity" or (transform in _TEMPORAL and kind and (transform != "hour" or kind != "date")):
+            continue
+        if not (transform.startswith("truncate[") and (pa.types.is_string(data_type) or pa.types.is_large_string(data_type))):
+            return None
+    return pa.schema(fields) if fields else None
+
+
+class Refused(ValueError):
+    """A value this path is not sure to read as the Spark job does: the batch goes to the Spark job."""
+
+
+def times(table: pa.Table, kinds: dict[str, str], epoch: bool) -> pa.Table:
+    """`table` with its time columns (name -> time_kind, parsed as text, or as integers when
+    `epoch`) in their types: microseconds since 1970 in UTC, or days. Raises Refused for a value
+    whose reading is not sure (see the module's docstring)."""
+    import pyarrow.compute as pc
+
+    for name, kind in kinds.items():
+        column = table.column(name)
+        if not column.null_count < len(column):
+            converted = pa.nulls(len(column), _TIME_TYPES[kind])
+        elif epoch:
+            low, high = EPOCH_RANGE[kind]
+            if pc.min(column).as_py() < low or pc.max(column).as_py() > high:
+                raise Refused(f"{name!r}: a number beyond {EPOCH_RANGE[kind]}")
+            if kind == "date":
+                converted = column.cast(pa.int32()).cast(pa.date32())
+            else:
+                converted = pc.multiply(column, 1000).cast(pa.timestamp("us")).cast(_TIME_TYPES[kind])
+        else:
+            if not pc.all(pc.match_substring_regex(column, ISO[kind])).as_py():  # nulls are skipped
+                raise Refused(f"{name!r}: a text other than ISO 8601 as this path reads it")
+            try:
+                if kind == "date":
+                    converted = column.cast(pa.date32())
+                elif kind == "timestamp":
+                    converted = column.cast(pa.timestamp("us"))
+                else:
+                    # With an offset: to UTC by it; without: UTC already (Spark's session zone).
+                    offset = pc.match_substring_regex(column, f"{_OFFSET}$")
+                    with_offset = pc.if_else(offset, column, None).cast(pa.timestamp("us", "UTC"))
+                    without = pc.if_else(offset, None, column).cast(pa.timestamp("us")).cast(pa.timestamp("us", "UTC"))
+                    converted = pc.coalesce(with_offset, without)
+            except pa.ArrowInvalid as exc:  # a day that does not exist: Spark's NULL, or the DLQ
+                raise Refused(f"{name!r}: {str(exc)[:200]}") from None
+        table = table.set_column(table.schema.get_field_index(name), name, converted)
+    return table
+
+
+_TIME_TYPES = {"timestamptz": pa.timestamp("us", "UTC"), "timestamp": pa.timestamp("us"), "date": pa.date32()}
+
+
+def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.ChunkedArray]:
+    """One column per partition field whose values are equal exactly where the rows' partition
+    values are (the values themselves come from each file's statistics when it is committed)."""
+    import pyarrow.compute as pc
+
+    keys = []
+    for source, transform in partition:
+        column = data.column(source)
+        if transform in _TEMPORAL:
+            column = pc.floor_temporal(column, unit=transform)
+        elif transform.startswith("truncate["):
+            column = pc.utf8_slice_codeunits(column, 0, int(transform[len("truncate["):-1]))  # code points, as Iceberg's
+        keys.append(column)
+    return keys
 
 
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
+    partition: list[tuple[str, str]] | tuple = (),
 ) -> tuple[dict[str, int] | None, str | None]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None), or
     (None, why not) with nothing left behind. extra_fields: the table's map column for the fields
-    it lacks (None: such a field refuses the batch)."""
+    it lacks (None: such a field refuses the batch); partition: the table's (source, transform)
+    fields, one file per partition value (parse_schema said it handles them)."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
         filesystem = pafs.LocalFileSystem()
     frame = spark.createDataFrame(pa.table({"receipt": pa.array(receipts, pa.string()), "body": pa.array(bodies, pa.large_binary())}))
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields)
+    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition))
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -201,10 +311,15 @@ def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line
 
 
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
+INTERNAL_KEY = "__calve_key"  # the partition keys' columns while rows are grouped (not written)
 
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
-              extra_fields: str | None = None):
+              extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None):
+    kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
+    # Time columns as JSON integers (epoch milliseconds or days) instead of text.
+    epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
+
     def append(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import io
 
@@ -216,25 +331,46 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None) -> pa.RecordBatch:
             return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused}], schema=RESULT_ARROW)
 
-        def read(body: bytes, unexpected: str) -> pa.Table:
-            options = pj.ParseOptions(explicit_schema=parsing, unexpected_field_behavior=unexpected)
+        def read(body: bytes, unexpected: str, epoch: bool) -> pa.Table:
+            options = pj.ParseOptions(explicit_schema=epoch_parsing if epoch else parsing, unexpected_field_behavior=unexpected)
             return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
+        def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+            """(the body's table, whether every line must be read for the fields the table lacks)."""
+            try:
+                # Fields the table lacks inferred as columns: which events have any.
+                return read(body, "infer" if extra_fields else "error", epoch), False
+            except pa.ArrowInvalid:
+                if not extra_fields:
+                    raise
+                # Such a field of changing type cannot be inferred: every line is looked at.
+                return read(body, "ignore", epoch), True
+
+        def parse(body: bytes) -> tuple[pa.Table, bool, bool]:
+            """read_fields's answer, and whether time columns came as integers (epoch)."""
+            failed = None
+            for epoch in list(epoch_order):
+                try:
+                    table, every_line = read_fields(body, epoch)
+                except pa.ArrowInvalid as exc:
+                    if not kinds or "changed from" not in str(exc):  # not a time column sent the other way
+                        raise
+                    failed = exc
+                    continue
+                epoch_order[:] = [epoch, not epoch]  # the way that read last goes first
+                return table, every_line, epoch
+            raise failed
+
         known = parsing.names
+        epoch_order = [False, True]
         tables, counts = [], {}
         for batch in batches:
             for receipt, body in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
-                every_line = False
                 try:
-                    try:
-                        # Fields the table lacks inferred as columns: which events have any.
-                        table = read(body, "infer" if extra_fields else "error")
-                    except pa.ArrowInvalid:
-                        if not extra_fields:
-                            raise
-                        # Such a field of changing type cannot be inferred: every line is looked at.
-                        table, every_line = read(body, "ignore"), True
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    table, every_line, epoch = parse(body)
+                    if kinds:
+                        table = times(table, kinds, epoch)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, Refused) as exc:
                     yield answer(refused=str(exc)[:300])
                     return
                 lines = [line for line in body.split(b"\n") if line.strip()]
@@ -270,10 +406,24 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
 
         if isinstance(filesystem, pafs.LocalFileSystem):  # an object store has no directories to make
             filesystem.create_dir(directory, recursive=True)
-        path = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet"
-        with pq.ParquetWriter(path, file_schema, filesystem=filesystem, compression="zstd") as writer:
-            for chunk in data.combine_chunks().to_batches():
-                writer.write_batch(conform(chunk, file_schema))
-        yield answer(path=path, counts=counts)
+        groups = [data]
+        if partition:
+            # One file per partition value: the rows sorted by their values, a file per run.
+            keys = [f"{INTERNAL_KEY}{index}" for index in range(len(partition))]
+            keyed = data
+            for name, column in zip(keys, partition_keys(data, partition)):
+                keyed = keyed.append_column(name, column)
+            keyed = keyed.sort_by([(name, "ascending") for name in keys]).combine_chunks()
+            groups = [pa.Table.from_batches([part.drop_columns(keys)]) for batch in keyed.to_batches() for _key, part in runs(batch, keys)]
+        paths = []
+        for group in groups:
+            path = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet"
+            with pq.ParquetWriter(path, file_schema, filesystem=filesystem, compression="zstd") as writer:
+                for chunk in group.combine_chunks().to_batches():
+                    writer.write_batch(conform(chunk, file_schema))
+            paths.append(path)
+        for path in paths[:-1]:
+            yield answer(path=path)
+        yield answer(path=paths[-1], counts=counts)
 
     return append

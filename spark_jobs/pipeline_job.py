@@ -97,14 +97,15 @@ class PipelineJob:
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
         # then creates it from the real ones).
         target = self.resolve(sink.table, sink, self.spark.range(0))
-        if not isinstance(target, Target) or target.changes is not None or target.partition:
+        if not isinstance(target, Target) or target.changes is not None:
             return None
-        parsing = parse_schema(target.schema, target.extra_fields)
+        parsing = parse_schema(target.schema, target.extra_fields, target.partition)
         if parsing is None:
             return None
         try:
             counts, _refused = append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
+                target.partition,
             )
         except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
             # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the

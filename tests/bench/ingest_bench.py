@@ -8,9 +8,12 @@ writers, committer, Spark JVM, redis-server, the load generator itself) and per 
 events, and the mean Spark job and commit times from Calve's metrics (tests/bench/profile.py).
 The last line of output is one JSON object.
 
-Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default `plain,extra`):
-`plain`, every event with exactly the table's fields (the built-in `logs`); `extra`, the same
-with 2% of events carrying one field the table lacks (kept in its `_extra` map). Each shape is
+Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default
+`plain,extra,declared,processors`): `plain`, every event with exactly the table's fields (the
+built-in `logs`); `extra`, the same with 2% of events carrying one field the table lacks (kept in
+its `_extra` map); `declared`, the same fields with `ts` as ISO 8601 text into a declared schema
+(`ts timestamptz`) partitioned by day(ts); `processors`, that with two processors (where, set),
+which the full Spark job runs. Each shape is
 reported with its ratio to `plain` of the same run; the first is warmed up BENCH_WARMUP_S, the
 others BENCH_SHAPE_WARMUP_S (20).
 
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
@@ -73,7 +77,36 @@ def with_extra_field(event: dict, i: int) -> dict:
     return event
 
 
-SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i)}
+def with_iso_time(event: dict) -> dict:
+    """The event with its ts as ISO 8601 text (UTC, milliseconds), as most shippers send it."""
+    event["ts"] = datetime.fromtimestamp(event["ts"] / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return event
+
+
+SHAPES = {
+    "plain": make_event,
+    "extra": lambda i: with_extra_field(make_event(i), i),
+    "declared": lambda i: with_iso_time(make_event(i * 20)),  # ~4 days of events: a few partition values per batch
+    "processors": lambda i: with_iso_time(make_event(i * 20)),
+}
+# The pipeline each shape posts to (none: the built-in `logs`): a declared schema with the time as
+# timestamptz and the table partitioned by day(ts); the same with two processors.
+DECLARED_COLUMNS = [
+    {"name": "ts", "type": "timestamptz", "required": True}, {"name": "level", "type": "string"}, {"name": "service", "type": "string"},
+    {"name": "host", "type": "string"}, {"name": "status", "type": "int"}, {"name": "latency_ms", "type": "double"},
+    {"name": "msg", "type": "string"},
+]
+PIPELINES = {
+    "declared": {"name": "declared", "source": {"http": {"path": "/declared"}}, "sinks": [{
+        "table": "declared", "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
+                   "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],
+                   "sinks": [{
+        "table": "processed", "schema": {"columns": [*DECLARED_COLUMNS, {"name": "slow", "type": "boolean"}],
+                                         "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+}
 
 
 def make_bodies(count: int, shape: str = "plain") -> list[bytes]:
@@ -81,6 +114,17 @@ def make_bodies(count: int, shape: str = "plain") -> list[bytes]:
     for b in range(count):
         bodies.append(b"\n".join(orjson.dumps(SHAPES[shape](b * EVENTS_PER_REQUEST + i)) for i in range(EVENTS_PER_REQUEST)))
     return bodies
+
+
+def shape_path(port: int, shape: str) -> str:
+    """The path the shape's events go to, its pipeline created first where it has one."""
+    pipeline = PIPELINES.get(shape)
+    if pipeline is None:
+        return "/logs"
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/pipelines", json=pipeline, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    if answer.status_code != 201:
+        raise SystemExit(f"creating the {shape} pipeline: {answer.status_code} {answer.text}")
+    return pipeline["source"]["http"]["path"]
 
 
 def say(message: str) -> None:
@@ -118,7 +162,7 @@ def operator_token(data_dir: Path) -> str:
 
 
 async def produce(
-    port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
+    port: int, path: str, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
 ) -> tuple[int, list[float], int, Sample, Sample]:
     """Run producers; returns (events acknowledged as committed in the window, latencies, failures,
     and the stack's CPU and metrics sampled as the window opened and closed).
@@ -130,7 +174,7 @@ async def produce(
     committed = 0
     failures = 0
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
-    url = f"http://127.0.0.1:{port}/logs?wait=true&timeout=60"
+    url = f"http://127.0.0.1:{port}{path}?wait=true&timeout=60"
     connector = aiohttp.TCPConnector(limit=producers, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as client:
@@ -201,8 +245,10 @@ def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
 
 def measure(shape: str, port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample) -> dict:  # noqa: ANN001
     size = statistics.mean(len(line) for line in bodies[0].split(b"\n"))
-    say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events, wait=true, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
-    committed, latencies, failures, opened, closed = asyncio.run(produce(port, bodies, seconds, producers, warmup_s, take_sample))
+    path = shape_path(port, shape)
+    say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events to {path}, wait=true, "
+        f"{seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
+    committed, latencies, failures, opened, closed = asyncio.run(produce(port, path, bodies, seconds, producers, warmup_s, take_sample))
     rate = committed / seconds
     p50 = statistics.median(latencies) if latencies else float("nan")
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
@@ -217,7 +263,7 @@ def main() -> None:
     producers = int(os.environ.get("BENCH_PRODUCERS", "150"))
     warmup_s = float(os.environ.get("BENCH_WARMUP_S", "60"))
     shape_warmup_s = float(os.environ.get("BENCH_SHAPE_WARMUP_S", "20"))
-    shapes = [name.strip() for name in os.environ.get("BENCH_SHAPES", "plain,extra").split(",") if name.strip()]
+    shapes = [name.strip() for name in os.environ.get("BENCH_SHAPES", "plain,extra,declared,processors").split(",") if name.strip()]
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:
         raise SystemExit(f"BENCH_SHAPES: no shape {unknown}; the shapes are {', '.join(SHAPES)}")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +26,7 @@ from spark_jobs import pipeline_job
 from spark_jobs.pipeline_job import PipelineJob
 from spark_jobs.targets import Target
 from tests.unit.test_direct_append import TABLE  # the short way's own tests' table: every plain type and _extra
+from tests.unit.test_direct_append import TIMED as TIMED_COLUMNS
 
 DEFINITION = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "extra_fields": "_extra"}],
@@ -133,3 +136,98 @@ def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_s
         pipeline_job._direct_off_until = 0.0
     # Both kinds of batch were drawn: the comparison was made, and refusals happen.
     assert ways["written"] >= 6 and ways["refused"] >= 1, ways
+
+
+# A table with every time type, partitioned by the day of its timestamp.
+TIMED = pa.schema([*TIMED_COLUMNS, TABLE.field("_extra")])
+DAY = [("ts", "day")]
+MOMENT = st.datetimes(datetime(1900, 1, 1), datetime(2200, 12, 31))
+
+
+@st.composite
+def iso(draw, zone: bool = True) -> str:  # noqa: ANN001
+    """A time as ISO 8601 may spell it: a date alone, or with a time (T or a space, 0 to 6 digits of
+    fraction) and, where the column has a zone, no offset, Z or one."""
+    moment = draw(MOMENT)
+    if draw(st.integers(0, 5)) == 0:
+        return moment.strftime("%Y-%m-%d")
+    digits = draw(st.integers(0, 6))
+    fraction = f".{moment.microsecond:06d}"[: digits + 1] if digits else ""
+    offset = draw(st.sampled_from(["", "Z", "+05:30", "-08:00", "+14:00", "-00:00"])) if zone else ""
+    return moment.strftime(f"%Y-%m-%d{draw(st.sampled_from('T '))}%H:%M:%S") + fraction + offset
+
+
+EPOCH_MS = st.integers(-2_208_988_800_000, 253_402_300_799_999)
+EPOCH_DAYS = st.integers(-25_567, 2_932_896)
+ODD_TIMES = st.sampled_from([
+    '"2024-02-30T00:00:00Z"', '"2023-02-29"', '"2024-05-01T24:00:00Z"', '"1899-12-31T23:59:59Z"', '" 2024-05-01"', '"2024-05-01T10:11"',
+    '"2024-5-1"', '"1714608000000"', "1.5", "1e12", "true", '"2024-05-01T10:11:12.1234567Z"', '"+10000-01-01"',
+    '"2024-05-01T10:11:12+15:00"', '"2024-05-01T10:11:12+0530"', '"2024-05-01t10:11:12z"', "253402300800000", '""', "{}", "[]",
+])
+
+
+@st.composite
+def timed_batch(draw) -> list[bytes]:  # noqa: ANN001
+    """Requests whose events carry times as text or as epoch numbers (one way per request, mostly)."""
+    bodies, index = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        epoch = draw(st.booleans())
+        chance = random.Random(draw(st.integers(0, 2**32)))
+        lines = []
+        for _ in range(draw(st.integers(1, 6))):
+            values = {
+                "ts": str(draw(EPOCH_MS)) if epoch else json.dumps(draw(iso())),
+                "local": str(draw(EPOCH_MS)) if epoch else json.dumps(draw(iso(zone=False))),
+                "d": str(draw(EPOCH_DAYS)) if epoch else json.dumps(draw(MOMENT).strftime("%Y-%m-%d")),
+            }
+            fields = [("id", str(index))]
+            for name, value in values.items():
+                if chance.random() < 0.8:
+                    fields.append((name, value if chance.random() > 0.01 else draw(ODD_TIMES)))
+            if chance.random() < 0.1:
+                fields.append(("level", draw(USUAL_VALUE)))
+            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            index += 1
+        bodies.append(b"\n".join(lines))
+    return bodies
+
+
+@pytest.mark.timeout(600)
+def test_times_and_partitions_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    directories = iter(range(10**6))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        directory = (tmp_path / f"batch-{next(directories)}").as_uri()
+        return Target(name=name, schema=TIMED, required=frozenset({"id"}), partition=DAY, directory=directory, extra_fields="_extra")
+
+    def job() -> PipelineJob:
+        return PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve,
+                           dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(), known_schema=TIMED)
+
+    ways = {"written": 0, "refused": 0}
+
+    @settings(max_examples=15, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(timed_batch())
+    def same_rows(bodies: list[bytes]) -> None:
+        receipts = [f"r{i}" for i in range(len(bodies))]
+        pipeline_job._direct_off_until = 0.0
+        fast = job().run(receipts, bodies)
+        pipeline_job._direct_off_until = float("inf")  # the full job only
+        full = job().run(receipts, bodies)
+        ways[fast.direct] = ways.get(fast.direct, 0) + 1
+        if fast.direct != "written":
+            return
+        assert written(fast) == written(full), bodies
+        assert full.dlq is None, f"the fast way wrote what the full job sends to the DLQ: {bodies}"
+        assert {r: o.rows_by_receipt for r, o in fast.tables.items()} == {r: o.rows_by_receipt for r, o in full.tables.items()}
+        # One partition value (the day of ts, UTC) per file, as the committer requires.
+        for path in list_data_files(fast.tables["events"].directory):
+            days = {ts.date() if ts else None for ts in pq.read_table(path).column("ts").to_pylist()}
+            assert len(days) == 1, (path, days)
+
+    try:
+        same_rows()
+    finally:
+        pipeline_job._direct_off_until = 0.0
+    assert ways["written"] >= 5 and ways["refused"] >= 1, ways

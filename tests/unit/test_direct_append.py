@@ -6,13 +6,26 @@ a plain row, it must refuse, leaving nothing behind."""
 from __future__ import annotations
 
 import json
+from datetime import date, datetime, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
-from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import (
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
 
 from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
 
@@ -105,8 +118,87 @@ def test_java_doubles_beyond_the_certain_range_are_unspellable() -> None:
             java_double(value)
 
 
-def test_only_tables_of_plain_columns_take_the_short_way() -> None:
+def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> None:
     assert parse_schema(TABLE, "_extra").names == ["id", "msg", "n", "x", "ok"]
     assert parse_schema(TABLE, None) is None  # a map column pyarrow cannot read from JSON
-    with_time = Schema(NestedField(1, "id", LongType()), NestedField(2, "ts", TimestamptzType())).as_arrow()
-    assert parse_schema(with_time, None) is None  # timestamps: the Spark job's parsing rules
+    assert [parse_schema(TIMED, None, [("ts", "day")]).field(name).type for name in ("ts", "local", "d")] == [pa.string()] * 3  # time as text
+    assert parse_schema(TIMED, None, [("msg", "truncate[2]"), ("d", "month"), ("id", "identity")]) is not None
+    assert parse_schema(TIMED, None, [("id", "bucket[4]")]) is None  # the Spark job's murmur3
+    assert parse_schema(TIMED, None, [("d", "hour")]) is None
+    assert parse_schema(TIMED, None, [("id", "truncate[10]")]) is None
+    with_decimal = Schema(NestedField(1, "id", LongType()), NestedField(2, "amount", DecimalType(10, 2))).as_arrow()
+    assert parse_schema(with_decimal, None) is None  # decimals: the Spark job's rounding
+
+
+TIMED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "ts", TimestamptzType()),
+    NestedField(3, "local", TimestampType()),
+    NestedField(4, "d", DateType()),
+    NestedField(5, "msg", StringType()),
+).as_arrow()
+
+
+def run_timed(tmp_path, bodies: dict[str, bytes], partition: list[tuple[str, str]]) -> list[dict]:  # noqa: ANN001
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parse_schema(TIMED, None, partition), TIMED, frozenset({"id"}), None, partition)
+    batch = pa.record_batch({"receipt": list(bodies), "body": pa.array(list(bodies.values()), pa.large_binary())})
+    return [row for out in append(iter([batch])) for row in out.to_pylist()]
+
+
+def utc(*parts: int) -> datetime:
+    return datetime(*parts, tzinfo=timezone.utc)
+
+
+def test_timestamps_and_dates_as_iso_8601_or_epoch_numbers_one_file_per_partition_value(tmp_path) -> None:  # noqa: ANN001
+    answers = run_timed(tmp_path, {
+        "iso": b'{"id": 1, "ts": "2024-05-01T23:30:00+05:30", "local": "2024-05-01 10:11:12.5", "d": "2024-05-01"}\n'
+               b'{"id": 2, "ts": "2024-05-02 01:02:03.123456Z", "local": "2024-05-02"}\n{"id": 3, "ts": "2024-05-01", "msg": "x"}',
+        "epoch": b'{"id": 4, "ts": 1714608000000, "local": -1, "d": 19844}\n{"id": 5, "ts": null}',
+    }, [("ts", "day")])
+    assert all(answer["refused"] is None for answer in answers)
+    assert json.loads(answers[-1]["counts"]) == {"iso": 3, "epoch": 2}
+    files = [pq.read_table(answer["path"]) for answer in answers]
+    assert all(f.schema == TIMED for f in files)
+    rows = {row["id"]: row for f in files for row in f.to_pylist()}
+    assert rows[1] == {"id": 1, "ts": utc(2024, 5, 1, 18), "local": datetime(2024, 5, 1, 10, 11, 12, 500000), "d": date(2024, 5, 1), "msg": None}
+    assert (rows[2]["ts"], rows[2]["local"]) == (utc(2024, 5, 2, 1, 2, 3, 123456), datetime(2024, 5, 2))
+    assert rows[3]["ts"] == utc(2024, 5, 1)
+    assert rows[4] == {"id": 4, "ts": utc(2024, 5, 2), "local": datetime(1969, 12, 31, 23, 59, 59, 999000), "d": date(2024, 5, 1), "msg": None}
+    # One file per day (the partition value), the rows without a time in a file of their own.
+    assert sorted(sorted(row["id"] for row in f.to_pylist()) for f in files) == [[1, 3], [2, 4], [5]]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id": 1, "ts": "2024-02-30T00:00:00Z"}',           # no such day (the Spark job's NULL)
+    b'{"id": 1, "ts": "2024-05-01T10:11:12.1234567Z"}',   # more than microseconds
+    b'{"id": 1, "ts": "2024-05-01T10:11Z"}',              # no seconds
+    b'{"id": 1, "ts": " 2024-05-01T10:11:12Z"}',          # spaces (the Spark job trims them)
+    b'{"id": 1, "ts": "1899-12-31T10:11:12Z"}',           # before 1900
+    b'{"id": 1, "ts": "2024-05-01T10:11:12+0530"}',       # an offset spelled otherwise
+    b'{"id": 1, "local": "2024-05-01T10:11:12Z"}',        # an offset for a timestamp without zone
+    b'{"id": 1, "d": "2024-05-01T10:11:12"}',             # a timestamp for a date
+    b'{"id": 1, "ts": "1714608000000"}',                  # epoch milliseconds as text
+    b'{"id": 1, "ts": 1714608000000.0}',                  # ... or with a fraction
+    b'{"id": 1, "ts": 253402300800000}',                  # after 9999
+    b'{"id": 1, "ts": 1714608000000}\n{"id": 2, "ts": "2024-05-01"}',  # both ways in one request
+    b'{"id": 1, "ts": true}',
+])
+def test_times_this_way_is_not_sure_of_refuse_the_batch(tmp_path, body: bytes) -> None:  # noqa: ANN001
+    answers = run_timed(tmp_path, {"r1": b'{"id": 7, "ts": "2024-05-01T10:11:12Z"}', "r2": body}, [("ts", "day")])
+    assert answers[-1]["refused"] and not any(answer["path"] for answer in answers)
+    assert not list((tmp_path).rglob("*.parquet"))
+
+
+def test_requests_may_send_times_either_way(tmp_path) -> None:  # noqa: ANN001
+    answers = run_timed(tmp_path, {f"r{i}": body for i, body in enumerate([
+        b'{"id": 1, "ts": 1714608000000}', b'{"id": 2, "ts": "2024-05-02T00:00:00Z"}', b'{"id": 3, "ts": 1714608000001}',
+    ])}, [])
+    assert [answer["refused"] for answer in answers] == [None]
+    assert [row["ts"] for row in pq.read_table(answers[0]["path"]).to_pylist()] == [utc(2024, 5, 2), utc(2024, 5, 2), utc(2024, 5, 2, 0, 0, 0, 1000)]
+
+
+def test_truncate_and_identity_partitions_group_rows_by_their_values(tmp_path) -> None:  # noqa: ANN001
+    answers = run_timed(tmp_path, {"r": b'{"id": 1, "msg": "\u65e5\u672c\u8a9e"}\n{"id": 2, "msg": "\u65e5\u672cx"}\n{"id": 1, "msg": "ab"}\n{"id": 3}'},
+                        [("msg", "truncate[2]"), ("id", "identity")])
+    groups = sorted(sorted((row["id"], row["msg"]) for row in pq.read_table(answer["path"]).to_pylist()) for answer in answers)
+    assert groups == [[(1, "ab")], [(1, "日本語")], [(2, "日本x")], [(3, None)]]
