@@ -98,12 +98,12 @@ DECLARED_COLUMNS = [
 ]
 PIPELINES = {
     "declared": {"name": "declared", "source": {"http": {"path": "/declared"}}, "sinks": [{
-        "table": "declared", "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
+        "table": "declared", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],
                    "sinks": [{
-        "table": "processed", "schema": {"columns": [*DECLARED_COLUMNS, {"name": "slow", "type": "boolean"}],
+        "table": "processed", "auto_create": True, "schema": {"columns": [*DECLARED_COLUMNS, {"name": "slow", "type": "boolean"}],
                                          "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
 }
