@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -142,34 +142,44 @@ def runs(batch: pa.RecordBatch, keys: list[str]) -> Iterator[tuple[tuple, pa.Rec
         yield tuple(part.column(key)[0].as_py() for key in keys), part
 
 
+def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, schema: pa.Schema, keys: list[str],  # noqa: ANN001
+               max_records: int | None = None) -> list[tuple[str, int]]:
+    """Write `batches` as zstd Parquet files in `schema` (other columns, `keys` among them, left
+    out) under `directory` (as `filesystem` names it): a file per run of consecutive rows with the
+    same `keys` values (rows sorted by them: one file per value), `max_records` rows per file at
+    most. Returns each file's (path, rows)."""
+    import pyarrow.parquet as pq
+
+    task = uuid.uuid4().hex
+    written: list[tuple[str, int]] = []
+    current: dict = {}
+
+    def close() -> None:
+        if current:
+            current["writer"].close()
+            written.append((current["path"], current["rows"]))
+            current.clear()
+
+    for batch in batches:
+        for key, part in runs(batch, keys):
+            data = conform(part, schema)
+            while data.num_rows:
+                if not current or current["key"] != key or (max_records and current["rows"] >= max_records):
+                    close()
+                    path = f"{directory}/part-{task}-{len(written):05d}.zstd.parquet"
+                    current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd"))
+                take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])
+                current["writer"].write_batch(data.slice(0, take))
+                current["rows"] += take
+                data = data.slice(take)
+    close()
+    return written
+
+
 def _arrow_writer(directory: str, filesystem, schema: pa.Schema, keys: list[str], max_records: int | None):  # noqa: ANN001, ANN202
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
         freeze_once()
-        task = uuid.uuid4().hex
-        written: list[tuple[str, int]] = []
-        current: dict = {}
-
-        def close() -> None:
-            if current:
-                current["writer"].close()
-                written.append((current["path"], current["rows"]))
-                current.clear()
-
-        for batch in batches:
-            for key, part in runs(batch, keys):
-                data = conform(part, schema)
-                while data.num_rows:
-                    if not current or current["key"] != key or (max_records and current["rows"] >= max_records):
-                        close()
-                        path = f"{directory}/part-{task}-{len(written):05d}.zstd.parquet"
-                        current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd"))
-                    take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])
-                    current["writer"].write_batch(data.slice(0, take))
-                    current["rows"] += take
-                    data = data.slice(take)
-        close()
+        written = write_runs(batches, directory, filesystem, schema, keys, max_records)
         yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows in written], schema=WRITTEN_ARROW)
 
     return write

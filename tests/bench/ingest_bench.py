@@ -83,12 +83,12 @@ def with_iso_time(event: dict) -> dict:
     return event
 
 
-SHAPES = {
-    "plain": make_event,
-    "extra": lambda i: with_extra_field(make_event(i), i),
-    "declared": lambda i: with_iso_time(make_event(i * 20)),  # ~4 days of events: a few partition values per batch
-    "processors": lambda i: with_iso_time(make_event(i * 20)),
-}
+def with_days(i: int) -> dict:
+    """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
+    return with_iso_time(make_event(i * 20))
+
+
+SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "declared": with_days, "processors": with_days}
 # The pipeline each shape posts to (none: the built-in `logs`): a declared schema with the time as
 # timestamptz and the table partitioned by day(ts); the same with two processors.
 DECLARED_COLUMNS = [
