@@ -1,12 +1,16 @@
-"""Applying row changes copy-on-write: the data files holding changed keys, written again without
-them, plus the keys' new rows. No delete files: every engine reads the result as plain data files.
+"""Applying row changes, copy-on-write or merge-on-read.
 
     changes (I/U/D per event, in acceptance order) of one or more commit-stream entries
-      + the table's rows in the candidate files (those whose statistics may hold a changed key)
+      + the table's live rows in the candidate files (those whose statistics may hold a changed
+        key), less the rows their position delete files already delete
     -> per key, the events folded in order over whether the key exists (its last state wins)
     -> per event: inserted, updated, deleted or a no-op (for its receipt's counts)
-    -> new files: the untouched rows of every file that held a changed key, and the keys' new rows
-    -> removed files: exactly those that held a changed key
+    -> new data files: the keys' new rows, and, copy-on-write, the untouched rows of every file
+       that held a changed key
+    -> copy-on-write: removed files, exactly those that held a changed key (every engine reads
+       the result as plain data files);
+       merge-on-read: position delete files naming each live row of a changed key, one per data
+       file (only the identifier columns of the candidates are read, nothing is rewritten)
 
 The caller (a writer) picks the candidate files from the table's metadata; the table's leader
 commits the result as one `overwrite` snapshot if the table is still at the snapshot it was
@@ -24,12 +28,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.columns import OP, RECEIPT, SEQ
-from spark_jobs.files import read_parquet
+from spark_jobs.files import read_live_parquet, read_parquet, write_position_deletes
 from spark_jobs.partitions import write_data_files
 from spark_jobs.targets import Target
 
 ORDER = "_calve_order"  # the entry's place among those applied together
 FILE = "_calve_file"
+POS = "_calve_pos"
 EXISTS = "_calve_exists"
 EFFECT = "_calve_effect"
 EFFECTS = ("inserted", "updated", "deleted", "noop")
@@ -40,6 +45,8 @@ class Applied:
     removes: list[str] = field(default_factory=list)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # receipt -> effect -> events
     rows_written: int = 0
+    # merge-on-read: (delete file, the data file it applies to, rows, bytes)
+    deletes: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
 def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema, filesystem: object | None = None) -> DataFrame:
@@ -51,35 +58,46 @@ def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema
 
 
 def apply_changes(
-    spark: SparkSession, entries: list[list[str]], candidates: list[str], target: Target, keys: list[str], upsert: bool,
+    spark: SparkSession, entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str],
+    upsert: bool, merge_on_read: bool = False,
 ) -> Applied:
-    """Write the table's new files for these changes under target.directory; what they replace
-    and each receipt's counts."""
+    """Write the table's new files for these changes under target.directory (merge-on-read: its
+    position delete files beside it, under `<directory>-deletes`); what they replace or delete
+    and each receipt's counts. candidates: (data file, its position delete files)."""
     changes = change_rows(spark, entries, target.schema, target.filesystem).cache()
     try:
-        return _apply(spark, changes, candidates, target, keys, upsert)
+        return _apply(spark, changes, candidates, target, keys, upsert, merge_on_read)
     finally:
         changes.unpersist()
 
 
-def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], target: Target, keys: list[str], upsert: bool) -> Applied:
+def _apply(
+    spark: SparkSession, changes: DataFrame, candidates: list[tuple[str, list[str]]], target: Target, keys: list[str],
+    upsert: bool, merge_on_read: bool,
+) -> Applied:
     columns = list(target.schema.names)
     changed_keys = changes.select(*keys).distinct()
     removes: list[str] = []
+    deletes: list[tuple[str, str, int, int]] = []
     carried = None
     existing = spark.createDataFrame([], T.StructType([changes.schema[key] for key in keys])).withColumn(EXISTS, F.lit(True))
     if candidates:
-        rows = read_parquet(spark, candidates, target.schema, target.filesystem, file_column=FILE)
+        # Merge-on-read needs only the keys and where each row is; copy-on-write carries whole rows.
+        read = pa.schema([target.schema.field(key) for key in keys]) if merge_on_read else target.schema
+        rows = read_live_parquet(spark, candidates, read, target.filesystem, file_column=FILE, position_column=POS)
         hit = rows.join(changed_keys, keys, "left_semi").cache()
         try:
-            hit_files = [row[0] for row in hit.select(FILE).distinct().collect()]
             existing = hit.select(*keys).distinct().withColumn(EXISTS, F.lit(True)).cache()
+            if merge_on_read:
+                # Every live row of a changed key is deleted; the key's last state, if any, is a new row.
+                deletes = write_position_deletes(hit, FILE, POS, f"{target.directory}-deletes", target.filesystem)
+            else:
+                removes = sorted(row[0] for row in hit.select(FILE).distinct().collect())
             existing.count()
         finally:
             hit.unpersist()
-        removes = sorted(hit_files)
-        if hit_files:
-            carried = rows.where(F.col(FILE).isin(hit_files)).join(changed_keys, keys, "left_anti").select(*columns)
+        if removes:
+            carried = rows.where(F.col(FILE).isin(removes)).join(changed_keys, keys, "left_anti").select(*columns)
 
     # Fold each key's events in order: whether the key exists before each event decides its effect.
     ordered = Window.partitionBy(*keys).orderBy(ORDER, SEQ)
@@ -113,4 +131,4 @@ def _apply(spark: SparkSession, changes: DataFrame, candidates: list[str], targe
     finally:
         events.unpersist()
         existing.unpersist()
-    return Applied(removes, counts, written)
+    return Applied(removes, counts, written, deletes)

@@ -414,7 +414,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 data = data.append_column(name, column)
             data = data.sort_by([(name, "ascending") for name in keys])
         written = write_runs(data.combine_chunks().to_batches(), directory, filesystem, file_schema, keys)
-        for path, _rows in written[:-1]:
+        for path, _rows, _key in written[:-1]:
             yield answer(path=path)
         yield answer(path=written[-1][0], counts=counts)
 

@@ -31,6 +31,17 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WRITTEN = T.StructType([T.StructField("path", T.StringType()), T.StructField("rows", T.LongType())])
 WRITTEN_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("rows", pa.int64())])
+# An Iceberg v2 position delete file: the data file's path and a row's place in it, by the spec's
+# reserved field ids; and what writing them reports (a file's name, the data file, rows, bytes).
+POSITION_DELETE_ARROW = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+])
+POSITION_DELETE_SCHEMA = pa.schema([pa.field("file_path", pa.string()), pa.field("pos", pa.int64())])
+DELETES_WRITTEN_ARROW = pa.schema([
+    pa.field("path", pa.string()), pa.field("data_file", pa.string()), pa.field("rows", pa.int64()), pa.field("bytes", pa.int64()),
+])
+DELETES_WRITTEN = from_arrow_schema(DELETES_WRITTEN_ARROW)
 
 
 def write_parquet(
@@ -91,6 +102,52 @@ def read_parquet(
     return files.mapInArrow(read, from_arrow_schema(output))
 
 
+def read_live_parquet(
+    spark: SparkSession, files: list[tuple[str, list[str]]], schema: pa.Schema, filesystem: object | None = None, *,
+    file_column: str, position_column: str,
+) -> DataFrame:
+    """The rows of data files still in the table: each (data file, its position delete files)
+    read as `read_parquet` does, less the rows those delete files name (Iceberg v2 position
+    deletes: file_path and pos columns, the data file spelled as the table's metadata spells it)."""
+    rows = read_parquet(spark, [path for path, _deletes in files], schema, filesystem, file_column=file_column, position_column=position_column)
+    delete_paths = sorted({path for _data, deletes in files for path in deletes})
+    if not delete_paths:
+        return rows
+    deleted = read_parquet(spark, delete_paths, POSITION_DELETE_SCHEMA, filesystem)
+    deleted = deleted.select(F.col("file_path").alias(file_column), F.col("pos").alias(position_column))
+    return rows.join(deleted, [file_column, position_column], "left_anti")
+
+
+def write_position_deletes(
+    frame: DataFrame, file_column: str, position_column: str, directory: str, filesystem: object | None = None,
+) -> list[tuple[str, str, int, int]]:
+    """Iceberg position delete files under `directory` for the rows `frame` names (a data file's
+    path, as the table's metadata spells it, and a row's place in it): one file per data file,
+    its positions in order, so a reader's bounds on file_path skip it for every other file.
+    Returns each file's (path, the data file it applies to, rows, bytes)."""
+    frame = frame.select(F.col(file_column).alias("file_path"), F.col(position_column).alias("pos"))
+    frame = frame.repartition("file_path").sortWithinPartitions("file_path", "pos")
+    write = _deletes_writer(directory, filesystem)
+    return [(f"{directory}/{row.path}", row.data_file, row.rows, row.bytes) for row in frame.mapInArrow(write, DELETES_WRITTEN).collect()]
+
+
+def _deletes_writer(directory: str, filesystem):  # noqa: ANN001, ANN202
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.fs as pafs
+
+        freeze_once()
+        store, root = (filesystem, _path(directory)) if filesystem is not None else pafs.FileSystem.from_uri(directory)
+        if isinstance(store, pafs.LocalFileSystem):
+            store.create_dir(root, recursive=True)
+        written = write_runs(batches, root, store, POSITION_DELETE_ARROW, ["file_path"], prefix="deletes")
+        yield pa.RecordBatch.from_pylist([
+            {"path": path.rsplit("/", 1)[1], "data_file": key[0], "rows": rows, "bytes": store.get_file_info(path).size}
+            for path, rows, key in written
+        ], schema=DELETES_WRITTEN_ARROW)
+
+    return write
+
+
 def _normal(path: str) -> str:
     return "/" + path.removeprefix("file:").lstrip("/")
 
@@ -143,21 +200,21 @@ def runs(batch: pa.RecordBatch, keys: list[str]) -> Iterator[tuple[tuple, pa.Rec
 
 
 def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, schema: pa.Schema, keys: list[str],  # noqa: ANN001
-               max_records: int | None = None) -> list[tuple[str, int]]:
-    """Write `batches` as zstd Parquet files in `schema` (other columns, `keys` among them, left
-    out) under `directory` (as `filesystem` names it): a file per run of consecutive rows with the
-    same `keys` values (rows sorted by them: one file per value), `max_records` rows per file at
-    most. Returns each file's (path, rows)."""
+               max_records: int | None = None, prefix: str = "part") -> list[tuple[str, int, tuple]]:
+    """Write `batches` as zstd Parquet files in `schema` (other columns left out) under
+    `directory` (as `filesystem` names it): a file per run of consecutive rows with the same
+    `keys` values (rows sorted by them: one file per value), `max_records` rows per file at most.
+    Returns each file's (path, rows, keys' values)."""
     import pyarrow.parquet as pq
 
     task = uuid.uuid4().hex
-    written: list[tuple[str, int]] = []
+    written: list[tuple[str, int, tuple]] = []
     current: dict = {}
 
     def close() -> None:
         if current:
             current["writer"].close()
-            written.append((current["path"], current["rows"]))
+            written.append((current["path"], current["rows"], current["key"]))
             current.clear()
 
     for batch in batches:
@@ -166,7 +223,7 @@ def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, sc
             while data.num_rows:
                 if not current or current["key"] != key or (max_records and current["rows"] >= max_records):
                     close()
-                    path = f"{directory}/part-{task}-{len(written):05d}.zstd.parquet"
+                    path = f"{directory}/{prefix}-{task}-{len(written):05d}.zstd.parquet"
                     current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd"))
                 take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])
                 current["writer"].write_batch(data.slice(0, take))
@@ -180,7 +237,7 @@ def _arrow_writer(directory: str, filesystem, schema: pa.Schema, keys: list[str]
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_once()
         written = write_runs(batches, directory, filesystem, schema, keys, max_records)
-        yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows in written], schema=WRITTEN_ARROW)
+        yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows, _key in written], schema=WRITTEN_ARROW)
 
     return write
 

@@ -306,6 +306,7 @@ async function tablePage(name) {
     view.appendChild(facts({
       location: info.location, "current snapshot": info.current_snapshot_id ?? "none",
       "data files": `${health.data_files.toLocaleString()} (${health.small_files.toLocaleString()} small), ${bytes(health.avg_file_bytes)} on average`,
+      "delete files": `${health.delete_files.toLocaleString()}, deleting ${health.deleted_rows.toLocaleString()} rows (${(100 * health.deleted_share).toFixed(1)}% of the data files' rows)`,
       "oldest snapshot": when(health.oldest_snapshot_ms), metadata: bytes(health.metadata_bytes),
     }));
     view.appendChild(el("h2", "Schema"));

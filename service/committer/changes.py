@@ -74,7 +74,7 @@ class ChangeCommits:
             committed = False
         self.client.delete(key)
         if not committed:  # the table moved since the request (or a rival leader committed them)
-            delete_files(result.adds, catalog_io(self.catalog))
+            delete_files(result.written, catalog_io(self.catalog))
             return False
         delete_files(covered.files, catalog_io(self.catalog))  # the change files: applied and committed
         self.failures.record_settled(member)

@@ -36,7 +36,7 @@ from service.iceberg.appends import append_files
 from service.iceberg.catalog import CATALOG_UNAVAILABLE, ensure_commit_properties, load_table, table_identifier
 from service.iceberg.conflicts import retry_on_conflict
 from service.iceberg.files import catalog_io, delete_files
-from service.iceberg.rewrites import Rewritten, overwrite_files, replace_files
+from service.iceberg.rewrites import Rewritten, overwrite_files, replace_files, row_delta
 from service.iceberg.watermark import calve_snapshots, watermark
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import next_id, parse_id, text
@@ -173,7 +173,10 @@ class TableCommits:
             raise ChangesNotApplied("the table moved since the changes were applied")
         if operation is Operation.OVERWRITE:
             with table.transaction() as transaction:
-                overwrite_files(table, transaction, plan.applied.removes, plan.applied.adds, summary)
+                if plan.applied.deletes:  # merge-on-read
+                    row_delta(table, transaction, plan.applied.adds, plan.applied.deletes, summary)
+                else:
+                    overwrite_files(table, transaction, plan.applied.removes, plan.applied.adds, summary)
             return None
         with table.transaction() as transaction:
             if plan.deletes:

@@ -22,8 +22,7 @@ from service.core.config import Settings
 from service.core.db import get_engine
 from service.feeds.consumers import protected_snapshots
 from service.iceberg.catalog import load_table
-from service.iceberg.compaction import CompactionPolicy, plan_compaction
-from service.iceberg.rewrites import live_data_files
+from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
 from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots, merge_manifests, remove_orphans
 from service.protocol import commit_entry
 from service.protocol.compaction import CompactionRequest
@@ -103,7 +102,7 @@ class TableUpkeep:
         policy = self.compaction.for_table(table)
         if asked:
             policy = CompactionPolicy(policy.target_file_bytes, 2, policy.max_bytes)
-        groups = plan_compaction(live_data_files(table).values(), policy, table.spec().spec_id) if table.current_snapshot() else []
+        groups = plan_compaction(compactable(table), policy, table.spec().spec_id) if table.current_snapshot() else []
         if not groups:
             return UpkeepRun(UpkeepOutcome.OK, detail="no partition holds two small files", facts={"requested_files": 0}) if asked else None
         request = CompactionRequest(tenant, table_name, asked or uuid.uuid4().hex, [

@@ -154,9 +154,10 @@ class DeleteFilesFound(ChangelogError):
     def __init__(self, table: str, content: DataFileContent) -> None:
         kind = "equality" if content.name == "EQUALITY_DELETES" else "position"
         super().__init__(
-            f"table {table!r} has {kind} delete files (written by another engine in merge-on-read mode); the change "
-            "feed reads copy-on-write tables only: rewrite its data files with the deletes applied (for example Spark's "
-            "rewrite_data_files with delete-file-threshold=1), or change the table from the snapshot after that"
+            f"table {table!r} has {kind} delete files (written in merge-on-read mode: a sink's write_mode, or another "
+            "engine); the change feed reads copy-on-write tables only: set the sink's write_mode to copy-on-write and "
+            "rewrite the data files with the deletes applied (for example Spark's rewrite_data_files with "
+            "delete-file-threshold=1), then read the changes from the snapshot after that"
         )
 
 

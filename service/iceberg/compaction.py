@@ -17,6 +17,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from service.core.config import Settings
+from service.iceberg.rewrites import live_files, with_deletes
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Iceberg's bin-pack default)
@@ -52,6 +53,14 @@ class CompactionGroup:
     @property
     def bytes(self) -> int:
         return sum(file.file_size_in_bytes for file in self.files)
+
+
+def compactable(table: Table) -> list[DataFile]:
+    """The live data files a compaction may rewrite: those without delete files (it reads files
+    whole; folding deletes in is for a later compaction that applies them)."""
+    data, deletes = live_files(table)
+    deleted = with_deletes(data, deletes)
+    return [file for path, file in data.items() if path not in deleted]
 
 
 def plan_compaction(files: Iterable[DataFile], policy: CompactionPolicy, spec_id: int = 0) -> list[CompactionGroup]:

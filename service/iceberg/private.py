@@ -5,7 +5,8 @@ values (`add_files` refuses non-linear transforms), so appends.py builds them it
 and no public way to commit a `replace` snapshot (files swapped, rows unchanged), which
 rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
 (`merge_manifests_producer`, for upkeep.py); and no public way to stream one data file's rows
-in the table's schema (`file_batches`, for changelog.py).
+in the table's schema (`file_batches`, for changelog.py); and no way at all to commit position
+delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan, DataFileStatistics
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.partitioning import PartitionField
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
 
@@ -89,3 +90,60 @@ def merge_manifests_producer(transaction: Transaction, snapshot_properties: dict
     return _MergeManifests(
         operation=Operation.REPLACE, transaction=transaction, io=table_io(transaction), snapshot_properties=snapshot_properties,
     )
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files (pyiceberg's writers write data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _RowDelta(_FastAppendFiles):
+    """A fast append of data files that also adds position delete files, in delete manifests of
+    their own (one per partition spec). The snapshot says `overwrite`, as Iceberg's RowDelta does
+    when it adds rows and deletes some."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._added_delete_files: list[DataFile] = []
+
+    def append_delete_file(self, delete_file: DataFile) -> _RowDelta:
+        self._added_delete_files.append(delete_file)
+        return self
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests = super()._manifests()
+        by_spec: dict[int, list[DataFile]] = {}
+        for delete_file in self._added_delete_files:
+            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+        for spec_id, files in by_spec.items():
+            writer = _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+            with writer:
+                for delete_file in files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, sequence_number=None,
+                        file_sequence_number=None, data_file=delete_file,
+                    ))
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # The summary collector counts delete files by their content (added-position-deletes...).
+        added = self._added_data_files
+        self._added_data_files = [*added, *self._added_delete_files]
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = added
+
+
+def row_delta_producer(transaction: Transaction, snapshot_properties: dict[str, str]) -> _RowDelta:
+    """A producer of one `overwrite` snapshot adding data files and position delete files.
+    Public replacement: pyiceberg's open work on merge-on-read writes (a `RowDelta`-like
+    `UpdateSnapshot` producer, or v3 deletion vectors written by `Transaction.delete`)."""
+    return _RowDelta(operation=Operation.OVERWRITE, transaction=transaction, io=table_io(transaction), snapshot_properties=snapshot_properties)

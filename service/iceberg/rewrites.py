@@ -1,19 +1,22 @@
 """Committing a rewrite: files replaced by others in one snapshot, only while every file it
-replaces is still live.
+replaces is still live and has no rows deleted since it was planned; and row changes, copy-on-write
+(an overwrite) or merge-on-read (data files and position delete files: a row delta).
 
 A rewrite is planned against the table as it was (a compaction picks small files; a Spark job
 writes their rows into fewer files) and committed later, through the table's leader, after
 whatever ingest committed meanwhile. Appends never touch the files a rewrite replaces, so they
-commit freely around it; a rewrite or row change that replaced one of them first makes this one
-stale, and it is refused (`FilesNotLive`), never committed over the newer state.
+commit freely around it; a rewrite or row change that replaced one of them first, or deleted rows
+of one (merge-on-read), makes this one stale, and it is refused (`FilesNotLive`), never committed
+over the newer state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.delete_file_index import PATH_FIELD_ID
 
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg import private
@@ -29,17 +32,59 @@ class Rewritten:
     rows: int
 
 
+# Iceberg's table properties for how row changes are written (Spark's Iceberg writer reads the same).
+WRITE_MODE_PROPERTIES = ("write.delete.mode", "write.update.mode", "write.merge.mode")
+MERGE_ON_READ = "merge-on-read"
+COPY_ON_WRITE = "copy-on-write"
+
+
+def merge_on_read(table: Table) -> bool:
+    """Whether the table's row changes are written merge-on-read (Iceberg's default, and Calve's
+    for a table without the property, is copy-on-write); v1 tables have no delete files."""
+    return table.properties.get("write.update.mode") == MERGE_ON_READ and table.metadata.format_version >= 2
+
+
 def live_data_files(table: Table) -> dict[str, DataFile]:
     """The data files of the table's current snapshot, by path."""
+    return live_files(table)[0]
+
+
+def live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
+    """The data files of the table's current snapshot, by path, and its delete files."""
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return {}
+        return {}, []
     live: dict[str, DataFile] = {}
+    deletes: list[DataFile] = []
     for manifest in snapshot.manifests(table.io):
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             if entry.data_file.content == DataFileContent.DATA:
                 live[entry.data_file.file_path] = entry.data_file
-    return live
+            else:
+                deletes.append(entry.data_file)
+    return live, deletes
+
+
+def with_deletes(data: dict[str, DataFile], deletes: list[DataFile]) -> set[str]:
+    """The data files some delete file may apply to: the one its file_path bounds name, or, for
+    a delete file without such bounds (another engine's, an equality delete), every file of its
+    partition."""
+    named, partitions = set(), set()
+    for delete in deletes:
+        referenced = referenced_data_file(delete)
+        if referenced is None:
+            partitions.add((delete.spec_id, delete.partition))
+        else:
+            named.add(referenced)
+    return {path for path, file in data.items() if path in named or (file.spec_id, file.partition) in partitions}
+
+
+def referenced_data_file(delete: DataFile) -> str | None:
+    """The one data file a position delete file applies to, when its bounds say so."""
+    if delete.content != DataFileContent.POSITION_DELETES:
+        return None
+    lower, upper = (delete.lower_bounds or {}).get(PATH_FIELD_ID), (delete.upper_bounds or {}).get(PATH_FIELD_ID)
+    return lower.decode() if lower is not None and lower == upper else None
 
 
 def overwrite_files(
@@ -48,8 +93,40 @@ def overwrite_files(
     """Stage an `overwrite` snapshot in `transaction` (opened on `table`): row changes applied
     copy-on-write, `removes` out and `adds` in. A snapshot is made even when both are empty (every
     change was a no-op): it carries the watermark past the entries."""
-    removed, added = _files(table, transaction, removes, adds)
+    # The rows of files with deletes were read without the deleted ones, against this very snapshot.
+    removed, added = _files(table, transaction, removes, adds, deleted_ok=True)
     return _swap(transaction.update_snapshot(snapshot_properties=snapshot_properties).overwrite(), removed, added)
+
+
+def row_delta(
+    table: Table, transaction: Transaction, adds: list[str], deletes: list[list], snapshot_properties: dict[str, str],
+) -> Rewritten:
+    """Stage a merge-on-read snapshot in `transaction` (opened on `table`): `adds` (new rows) in,
+    and `deletes`, position delete files ([path, the data file it applies to, rows, bytes]),
+    each in its data file's partition with file_path bounds naming that file only. FilesNotLive
+    when a data file they apply to is gone."""
+    live = live_data_files(table)
+    gone = [data for _path, data, _rows, _bytes in deletes if data not in live]
+    if gone:
+        raise FilesNotLive(f"{len(gone)} of the {len(deletes)} files rows were deleted from are no longer in the table (first: {gone[0]})")
+    ensure_name_mapping(transaction)
+    added = [data_file(transaction, path) for path in adds]
+    delete_files = []
+    for path, data, rows, size in deletes:
+        delete = DataFile.from_args(
+            content=DataFileContent.POSITION_DELETES, file_path=path, file_format=FileFormat.PARQUET, partition=live[data].partition,
+            record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
+            lower_bounds={PATH_FIELD_ID: data.encode()}, upper_bounds={PATH_FIELD_ID: data.encode()},
+        )
+        delete.spec_id = live[data].spec_id  # not one of from_args' fields
+        delete_files.append(delete)
+    with private.row_delta_producer(transaction, snapshot_properties) as snapshot:
+        for file in added:
+            snapshot.append_data_file(file)
+        for file in delete_files:
+            snapshot.append_delete_file(file)
+    return Rewritten(0, len(added) + len(delete_files), 0, sum(f.file_size_in_bytes for f in [*added, *delete_files]),
+                     sum(f.record_count for f in added))
 
 
 def replace_files(
@@ -65,12 +142,19 @@ def replace_files(
     return _swap(private.replace_producer(transaction, snapshot_properties), removed, added)
 
 
-def _files(table: Table, transaction: Transaction, removes: list[str], adds: list[str]) -> tuple[list[DataFile], list[DataFile]]:
-    """The live DataFiles to remove (FilesNotLive when one is gone) and the DataFiles to add."""
-    live = live_data_files(table)
+def _files(
+    table: Table, transaction: Transaction, removes: list[str], adds: list[str], deleted_ok: bool = False,
+) -> tuple[list[DataFile], list[DataFile]]:
+    """The live DataFiles to remove (FilesNotLive when one is gone, or, unless `deleted_ok`, has
+    rows deleted by a delete file: a rewrite that read them whole would bring those rows back)
+    and the DataFiles to add."""
+    live, deletes = live_files(table)
     gone = [path for path in removes if path not in live]
     if gone:
         raise FilesNotLive(f"{len(gone)} of the {len(removes)} files to replace are no longer in the table (first: {gone[0]})")
+    deleted = set() if deleted_ok else with_deletes({path: live[path] for path in removes}, deletes)
+    if deleted:
+        raise FilesNotLive(f"{len(deleted)} of the {len(removes)} files to replace have rows deleted by a delete file (first: {min(deleted)})")
     ensure_name_mapping(transaction)
     return [live[path] for path in removes], [data_file(transaction, path) for path in adds]
 

@@ -27,6 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 from service.core import keys
 from service.iceberg import files, private
 from service.iceberg.compaction import TARGET_FILE_SIZE_PROPERTY
+from service.iceberg.rewrites import WRITE_MODE_PROPERTIES
 from service.iceberg.watermark import calve_snapshots, watermark
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,12 @@ def _positive(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() and int(value) > 0 else None
 
 
-def sink_properties(target_file_size: int | None, max_age_s: float | None, max_count: int | None) -> dict[str, str]:
-    """The table properties a sink's upkeep settings become (read back by the table's leader)."""
-    properties = {}
+def sink_properties(
+    target_file_size: int | None, max_age_s: float | None, max_count: int | None, write_mode: str | None = None,
+) -> dict[str, str]:
+    """The table properties a sink's upkeep settings become (read back by the table's leader),
+    and its write mode (Iceberg's own properties: read back by the writer applying row changes)."""
+    properties = dict.fromkeys(WRITE_MODE_PROPERTIES, write_mode) if write_mode else {}
     if target_file_size:
         properties[TARGET_FILE_SIZE_PROPERTY] = str(target_file_size)
     if max_age_s:

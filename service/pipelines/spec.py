@@ -170,6 +170,10 @@ class Sink(Strict):
     operation: Expression | None = Field(default=None, description="Spark SQL expression: each event's operation (insert, update, delete)")
     identifier_columns: list[str] | None = Field(default=None, min_length=1, max_length=MAX_IDENTIFIER_COLUMNS, description="the row's key")
     mode: Literal["append", "upsert"] = Field(default="append", description="upsert: every event replaces the row with its key")
+    # How row changes are written: the table's Iceberg write.{delete,update,merge}.mode properties.
+    write_mode: Literal["copy-on-write", "merge-on-read"] | None = Field(
+        default=None, description="merge-on-read: replaced rows as position delete files; copy-on-write: files rewritten (the default)",
+    )
 
     @property
     def row_changes(self) -> bool:
@@ -265,6 +269,8 @@ class PipelineDefinition(Strict):
                     check_expression(sink.operation)
                 except ValueError as exc:
                     raise SpecError(f"{where}.operation", str(exc)) from None
+            if sink.write_mode is not None and not sink.row_changes:
+                raise SpecError(f"{where}.write_mode", "only meaningful with operation or mode: upsert (appends write no deletes)")
             if sink.identifier_columns is None:
                 if sink.row_changes and sink.auto_create:
                     raise SpecError(f"{where}.identifier_columns", "required with operation or mode: upsert when the sink may "

@@ -4,7 +4,8 @@ Row changes must apply in commit order, against the table with every earlier ent
 writer that handled the events only keeps them (a changes entry on the commit stream); when the
 entry's turn comes, the leader asks a writer to apply it and the changes entries right after it
 (ApplyRequest: which entries, against which snapshot), waits, and commits the answer (ApplyResult:
-files removed and added, counts per receipt) as one overwrite, if the table is still at that
+files removed and added, position delete files (merge-on-read), counts per receipt) as one
+overwrite, if the table is still at that
 snapshot. Both records live in the table's `applying_key` hash, which expires: a request lost with
 a crashed writer is asked again.
 """
@@ -54,6 +55,13 @@ class ApplyResult:
     adds: list[str] = field(default_factory=list)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # receipt -> inserted/updated/deleted/noop
     error: str | None = None
+    # merge-on-read: [position delete file, the data file it applies to, rows, bytes]
+    deletes: list[list] = field(default_factory=list)
+
+    @property
+    def written(self) -> list[str]:
+        """Every file the writer wrote for this answer."""
+        return self.adds + [delete[0] for delete in self.deletes]
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.__dict__)

@@ -18,6 +18,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
 from service.iceberg.files import delete_files, list_data_files, spark_filesystem
+from service.iceberg.rewrites import merge_on_read
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import Operation
@@ -60,8 +61,9 @@ class ChangeApplier(LeaderRequests):
         spark = spark_session(self.spark_remote)
         entries = [files for _entry_id, files in request.entries]
         candidates = self._candidates(table, request, spark, entries, target)
-        applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert)
-        result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts)
+        applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, merge_on_read(table))
+        result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts,
+                             deletes=[list(written) for written in applied.deletes])
         return result, time.perf_counter() - started
 
     def finish(self, request: ApplyRequest, outcome: tuple[ApplyResult, float]) -> None:
@@ -69,15 +71,16 @@ class ChangeApplier(LeaderRequests):
         self._answer(request, result)
         metrics.SPARK_JOB_SECONDS.labels(request.tenant, "_changes").observe(seconds)
         log.info("writer %s applied %d change entries to %s.%s in %.2f s: %d files replaced by %d", self.name,
-                 len(request.entries), request.tenant, request.table, seconds, len(result.removes), len(result.adds))
+                 len(request.entries), request.tenant, request.table, seconds, len(result.removes), len(result.adds) + len(result.deletes))
 
     def failed(self, request: ApplyRequest, exc: Exception) -> None:
         """The leader sees the error and counts it as a failed commit."""
         log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
         self._answer(request, ApplyResult(request.request, request.base_snapshot, error=error_text(exc)))
 
-    def _candidates(self, table, request: ApplyRequest, spark, entries: list[list[str]], target: Target) -> list[str]:  # noqa: ANN001
-        """Data files of the base snapshot that may hold a changed key."""
+    def _candidates(self, table, request: ApplyRequest, spark, entries: list[list[str]], target: Target) -> list[tuple[str, list[str]]]:  # noqa: ANN001
+        """Data files of the base snapshot that may hold a changed key, each with its position
+        delete files."""
         if request.base_snapshot is None:
             return []
         values = change_rows(spark, entries, target.schema, target.filesystem).select(*request.keys).distinct().limit(MAX_PRUNING_KEYS + 1).collect()
@@ -91,13 +94,13 @@ class ChangeApplier(LeaderRequests):
             tasks = table.scan(row_filter=row_filter, snapshot_id=request.base_snapshot).plan_files()
         except (ValueError, TypeError):  # a key type pyiceberg cannot compare: every file is a candidate
             tasks = table.scan(snapshot_id=request.base_snapshot).plan_files()
-        return sorted({task.file.file_path for task in tasks})
+        return sorted({task.file.file_path: sorted(d.file_path for d in task.delete_files) for task in tasks}.items())
 
     def _answer(self, request: ApplyRequest, result: ApplyResult) -> None:
         key = keys.applying_key(request.tenant, request.table)
         asked = self.client.hget(key, changes.REQUEST)
         if asked is None or ApplyRequest.from_json(asked).request != request.request:
             # The leader gave up on this request (it expired, or the table moved): never committed.
-            delete_files(result.adds, self.io)
+            delete_files(result.written, self.io)
             return
         self.client.hset(key, changes.RESULT, result.to_json())

@@ -129,7 +129,9 @@ class TableResolver:
                 log.info("evolved %s.%s to schema %d (%d columns)", tenant, name, table.schema().schema_id, len(table.schema().fields))
         table, extra_fields = self._extra_fields_column(table, sink)
         # Upkeep (planned by the table's leader) reads the sink's settings from the table.
-        table = set_table_properties(self.catalog, table, sink_properties(sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count))
+        table = set_table_properties(self.catalog, table, sink_properties(
+            sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count, sink.write_mode,
+        ))
         self._batch_tables[(tenant, name)] = table
         schema = table.schema()
         changes = None

@@ -1,13 +1,16 @@
-"""`make bench-upsert`: row changes (copy-on-write) against a 1,000,000-row table partitioned by day.
+"""`make bench-upsert`: row changes against a 1,000,000-row table partitioned by day, in each
+write mode (merge-on-read, then copy-on-write), in one run.
 
-Starts `calve up` on a fresh data directory, loads BENCH_ROWS rows (ids 0..N-1, spread over 30
-days, id order = day order) through an append pipeline into a table whose identifier is `id`, then
-lets producers POST upserts with wait=true for BENCH_SECONDS: each request changes 1,000 keys of
-the most recent 7 days (1% of the table every ten requests). It reports changed rows per second,
-wait=true p50/p99, and write amplification: rows written by the overwrite snapshots per row
-changed (a file holding one changed key is rewritten whole). The last line is one JSON object.
+Starts `calve up` on a fresh data directory; per mode, loads BENCH_ROWS rows (ids 0..N-1, spread
+over 30 days, id order = day order) through an append pipeline into a table of its own whose
+identifier is `id`, then lets producers POST upserts with wait=true for BENCH_SECONDS: each
+request changes 1,000 keys of the most recent 7 days (1% of the table every ten requests). It
+reports changed rows per second, wait=true p50/p99, and write amplification: rows written by the
+overwrite snapshots (new rows, rows of rewritten files, position deletes) per row changed. The
+last line is one JSON object, by mode.
 
-Knobs (environment): BENCH_ROWS (1000000), BENCH_SECONDS (60), BENCH_PRODUCERS (4).
+Knobs (environment): BENCH_ROWS (1000000), BENCH_SECONDS (60), BENCH_PRODUCERS (4),
+BENCH_WRITE_MODES (merge-on-read,copy-on-write).
 """
 
 from __future__ import annotations
@@ -45,33 +48,39 @@ def row(key: int, rows: int, balance: int) -> dict:
     return {"id": key, "ts": ts.isoformat(), "balance": balance, "name": f"account-{key:07d}"}
 
 
-def setup(port: int, rows: int) -> None:
+def table_name(write_mode: str) -> str:
+    return "accounts_" + write_mode.split("-")[0]  # accounts_merge, accounts_copy
+
+
+def setup(port: int, rows: int, write_mode: str) -> None:
+    name = table_name(write_mode)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=600) as http:
         # The upsert sink creates the table (with id as its identifier field) ...
         answer = http.post("/v1/pipelines", json={
-            "name": "accounts", "source": {"http": {"path": "/accounts"}},
-            "sinks": [{"table": "accounts", "auto_create": True, "schema": SCHEMA, "identifier_columns": ["id"], "mode": "upsert"}],
+            "name": name, "source": {"http": {"path": f"/{name}"}},
+            "sinks": [{"table": name, "auto_create": True, "schema": SCHEMA, "identifier_columns": ["id"], "mode": "upsert",
+                       "write_mode": write_mode}],
         })
         assert answer.status_code == 201, answer.text
-        first = http.post("/accounts?wait=true&timeout=300", content=orjson.dumps(row(0, rows, 0)))
+        first = http.post(f"/{name}?wait=true&timeout=300", content=orjson.dumps(row(0, rows, 0)))
         assert first.status_code == 200, first.text
         # ... and the rest is appended, 20,000 rows a request.
         answer = http.post("/v1/pipelines", json={
-            "name": "accounts_load", "source": {"http": {"path": "/accounts_load"}}, "sinks": [{"table": "accounts"}],
+            "name": f"{name}_load", "source": {"http": {"path": f"/{name}_load"}}, "sinks": [{"table": name}],
         })
         assert answer.status_code == 201, answer.text
         started = time.monotonic()
         for start in range(1, rows, 20_000):
             body = b"\n".join(orjson.dumps(row(k, rows, 0)) for k in range(start, min(rows, start + 20_000)))
-            answer = http.post("/accounts_load?wait=true&timeout=600", content=body, headers={"Content-Type": "application/x-ndjson"})
+            answer = http.post(f"/{name}_load?wait=true&timeout=600", content=body, headers={"Content-Type": "application/x-ndjson"})
             assert answer.status_code == 200, answer.text
-        say(f"loaded {rows:,} rows in {time.monotonic() - started:.0f} s")
+        say(f"{write_mode}: loaded {rows:,} rows in {time.monotonic() - started:.0f} s")
 
 
-async def upsert(port: int, rows: int, seconds: float, producers: int) -> tuple[int, list[float], int]:
+async def upsert(port: int, rows: int, seconds: float, producers: int, name: str) -> tuple[int, list[float], int]:
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
-    url = f"http://127.0.0.1:{port}/accounts?wait=true&timeout=300"
+    url = f"http://127.0.0.1:{port}/{name}?wait=true&timeout=300"
     recent = rows - rows * RECENT_DAYS // DAYS
     changed, latencies, failures = 0, [], 0
     rng = random.Random(7)
@@ -89,29 +98,33 @@ async def upsert(port: int, rows: int, seconds: float, producers: int) -> tuple[
                     failures += 1
                     continue
                 latencies.append(time.monotonic() - sent)
-                changed += orjson.loads(payload)["tables"]["accounts"]["changes"]["updated"]
+                changed += orjson.loads(payload)["tables"][name]["changes"]["updated"]
 
         until = time.monotonic() + seconds
         await asyncio.gather(*(one(until) for _ in range(producers)))
     return changed, latencies, failures
 
 
-def amplification(data_dir: Path, since_ms: int) -> tuple[int, int]:
-    """(rows written, files rewritten) by the overwrite snapshots committed since `since_ms`."""
+def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, int]:
+    """(rows written, files rewritten, delete files written) by the overwrite snapshots committed
+    since `since_ms`: rows and position deletes both count as rows written."""
     catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
-    table = catalog.load_table(("demo", "accounts"))
-    written = rewritten = 0
+    table = catalog.load_table(("demo", name))
+    written = rewritten = delete_files = 0
     for snapshot in table.snapshots():
         if snapshot.timestamp_ms >= since_ms and snapshot.summary and snapshot.summary.operation.value == "overwrite":
-            written += int(snapshot.summary.additional_properties.get("added-records", 0))
-            rewritten += int(snapshot.summary.additional_properties.get("deleted-data-files", 0))
-    return written, rewritten
+            summary = snapshot.summary.additional_properties
+            written += int(summary.get("added-records", 0)) + int(summary.get("added-position-deletes", 0))
+            rewritten += int(summary.get("deleted-data-files", 0))
+            delete_files += int(summary.get("added-position-delete-files", 0))
+    return written, rewritten, delete_files
 
 
 def main() -> None:
     rows = int(os.environ.get("BENCH_ROWS", "1000000"))
     seconds = float(os.environ.get("BENCH_SECONDS", "60"))
     producers = int(os.environ.get("BENCH_PRODUCERS", "4"))
+    modes = os.environ.get("BENCH_WRITE_MODES", "merge-on-read,copy-on-write").split(",")
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_AGE_S", "86400")  # keep the measured window's snapshots
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_COUNT", "100000")
     with tempfile.TemporaryDirectory(prefix="calve-upsert-") as tmp:
@@ -120,24 +133,29 @@ def main() -> None:
         port = free_port()
         say(f"starting the embedded stack (data in {data_dir}) ...")
         stack = start_stack(data_dir, port)
+        results = {}
         try:
-            setup(port, rows)
-            say(f"load: {producers} producers, {PER_REQUEST}-key upserts over the last {RECENT_DAYS} days, wait=true, {seconds:.0f} s")
-            since_ms = int(time.time() * 1000)
-            changed, latencies, failures = asyncio.run(upsert(port, rows, seconds, producers))
-            written, files = amplification(data_dir, since_ms)
+            for write_mode in modes:
+                setup(port, rows, write_mode)
+                say(f"{write_mode}: {producers} producers, {PER_REQUEST}-key upserts over the last {RECENT_DAYS} days, wait=true, "
+                    f"{seconds:.0f} s")
+                since_ms = int(time.time() * 1000)
+                changed, latencies, failures = asyncio.run(upsert(port, rows, seconds, producers, table_name(write_mode)))
+                written, files, delete_files = amplification(data_dir, table_name(write_mode), since_ms)
+                p50 = statistics.median(latencies) if latencies else float("nan")
+                p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
+                say(f"{write_mode}: {changed / seconds:,.0f} changed rows/s; wait=true p50 {p50:.2f}s p99 {p99:.2f}s; "
+                    f"{written:,} rows written for {changed:,} changed ({files} files rewritten, {delete_files} delete files); "
+                    f"{failures} non-200 answers")
+                results[write_mode] = {
+                    "changed_rows_per_s": round(changed / seconds, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3),
+                    "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
+                    "delete_files": delete_files, "non_200": failures,
+                }
         finally:
             stack.terminate()
             stack.wait(120)
-    p50 = statistics.median(latencies) if latencies else float("nan")
-    p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
-    say(f"{changed / seconds:,.0f} changed rows/s; wait=true p50 {p50:.2f}s p99 {p99:.2f}s; "
-        f"{written:,} rows written for {changed:,} changed ({files} files rewritten); {failures} non-200 answers")
-    print(orjson.dumps({
-        "changed_rows_per_s": round(changed / seconds, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3),
-        "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
-        "table_rows": rows, "non_200": failures,
-    }).decode(), flush=True)
+    print(orjson.dumps({"table_rows": rows, **results}).decode(), flush=True)
 
 
 if __name__ == "__main__":

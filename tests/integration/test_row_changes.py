@@ -9,6 +9,7 @@ import time
 
 import httpx
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from service.cli.processes import free_port
@@ -48,9 +49,39 @@ def no_delete_files(stack: Stack) -> None:
     assert set(contents) <= {0}, f"delete files were written: {contents}"
 
 
-def test_inserts_updates_and_deletes_apply_in_order_and_are_counted(stack: Stack) -> None:
+def people(write_mode: str | None) -> dict:
+    """The people pipeline, its sink writing row changes in `write_mode` (None: the default)."""
+    if write_mode is None:
+        return PEOPLE
+    return {**PEOPLE, "sinks": [{**PEOPLE["sinks"][0], "write_mode": write_mode}]}
+
+
+def delete_files_as_written(stack: Stack, write_mode: str) -> None:
+    """Copy-on-write: no delete file. Merge-on-read: position delete files only, each naming one
+    data file of the table (its file_path bounds), and DuckDB reads the rows pyiceberg reads."""
+    if write_mode == "copy-on-write":
+        no_delete_files(stack)
+        return
+    table = stack.catalog().load_table(("demo", "people"))
+    files = table.inspect.files()
+    contents = files.column("content").to_pylist()
+    assert 1 in contents and 2 not in contents, f"position deletes only, some: {contents}"
+    data = set(live_data_files(table))
+    for row in files.to_pylist():
+        if row["content"] == 1:
+            (referenced,) = {path for path in pq.read_table(row["file_path"].removeprefix("file://")).column("file_path").to_pylist()}
+            assert referenced in data and row["file_path"].endswith(".parquet")
+    assert {row["id"]: row for row in duckdb_rows(table)} == table_rows(stack), "DuckDB reads what pyiceberg reads"
     with stack.client() as http:
-        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+        health = http.get("/v1/tables/people").json()["health"]
+    assert health["delete_files"] == contents.count(1)
+    assert health["deleted_rows"] == sum(row["record_count"] for row in files.to_pylist() if row["content"] == 1) > 0
+
+
+@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+def test_inserts_updates_and_deletes_apply_in_order_and_are_counted(stack: Stack, write_mode: str) -> None:
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=people(write_mode)).status_code == 201
     first = send(stack, [{"op": "insert", "id": i, "name": f"p{i}", "n": 0} for i in range(10)])
     assert first["tables"]["people"]["changes"] == {"inserted": 10, "updated": 0, "deleted": 0, "noop": 0}, first
     # In one request: an update, a delete, an update of a missing key (a no-op), a key inserted,
@@ -74,7 +105,8 @@ def test_inserts_updates_and_deletes_apply_in_order_and_are_counted(stack: Stack
     table = stack.catalog().load_table(("demo", "people"))
     assert table.schema().identifier_field_names() == {"id"}
     assert table.current_snapshot().summary.operation.value == "overwrite"
-    no_delete_files(stack)
+    assert table.properties["write.update.mode"] == write_mode
+    delete_files_as_written(stack, write_mode)
     with stack.client() as http:
         reasons = sorted(e["reason"] for e in http.get("/v1/dlq").json()["entries"])
     assert reasons == ["missing identifier field 'id'", "operation 'upsert' is not insert, update or delete"]
@@ -145,11 +177,13 @@ class FeedCopy:
         return found
 
 
-def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_model(stack_factory) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_model(stack_factory, write_mode: str) -> None:  # noqa: ANN001
     """Random inserts, updates and deletes over 200 keys in many requests, written by two writers,
     with the leader killed once mid-run and a compaction: the table ends as a model applying them
-    in order, with no delete file, and every reader (pyiceberg here) sees one row per key. A
-    change feed consumer that started with the table keeps a copy equal to it (FeedCopy).
+    in order, with delete files as the write mode says, and pyiceberg and DuckDB read one row per
+    key. Copy-on-write: a change feed consumer that started with the table keeps a copy equal to
+    it (FeedCopy).
 
     Changes apply in hand-off order across requests (two writers may hand off requests sent a
     moment apart either way round), so requests in flight together touch different keys: each
@@ -157,7 +191,8 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     stack = stack_factory(CALVE_WRITER_BATCH_WAIT_S="0.3")
     stack.start("writer", name="writer-2")
     with stack.client() as http:
-        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+        assert http.post("/v1/pipelines", json=people(write_mode)).status_code == 201
+    feeding = write_mode == "copy-on-write"
     rng = random.Random(20261122)
     model: dict[int, dict] = {}
     receipts = []
@@ -166,11 +201,11 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     feed = FeedCopy(stack, feed_port)
     with stack.client() as http:
         for wave in range(12):
-            if wave == 1:
+            if wave == 1 and feeding:
                 answer = http.post("/v1/tables/people/consumers", json={"name": "copy", "start": "earliest", "initial_load": True})
                 assert answer.status_code == 201, answer.text
                 feed.thread.start()
-            if wave == 4:
+            if wave == 4 and feeding:
                 stack.kill("api-2", signal.SIGKILL)
                 stack.start("api", name="api-2", port=feed_port)
             if wave == 8:
@@ -197,14 +232,15 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert table_rows(stack) == model
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model, "DuckDB reads what pyiceberg reads"
-    wait_until(lambda: feed.cursor == f"snap:{table.current_snapshot().snapshot_id}" or feed.problems, timeout_s=60, what="the feed caught up")
-    feed.stop.set()
-    feed.thread.join(30)
-    assert not feed.problems, feed.problems[:3]
-    assert feed.copy == model, "the consumer's copy ends equal to the table"
-    assert feed.checked >= 5, "the copy was compared at snapshot ends along the way"
-    assert feed.carryover() == []
-    no_delete_files(stack)
+    if feeding:
+        wait_until(lambda: feed.cursor == f"snap:{table.current_snapshot().snapshot_id}" or feed.problems, timeout_s=60, what="the feed caught up")
+        feed.stop.set()
+        feed.thread.join(30)
+        assert not feed.problems, feed.problems[:3]
+        assert feed.copy == model, "the consumer's copy ends equal to the table"
+        assert feed.checked >= 5, "the copy was compared at snapshot ends along the way"
+        assert feed.carryover() == []
+    delete_files_as_written(stack, write_mode)
     assert not stack.redis.exists(keys.applying_key("demo", "people"))
     table = stack.catalog().load_table(("demo", "people"))
     assert all("changes-" not in path for path in live_data_files(table)), "change files are never data files"
@@ -252,17 +288,19 @@ def test_changes_applied_to_a_table_that_moved_meanwhile_are_applied_again(stack
     no_delete_files(stack)
 
 
-def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_the_other(stack_factory) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_the_other(stack_factory, write_mode: str) -> None:  # noqa: ANN001
     """A compaction of the table's files and row changes touching them race through the commit
-    stream: whichever comes second finds its files replaced (the compaction is dropped) or is
-    applied to the compacted table (the changes); no row is lost, doubled or brought back."""
+    stream: whichever comes second finds its files replaced or rows of them deleted (the
+    compaction is dropped) or is applied to the compacted table (the changes); no row is lost,
+    doubled or brought back."""
     import uuid
 
     from service.protocol.compaction import CompactionRequest
 
     stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
     with stack.client() as http:
-        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+        assert http.post("/v1/pipelines", json=people(write_mode)).status_code == 201
     model: dict[int, dict] = {}
     for part in range(4):
         events = [{"op": "i", "id": part * 10 + i, "name": "old", "n": i} for i in range(10)]
@@ -289,7 +327,7 @@ def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_t
     assert table_rows(stack) == model
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model
-    no_delete_files(stack)
+    delete_files_as_written(stack, write_mode)
 
 
 def test_a_pipeline_fed_by_a_table_keeps_a_copy_equal_to_it(stack: Stack) -> None:

@@ -58,6 +58,7 @@ def test_a_definition_has_a_bounded_number_of_processors_refused_quickly() -> No
 ROW_CHANGE_CASES = [
     ({"operation": "op", "auto_create": True}, "sinks[0].identifier_columns", "required with operation"),
     ({"identifier_columns": ["id"]}, "sinks[0].identifier_columns", "only meaningful with operation"),
+    ({"write_mode": "merge-on-read"}, "sinks[0].write_mode", "only meaningful with operation"),
     ({"mode": "upsert", "identifier_columns": ["id", "id"]}, "sinks[0].identifier_columns", "named twice"),
     ({"operation": "raise_error('x')", "identifier_columns": ["id"]}, "sinks[0].operation", "raise_error() is not allowed"),
     ({"operation": "op", "identifier_columns": ["id"], "schema": {"columns": [{"name": "id", "type": "long"}]}},

@@ -78,13 +78,20 @@ def health(table: Table, policy: CompactionPolicy) -> dict:
     manifests = snapshot.manifests(table.io) if snapshot else []
     # A snapshot with no manifests (a table emptied by purges, say) has no files; pyiceberg's
     # data_files() fails on it instead of answering none.
-    sizes = table.inspect.data_files().column("file_size_in_bytes").to_pylist() if manifests else []
+    files = table.inspect.files().select(["content", "file_size_in_bytes", "record_count"]).to_pylist() if manifests else []
+    sizes = [file["file_size_in_bytes"] for file in files if file["content"] == 0]
+    rows = sum(file["record_count"] for file in files if file["content"] == 0)
+    deleted = sum(file["record_count"] for file in files if file["content"] == 1)  # position deletes: a row each
     metadata_bytes = len(table.io.new_input(table.metadata_location))
     small = policy.for_table(table).target_file_bytes * SMALL_FILE_RATIO  # what compaction would merge
     return {
         "data_files": len(sizes),
         "avg_file_bytes": int(sum(sizes) / len(sizes)) if sizes else 0,
         "small_files": sum(1 for size in sizes if size < small),
+        # merge-on-read: delete files, the rows they delete, and their share of the data files' rows
+        "delete_files": sum(1 for file in files if file["content"] != 0),
+        "deleted_rows": deleted,
+        "deleted_share": round(deleted / rows, 4) if rows else 0.0,
         "snapshots": len(table.metadata.snapshots),
         "manifests": len(manifests),
         "metadata_bytes": metadata_bytes,
