@@ -136,7 +136,7 @@ def _deletes_writer(directory: str, filesystem):  # noqa: ANN001, ANN202
         import pyarrow.fs as pafs
 
         freeze_once()
-        store, root = (filesystem, _path(directory)) if filesystem is not None else pafs.FileSystem.from_uri(directory)
+        store, root = locate(filesystem, directory)
         if isinstance(store, pafs.LocalFileSystem):
             store.create_dir(root, recursive=True)
         written = write_runs(batches, root, store, POSITION_DELETE_ARROW, ["file_path"], prefix="deletes")
@@ -146,6 +146,17 @@ def _deletes_writer(directory: str, filesystem):  # noqa: ANN001, ANN202
         ], schema=DELETES_WRITTEN_ARROW)
 
     return write
+
+
+def locate(filesystem, location: str) -> tuple:  # noqa: ANN001
+    """(the pyarrow FileSystem, the path in it) of `location`: through `filesystem` when the
+    caller gave one (an object store), otherwise as its URI says (a local or HDFS path Spark
+    reaches itself)."""
+    if filesystem is not None:
+        return filesystem, _path(location)
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(location)
 
 
 def _normal(path: str) -> str:

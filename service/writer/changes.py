@@ -2,8 +2,9 @@
 
 A changes entry's events are applied when the table's leader asks, against the snapshot it names:
 the writer picks the candidate files from that snapshot's metadata (pyiceberg prunes by partition
-and by the identifier columns' statistics), runs the copy-on-write job, and answers in the
-table's applying_key hash. The leader commits the answer, or asks again if the table moved. A
+and by the identifier columns' statistics), applies them in the table's write mode (merge-on-read
+runs of modest size in one Spark task, spark_jobs/row_delta_job.py; the rest as Spark jobs,
+spark_jobs/changes_job.py), and answers in the table's applying_key hash. The leader commits the answer, or asks again if the table moved. A
 failure is answered as such (the leader counts it, and parks an entry that fails alone); an
 outage of Spark is not the changes' fault: the request goes back on the queue unanswered.
 """
@@ -13,17 +14,20 @@ from __future__ import annotations
 import logging
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
-from service.iceberg.files import delete_files, list_data_files, spark_filesystem
+from service.iceberg.files import delete_files, list_data_files, locate, spark_filesystem
 from service.iceberg.rewrites import merge_on_read
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.commit_entry import Operation
 from service.writer.requests import LeaderRequests, Scratch, error_text
-from spark_jobs.changes_job import apply_changes, change_rows
+from spark_jobs.changes_job import apply_changes
+from spark_jobs.row_delta_job import apply_in_one_task, fits
 from spark_jobs.session import spark_session
 from spark_jobs.targets import ChangeSpec, Target, new_directory
 
@@ -60,8 +64,18 @@ class ChangeApplier(LeaderRequests):
         )
         spark = spark_session(self.spark_remote)
         entries = [files for _entry_id, files in request.entries]
-        candidates = self._candidates(table, request, spark, entries, target)
-        applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, merge_on_read(table))
+        changed = self._changed_keys(entries, request.keys)
+        candidates = self._candidates(table, request, changed)
+        applied = None
+        if merge_on_read(table) and fits(changed.num_rows, len(candidates), target):
+            try:
+                applied = apply_in_one_task(spark, entries, candidates, target, request.keys, request.upsert)
+            except Exception as exc:  # noqa: BLE001 - the Spark jobs below apply them (an outage fails those too)
+                log.warning("writer: the one-task way could not apply the changes of %s.%s (%s); running the Spark jobs",
+                            request.tenant, request.table, error_text(exc))
+                delete_files(list_data_files(directory, self.io) + list_data_files(f"{directory}-deletes", self.io), self.io)
+        if applied is None:
+            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, merge_on_read(table))
         result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts,
                              deletes=[list(written) for written in applied.deletes])
         return result, time.perf_counter() - started
@@ -78,16 +92,25 @@ class ChangeApplier(LeaderRequests):
         log.warning("writer: applying changes to %s.%s failed: %s", request.tenant, request.table, exc)
         self._answer(request, ApplyResult(request.request, request.base_snapshot, error=error_text(exc)))
 
-    def _candidates(self, table, request: ApplyRequest, spark, entries: list[list[str]], target: Target) -> list[tuple[str, list[str]]]:  # noqa: ANN001
-        """Data files of the base snapshot that may hold a changed key, each with its position
-        delete files."""
+    def _changed_keys(self, entries: list[list[str]], keys: list[str]) -> pa.Table:
+        """The identifier columns of every change event (read from the change files' own
+        columns: small, and planning needs them before any Spark job)."""
+        tables = []
+        for path in (path for paths in entries for path in paths):
+            store, where = locate(path, self.io)
+            tables.append(pq.read_table(where, columns=keys, filesystem=store))
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def _candidates(self, table, request: ApplyRequest, changed: pa.Table) -> list[tuple[str, list[str]]]:  # noqa: ANN001
+        """Data files of the base snapshot that may hold a changed key (pyiceberg prunes by
+        partition and by the identifier columns' statistics), each with its position delete files."""
         if request.base_snapshot is None:
             return []
-        values = change_rows(spark, entries, target.schema, target.filesystem).select(*request.keys).distinct().limit(MAX_PRUNING_KEYS + 1).collect()
         row_filter: BooleanExpression = AlwaysTrue()
-        if len(values) <= MAX_PRUNING_KEYS:
-            for index, key in enumerate(request.keys):
-                literals = {row[index] for row in values if row[index] is not None}
+        distinct = changed.group_by(request.keys).aggregate([])
+        if distinct.num_rows <= MAX_PRUNING_KEYS:
+            for key in request.keys:
+                literals = {value for value in distinct.column(key).to_pylist() if value is not None}
                 if literals:
                     row_filter = And(row_filter, In(key, literals))
         try:

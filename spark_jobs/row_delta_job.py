@@ -1,0 +1,165 @@
+"""The short way for merge-on-read row changes: one Spark task does what changes_job.py does in
+several Spark jobs, with pyarrow.
+
+For a run of change entries of modest size (at most MAX_EVENTS events and MAX_CANDIDATES
+candidate files) into a table whose partition transforms direct_append.py groups itself, one
+task (`mapInArrow` over a one-row frame) reads the change files, reads only the identifier
+columns of the candidate files with their position deletes applied, folds each key's events in
+order exactly as changes_job.py does (`fold`), and writes the keys' new rows (one file per
+partition value) and one position delete file per data file holding a row of a changed key.
+changes_job.py's own jobs each cost a Spark job's overhead and a trip of the rows through the
+JVM; here the whole run is one task in one Python worker.
+
+Whatever it cannot do, it does not start (`fits`); a failure leaves files behind only under
+the two directories it was given, which the caller removes before running changes_job.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from spark_jobs.changes_job import EFFECTS, Applied
+from spark_jobs.columns import INTERNAL, OP, RECEIPT, SEQ
+from spark_jobs.direct_append import _groups_by, partition_keys
+from spark_jobs.files import POSITION_DELETE_ARROW, conform, freeze_once, locate, write_runs
+from spark_jobs.targets import Target
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MAX_EVENTS = 200_000  # change events in one run: more go to changes_job.py (its fold is distributed)
+MAX_CANDIDATES = 5_000  # candidate files read by the one task
+ANSWER = T.StructType([T.StructField("answer", T.StringType())])
+ANSWER_ARROW = pa.schema([pa.field("answer", pa.string())])
+
+
+def fits(events: int, candidates: int, target: Target) -> bool:
+    """Whether this way takes the run (otherwise changes_job.py does)."""
+    types = {field.name: field.type for field in target.schema}
+    return (
+        events <= MAX_EVENTS and candidates <= MAX_CANDIDATES
+        and all(source in types and _groups_by(transform, types[source]) for source, transform in target.partition)
+    )
+
+
+def apply_in_one_task(
+    spark: SparkSession, entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str], upsert: bool,
+) -> Applied:
+    """Merge-on-read changes as changes_job.apply_changes(merge_on_read=True) applies them: new
+    rows under target.directory, position delete files under `<directory>-deletes`."""
+    task = _task(entries, candidates, target, keys, upsert)
+    (row,) = spark.range(0, 1, 1, 1).mapInArrow(task, ANSWER).collect()  # one partition: one task
+    answer = json.loads(row.answer)
+    return Applied([], answer["counts"], answer["written"], [tuple(d) for d in answer["deletes"]])
+
+
+def fold(ops: list[str], key_rows: list[tuple], exists: set[tuple], upsert: bool) -> tuple[list[str], dict[tuple, int]]:
+    """Each event's effect (inserted, updated, deleted, noop), events in order, and for each key
+    whose last state is a row, the index of the event that is that row. An insert sets the row,
+    a delete clears it, an update replaces a row that exists (upsert: sets it either way)."""
+    state: dict[tuple, bool] = {}
+    last: dict[tuple, int] = {}
+    effects = []
+    for index, (op, key) in enumerate(zip(ops, key_rows)):
+        before = state.get(key, key in exists)
+        if op == "I":
+            effects.append("updated" if before else "inserted")
+            after = True
+        elif op == "U":
+            effects.append("updated" if before else ("inserted" if upsert else "noop"))
+            after = before or upsert
+        else:
+            effects.append("deleted" if before else "noop")
+            after = False
+        state[key] = after
+        last[key] = index
+    return effects, {key: index for key, index in last.items() if state[key]}
+
+
+def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str], upsert: bool):  # noqa: ANN202
+    directory, filesystem, schema, partition = target.directory, target.filesystem, target.schema, list(target.partition)
+
+    def run(_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        freeze_once()
+
+        def read(path: str, columns: list[str] | None = None) -> pa.Table:
+            store, where = locate(filesystem, path)
+            return pq.read_table(where, columns=columns, filesystem=store)
+
+        # The change events, in commit order (entries), then their place in the batch.
+        tables = []
+        for order, paths in enumerate(entries):
+            for path in paths:
+                table = read(path)
+                tables.append(table.append_column("_order", pa.array([order] * table.num_rows, pa.int64())))
+        changes = pa.concat_tables(tables, promote_options="permissive").sort_by([("_order", "ascending"), (SEQ, "ascending")])
+        key_schema = pa.schema([schema.field(key) for key in keys])
+        changed = pa.Table.from_batches([conform(b, key_schema) for b in changes.select(keys).to_batches()], key_schema)
+        changed = changed.group_by(keys).aggregate([])
+
+        # Rows of the candidates still live whose key changed: where they are, and their keys.
+        hits = []
+        for path, deletes in candidates:
+            data = read(path, keys)
+            data = pa.table([data.column(k).cast(schema.field(k).type) for k in keys], names=keys)
+            data = data.append_column("pos", pa.array(range(data.num_rows), pa.int64()))
+            if deletes:
+                gone = pa.concat_tables([read(d, ["file_path", "pos"]) for d in deletes])
+                gone = gone.filter(pc.equal(gone.column("file_path"), path)).column("pos")
+                data = data.filter(pc.invert(pc.is_in(data.column("pos"), value_set=gone.combine_chunks())))
+            found = data.join(changed, keys, join_type="left semi")
+            if found.num_rows:
+                hits.append(found.append_column("file_path", pa.array([path] * found.num_rows, pa.string())))
+        exists = set()
+        for found in hits:
+            exists.update(zip(*[found.column(k).to_pylist() for k in keys]))
+
+        key_rows = list(zip(*[changes.column(k).to_pylist() for k in keys]))
+        effects, rows = fold(changes.column(OP).to_pylist(), key_rows, exists, upsert)
+        counts: dict[str, dict[str, int]] = {}
+        for receipt, effect in zip(changes.column(RECEIPT).to_pylist(), effects):
+            counted = counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))
+            counted[effect] += 1
+
+        store, root = locate(filesystem, directory)
+        deletes_store, deletes_root = locate(filesystem, f"{directory}-deletes")
+        new_rows = changes.take(sorted(rows.values()))
+        new_rows = pa.Table.from_batches([conform(b, schema) for b in new_rows.to_batches()], schema)
+        written = new_rows.num_rows
+        if written:
+            if isinstance(store, _local()):
+                store.create_dir(root, recursive=True)
+            names: list[str] = []
+            if partition:
+                names = [f"{INTERNAL}p{index}" for index in range(len(partition))]
+                for name, column in zip(names, partition_keys(new_rows, partition)):
+                    new_rows = new_rows.append_column(name, column)
+                new_rows = new_rows.sort_by([(name, "ascending") for name in names])
+            write_runs(new_rows.combine_chunks().to_batches(), root, store, schema, names)
+        delete_files = []
+        if hits:
+            if isinstance(deletes_store, _local()):
+                deletes_store.create_dir(deletes_root, recursive=True)
+            positions = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits]).sort_by([("file_path", "ascending"), ("pos", "ascending")])
+            for path, count, key in write_runs(positions.combine_chunks().to_batches(), deletes_root, deletes_store, POSITION_DELETE_ARROW,
+                                               ["file_path"], prefix="deletes"):
+                delete_files.append([f"{directory}-deletes/{path.rsplit('/', 1)[1]}", key[0], count, deletes_store.get_file_info(path).size])
+        yield pa.RecordBatch.from_pylist([{"answer": json.dumps({"counts": counts, "written": written, "deletes": delete_files})}],
+                                         schema=ANSWER_ARROW)
+
+    return run
+
+
+def _local() -> type:
+    import pyarrow.fs as pafs
+
+    return pafs.LocalFileSystem
