@@ -170,6 +170,18 @@ def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.
     return keys
 
 
+def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001
+                      partition: list[tuple[str, str]]) -> list[tuple[str, int, tuple]]:
+    """`data` as Parquet files in `schema` under `directory` (as `filesystem` names it), one per
+    partition value: the rows sorted by keys equal where their values are (partition_keys)."""
+    keys = [f"{INTERNAL}p{index}" for index in range(len(partition))]
+    for name, column in zip(keys, partition_keys(data, partition)):
+        data = data.append_column(name, column)
+    if keys:
+        data = data.sort_by([(name, "ascending") for name in keys])
+    return write_runs(data.combine_chunks().to_batches(), directory, filesystem, schema, keys)
+
+
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
@@ -402,18 +414,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         if not pc.all(present).as_py():
             yield answer(refused="an event has no field of the table")
             return
-        from pyarrow import fs as pafs
-
-        if isinstance(filesystem, pafs.LocalFileSystem):  # an object store has no directories to make
-            filesystem.create_dir(directory, recursive=True)
-        keys: list[str] = []
-        if partition:
-            # One file per partition value: the rows sorted by keys equal where their values are.
-            keys = [f"{INTERNAL}p{index}" for index in range(len(partition))]
-            for name, column in zip(keys, partition_keys(data, partition)):
-                data = data.append_column(name, column)
-            data = data.sort_by([(name, "ascending") for name in keys])
-        written = write_runs(data.combine_chunks().to_batches(), directory, filesystem, file_schema, keys)
+        written = write_partitioned(data, directory, filesystem, file_schema, partition)
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)
         yield answer(path=written[-1][0], counts=counts)

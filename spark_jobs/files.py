@@ -37,7 +37,6 @@ POSITION_DELETE_ARROW = pa.schema([
     pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
     pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
 ])
-POSITION_DELETE_SCHEMA = pa.schema([pa.field("file_path", pa.string()), pa.field("pos", pa.int64())])
 DELETES_WRITTEN_ARROW = pa.schema([
     pa.field("path", pa.string()), pa.field("data_file", pa.string()), pa.field("rows", pa.int64()), pa.field("bytes", pa.int64()),
 ])
@@ -113,7 +112,7 @@ def read_live_parquet(
     delete_paths = sorted({path for _data, deletes in files for path in deletes})
     if not delete_paths:
         return rows
-    deleted = read_parquet(spark, delete_paths, POSITION_DELETE_SCHEMA, filesystem)
+    deleted = read_parquet(spark, delete_paths, POSITION_DELETE_ARROW, filesystem)
     deleted = deleted.select(F.col("file_path").alias(file_column), F.col("pos").alias(position_column))
     return rows.join(deleted, [file_column, position_column], "left_anti")
 
@@ -122,30 +121,29 @@ def write_position_deletes(
     frame: DataFrame, file_column: str, position_column: str, directory: str, filesystem: object | None = None,
 ) -> list[tuple[str, str, int, int]]:
     """Iceberg position delete files under `directory` for the rows `frame` names (a data file's
-    path, as the table's metadata spells it, and a row's place in it): one file per data file,
-    its positions in order, so a reader's bounds on file_path skip it for every other file.
-    Returns each file's (path, the data file it applies to, rows, bytes)."""
+    path, as the table's metadata spells it, and a row's place in it), as `write_delete_files`
+    writes them, each data file's in one task."""
     frame = frame.select(F.col(file_column).alias("file_path"), F.col(position_column).alias("pos"))
     frame = frame.repartition("file_path").sortWithinPartitions("file_path", "pos")
-    write = _deletes_writer(directory, filesystem)
-    return [(f"{directory}/{row.path}", row.data_file, row.rows, row.bytes) for row in frame.mapInArrow(write, DELETES_WRITTEN).collect()]
 
-
-def _deletes_writer(directory: str, filesystem):  # noqa: ANN001, ANN202
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.fs as pafs
-
         freeze_once()
-        store, root = locate(filesystem, directory)
-        if isinstance(store, pafs.LocalFileSystem):
-            store.create_dir(root, recursive=True)
-        written = write_runs(batches, root, store, POSITION_DELETE_ARROW, ["file_path"], prefix="deletes")
-        yield pa.RecordBatch.from_pylist([
-            {"path": path.rsplit("/", 1)[1], "data_file": key[0], "rows": rows, "bytes": store.get_file_info(path).size}
-            for path, rows, key in written
-        ], schema=DELETES_WRITTEN_ARROW)
+        written = write_delete_files(batches, directory, filesystem)
+        yield pa.RecordBatch.from_pylist([dict(zip(DELETES_WRITTEN_ARROW.names, file)) for file in written], schema=DELETES_WRITTEN_ARROW)
 
-    return write
+    return [tuple(row) for row in frame.mapInArrow(write, DELETES_WRITTEN).collect()]
+
+
+def write_delete_files(batches: Iterable[pa.RecordBatch], directory: str, filesystem: object | None) -> list[tuple[str, str, int, int]]:
+    """Position delete files under `directory` for `batches` (file_path, pos; sorted by both):
+    one file per data file, its positions in order, so a reader's bounds on file_path skip it for
+    every other file. Returns each file's (path as `directory` spells it, the data file it
+    applies to, rows, bytes)."""
+    store, root = locate(filesystem, directory)
+    return [
+        (f"{directory}/{path.rsplit('/', 1)[1]}", key[0], rows, store.get_file_info(path).size)
+        for path, rows, key in write_runs(batches, root, store, POSITION_DELETE_ARROW, ["file_path"], prefix="deletes")
+    ]
 
 
 def locate(filesystem, location: str) -> tuple:  # noqa: ANN001
@@ -215,8 +213,9 @@ def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, sc
     """Write `batches` as zstd Parquet files in `schema` (other columns left out) under
     `directory` (as `filesystem` names it): a file per run of consecutive rows with the same
     `keys` values (rows sorted by them: one file per value), `max_records` rows per file at most.
-    Returns each file's (path, rows, keys' values)."""
+    Returns each file's (path, rows, keys' values). Makes `directory` on a local file system."""
     import pyarrow.parquet as pq
+    from pyarrow.fs import LocalFileSystem
 
     task = uuid.uuid4().hex
     written: list[tuple[str, int, tuple]] = []
@@ -234,6 +233,8 @@ def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, sc
             while data.num_rows:
                 if not current or current["key"] != key or (max_records and current["rows"] >= max_records):
                     close()
+                    if not written and isinstance(filesystem, LocalFileSystem):  # an object store has no directories to make
+                        filesystem.create_dir(directory, recursive=True)
                     path = f"{directory}/{prefix}-{task}-{len(written):05d}.zstd.parquet"
                     current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd"))
                 take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])

@@ -26,9 +26,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.changes_job import EFFECTS, Applied
-from spark_jobs.columns import INTERNAL, OP, RECEIPT, SEQ
-from spark_jobs.direct_append import _groups_by, partition_keys
-from spark_jobs.files import POSITION_DELETE_ARROW, conform, freeze_once, locate, write_runs
+from spark_jobs.columns import OP, RECEIPT, SEQ
+from spark_jobs.direct_append import _groups_by, write_partitioned
+from spark_jobs.files import conform, freeze_once, locate, write_delete_files
 from spark_jobs.targets import Target
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -106,14 +106,19 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
         changed = pa.Table.from_batches([conform(b, key_schema) for b in changes.select(keys).to_batches()], key_schema)
         changed = changed.group_by(keys).aggregate([])
 
-        # Rows of the candidates still live whose key changed: where they are, and their keys.
+        # Rows of the candidates still live whose key changed: where they are, and their keys. A
+        # delete file is read once (another engine's may apply to every file of a partition).
+        delete_files: dict[str, pa.Table] = {}
         hits = []
         for path, deletes in candidates:
             data = read(path, keys)
             data = pa.table([data.column(k).cast(schema.field(k).type) for k in keys], names=keys)
             data = data.append_column("pos", pa.array(range(data.num_rows), pa.int64()))
             if deletes:
-                gone = pa.concat_tables([read(d, ["file_path", "pos"]) for d in deletes])
+                for delete in deletes:
+                    if delete not in delete_files:
+                        delete_files[delete] = read(delete, ["file_path", "pos"])
+                gone = pa.concat_tables([delete_files[delete] for delete in deletes])
                 gone = gone.filter(pc.equal(gone.column("file_path"), path)).column("pos")
                 data = data.filter(pc.invert(pc.is_in(data.column("pos"), value_set=gone.combine_chunks())))
             found = data.join(changed, keys, join_type="left semi")
@@ -130,36 +135,18 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
             counted = counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))
             counted[effect] += 1
 
-        store, root = locate(filesystem, directory)
-        deletes_store, deletes_root = locate(filesystem, f"{directory}-deletes")
         new_rows = changes.take(sorted(rows.values()))
         new_rows = pa.Table.from_batches([conform(b, schema) for b in new_rows.to_batches()], schema)
-        written = new_rows.num_rows
-        if written:
-            if isinstance(store, _local()):
-                store.create_dir(root, recursive=True)
-            names: list[str] = []
-            if partition:
-                names = [f"{INTERNAL}p{index}" for index in range(len(partition))]
-                for name, column in zip(names, partition_keys(new_rows, partition)):
-                    new_rows = new_rows.append_column(name, column)
-                new_rows = new_rows.sort_by([(name, "ascending") for name in names])
-            write_runs(new_rows.combine_chunks().to_batches(), root, store, schema, names)
-        delete_files = []
+        if new_rows.num_rows:
+            store, root = locate(filesystem, directory)
+            write_partitioned(new_rows, root, store, schema, partition)
+        deleted = []
         if hits:
-            if isinstance(deletes_store, _local()):
-                deletes_store.create_dir(deletes_root, recursive=True)
             positions = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits]).sort_by([("file_path", "ascending"), ("pos", "ascending")])
-            for path, count, key in write_runs(positions.combine_chunks().to_batches(), deletes_root, deletes_store, POSITION_DELETE_ARROW,
-                                               ["file_path"], prefix="deletes"):
-                delete_files.append([f"{directory}-deletes/{path.rsplit('/', 1)[1]}", key[0], count, deletes_store.get_file_info(path).size])
-        yield pa.RecordBatch.from_pylist([{"answer": json.dumps({"counts": counts, "written": written, "deletes": delete_files})}],
-                                         schema=ANSWER_ARROW)
+            deleted = write_delete_files(positions.combine_chunks().to_batches(), f"{directory}-deletes", filesystem)
+        answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted}
+        yield pa.RecordBatch.from_pylist([{"answer": json.dumps(answer)}], schema=ANSWER_ARROW)
 
     return run
 
 
-def _local() -> type:
-    import pyarrow.fs as pafs
-
-    return pafs.LocalFileSystem

@@ -66,8 +66,8 @@ class ChangeApplier(LeaderRequests):
         entries = [files for _entry_id, files in request.entries]
         changed = self._changed_keys(entries, request.keys)
         candidates = self._candidates(table, request, changed)
-        applied = None
-        if merge_on_read(table) and fits(changed.num_rows, len(candidates), target):
+        applied, by_deletes = None, merge_on_read(table)
+        if by_deletes and fits(changed.num_rows, len(candidates), target):
             try:
                 applied = apply_in_one_task(spark, entries, candidates, target, request.keys, request.upsert)
             except Exception as exc:  # noqa: BLE001 - the Spark jobs below apply them (an outage fails those too)
@@ -75,7 +75,7 @@ class ChangeApplier(LeaderRequests):
                             request.tenant, request.table, error_text(exc))
                 delete_files(list_data_files(directory, self.io) + list_data_files(f"{directory}-deletes", self.io), self.io)
         if applied is None:
-            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, merge_on_read(table))
+            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, by_deletes)
         result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts,
                              deletes=[list(written) for written in applied.deletes])
         return result, time.perf_counter() - started

@@ -75,6 +75,8 @@ def delete_files_as_written(stack: Stack, write_mode: str) -> None:
             assert referenced in data and row["file_path"].endswith(".parquet")
     if table.location().startswith("file:"):  # DuckDB reaches an object store only through its httpfs extension (not here)
         assert {row["id"]: row for row in duckdb_rows(table)} == table_rows(stack), "DuckDB reads what pyiceberg reads"
+    for log in stack.data_dir.glob("writer*.log"):  # the one-task way applied them: its fallback would hide its bugs
+        assert b"one-task way could not apply" not in log.read_bytes(), log
     with stack.client() as http:
         health = http.get("/v1/tables/people").json()["health"]
     assert health["delete_files"] == contents.count(1)

@@ -76,8 +76,10 @@ def answer(applied, directory: str) -> tuple:  # noqa: ANN001 - an Applied
     return applied.counts, applied.rows_written, rows, deleted
 
 
-@pytest.mark.parametrize("upsert", [False, True])
-def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(fresh_spark, tmp_path: Path, upsert: bool) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("upsert", "partition"), [(False, []), (True, []), (True, [("name", "truncate[2]")])])
+def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(
+    fresh_spark, tmp_path: Path, upsert: bool, partition: list[tuple[str, str]],  # noqa: ANN001
+) -> None:
     for seed in range(6):
         rng = random.Random(seed * 2 + upsert)
         where = tmp_path / f"{upsert}-{seed}"
@@ -86,7 +88,7 @@ def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(fresh
         answers = []
         for way in ("one-task", "spark-jobs"):
             directory = (where / way).as_uri()
-            target = Target(name="people", schema=SCHEMA, required=frozenset({"id"}), partition=[], directory=directory)
+            target = Target(name="people", schema=SCHEMA, required=frozenset({"id"}), partition=partition, directory=directory)
             if way == "one-task":
                 applied = apply_in_one_task(fresh_spark, entries, candidates, target, ["id"], upsert)
             else:
@@ -94,3 +96,6 @@ def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(fresh
             answers.append(answer(applied, directory))
         assert answers[0] == answers[1], f"seed {seed}"
         assert answers[0][3], f"seed {seed}: some row was deleted"
+        if partition:  # one partition value (the name's first two characters) per file of new rows
+            for path in list_data_files((where / "one-task").as_uri()):
+                assert len({name[:2] for name in pq.read_table(path.removeprefix("file://")).column("name").to_pylist()}) == 1, path
