@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint test-deps bench bench-upsert bench-feed soak chaos system-deps clean
+.PHONY: run test lint test-deps bench bench-upsert bench-feed bench-files soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -51,6 +51,10 @@ bench-upsert: $(STAMP) system-deps
 # The change feed of a 1% update of a 1,000,000-row table (BENCH_ROWS, BENCH_FILES, BENCH_CHANGED).
 bench-feed: $(STAMP) system-deps
 	$(PY) -m tests.bench.feed_bench
+
+# Parquet files written elsewhere, registered by notification and by list (BENCH_FILES, BENCH_PRODUCERS).
+bench-files: $(STAMP) system-deps
+	$(PY) -m tests.bench.files_bench
 
 # Thousands of commits under wait=true load with upkeep on; SOAK_COMMITS (3600) sets how many.
 soak: $(STAMP) system-deps

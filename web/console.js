@@ -317,7 +317,13 @@ async function tablePage(name) {
     view.appendChild(snapshotTimeline(info.snapshots));
     view.appendChild(grid(info.snapshots.map((x) => ({
       snapshot_id: x.snapshot_id, time: when(x.timestamp_ms), operation: x.summary.operation,
-      added_records: x.summary["added-records"], watermark: x.summary["calve.watermark"], fence: x.summary["calve.fence"] }))));
+      added_records: x.summary["added-records"], registered_files: x.summary["calve.registered-files"],
+      watermark: x.summary["calve.watermark"], fence: x.summary["calve.fence"] }))));
+    view.appendChild(el("h2", "Files registered from elsewhere (latest 20)"));
+    const { registrations } = await api(path + "/files?limit=20");
+    const registered = grid(registrations.map((r) => ({ path: r.path, rows: r.rows, bytes: bytes(r.bytes), when: when(r.at * 1000), receipt: r.receipt })));
+    registered.id = "table-registrations";
+    view.appendChild(registrations.length ? registered : el("p", "None: POST Parquet files to " + path + "/files to register them."));
     view.appendChild(el("h2", "Upkeep"));
     view.appendChild(grid(Object.entries(upkeep || {}).map(([task, { at_ms: at, ...run }]) => ({ task, when: when(at), ...run }))));
     view.appendChild(el("h2", "Rows (first 50)"));
@@ -682,7 +688,7 @@ async function tokensPage() {
   } catch (e) { fail(view, e); return; }
   view.appendChild(el("h2", "New token"));
   const form = el("form");
-  const scopes = ["ingest", "read", "consume", "admin"].map((scope) => {
+  const scopes = ["ingest", "read", "consume", "files", "admin"].map((scope) => {
     const box = el("input"); box.type = "checkbox"; box.value = scope; box.checked = scope === "ingest";
     const label = el("label"); label.append(box, " " + scope + " ");
     form.appendChild(label);

@@ -21,6 +21,7 @@ from service.api.routes import (
     changes,
     dlq,
     elastic,
+    files,
     health,
     ingest,
     loki,
@@ -127,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(CONSOLE_DIR / name, media_type=CONSOLE_ASSETS[name], headers=CONSOLE_HEADERS)
 
     # The ingest router last: it answers POST on any path that is not one of Calve's own.
-    routers = (health, receipts, stats, tables, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
+    routers = (health, receipts, stats, tables, files, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
     for router in (module.router for module in routers):
         app.include_router(router)
 

@@ -36,7 +36,7 @@ from service.iceberg.appends import append_files
 from service.iceberg.catalog import CATALOG_UNAVAILABLE, ensure_commit_properties, load_table, table_identifier
 from service.iceberg.conflicts import retry_on_conflict
 from service.iceberg.files import catalog_io, delete_files
-from service.iceberg.rewrites import Rewritten, overwrite_files, replace_files, row_delta
+from service.iceberg.rewrites import Rewritten, live_data_files, overwrite_files, replace_files, row_delta
 from service.iceberg.watermark import calve_snapshots, watermark
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import next_id, parse_id, text
@@ -139,7 +139,7 @@ class TableCommits:
         snapshot = table.current_snapshot()
         seconds = time.perf_counter() - started
         metrics.COMMIT_SECONDS.labels(tenant, table_name).observe(seconds)
-        metrics.FILES_PER_COMMIT.labels(tenant, table_name).observe(len(plan.files))
+        metrics.FILES_PER_COMMIT.labels(tenant, table_name).observe(len(plan.files) + len(plan.registered_files))
         metrics.EVENTS_COMMITTED.labels(tenant, table_name).inc(plan.rows)
         if rewritten is not None:
             self._compaction_committed(tenant, table_name, plan.rewrite, rewritten, snapshot.snapshot_id)
@@ -183,7 +183,10 @@ class TableCommits:
                 # A DLQ replay: its entries leave the DLQ in the same catalog commit that adds this
                 # batch's DLQ files (the append, last, carries the watermark).
                 transaction.delete(In(keys.DLQ_ID, plan.deletes))
-            append_files(transaction, plan.files, summary)
+            append_files(
+                transaction, plan.files, summary, registered=plan.registered_files,
+                live=lambda: set(live_data_files(table)),
+            )
         return None
 
     def acknowledge_committed(self, tenant: str, table_name: str, table: Table) -> None:

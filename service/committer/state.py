@@ -32,7 +32,13 @@ class CommitPlan:
 
     @property
     def files(self) -> list[str]:
-        return [path for entry in self.entries for path in entry.files]
+        """The files Calve's own writers wrote."""
+        return [path for entry in self.entries if not entry.registered for path in entry.files]
+
+    @property
+    def registered_files(self) -> list[str]:
+        """Files written elsewhere and registered (the leader checks and describes them itself)."""
+        return [path for entry in self.entries if entry.registered for path in entry.files]
 
     @property
     def rows(self) -> int:

@@ -119,8 +119,17 @@ class Settings(BaseSettings):
     orphan_interval_s: float = Field(default=3600.0, gt=0)
     orphan_min_age_s: float = Field(default=24 * 3600.0, ge=0)
     shutdown_grace_s: float = 30.0
+    # Files written elsewhere (POST /v1/tables/{name}/files): at most registration_max_files per
+    # call, each footer at most registration_max_footer_bytes; a file's path (and its caller's
+    # deduplication key) is remembered for registration_dedup_ttl_s, after which only the table
+    # itself stops a second registration (a file it still lists). Tenants register from their
+    # table's own data location and from the landing prefixes granted here (JSON: tenant -> URIs).
+    registration_max_files: int = Field(default=1000, ge=1)
+    registration_max_footer_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    registration_dedup_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
+    landing_prefixes: dict[str, list[str]] = Field(default_factory=dict)
 
-    @field_validator("catalog_properties", mode="before")
+    @field_validator("catalog_properties", "landing_prefixes", mode="before")
     @classmethod
     def _properties_json(cls, value: object) -> object:
         # From the environment pydantic-settings parses the JSON; given as a value, it is parsed here.

@@ -30,6 +30,7 @@ SUMMARY_COMMIT_ID = "calve.commit-id"
 SUMMARY_WATERMARK = "calve.watermark"
 SUMMARY_FENCE = "calve.fence"
 SUMMARY_COMMITTER = "calve.committer"
+SUMMARY_REGISTERED = "calve.registered-files"  # files written elsewhere that the snapshot added
 
 DEFAULT_PIPELINE = "logs"
 DEFAULT_PIPELINE_PATH = "/logs"
@@ -132,6 +133,17 @@ def member(tenant: str, name: str) -> str:
 def split_member(value: str) -> tuple[str, str]:
     tenant, _, name = value.partition("/")
     return tenant, name
+
+
+def registered_file_key(tenant: str, table: str, digest: str) -> str:
+    """String (with a time to live): a file path, or a caller's deduplication key, already
+    registered into the table; its value is the registration's receipt."""
+    return f"{_tag(tenant)}:registered:{table}:{digest}"
+
+
+def registrations_key(tenant: str, table: str) -> str:
+    """List: the table's most recent file registrations, newest first (JSON each)."""
+    return f"{_tag(tenant)}:registrations:{table}"
 
 
 def dlq_replay_lock_key(tenant: str, dlq_id: str) -> str:

@@ -23,6 +23,10 @@ from service.protocol.stream_ids import text
 
 EVENTS_RECEIVED = Counter("calve_events_received", "Events accepted into Redis", ["tenant", "pipeline"])
 BYTES_RECEIVED = Counter("calve_bytes_received", "Request body bytes accepted (decompressed)", ["tenant", "pipeline"])
+FILES_REGISTERED = Counter(
+    "calve_registered_files", "Files written elsewhere, by what registering them did: accepted, duplicate, refused (with the reason)",
+    ["tenant", "table", "outcome", "reason"],
+)
 REQUESTS_REJECTED = Counter("calve_requests_rejected", "Ingest requests refused", ["tenant", "reason"])
 EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files by Spark", ["tenant", "table"])
 EVENTS_WITH_DROPPED_FIELDS = Counter(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -14,24 +16,51 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.typedef import Record
 
+from service.core.keys import SUMMARY_REGISTERED
 from service.iceberg import private
+from service.iceberg.registration import registered_data_file
+
+# The committer reads a registered file's footer again: the api refused larger ones already.
+MAX_FOOTER_BYTES = 64 * 1024 * 1024
 
 
-def append_files(transaction: Transaction, files: list[str], snapshot_properties: dict[str, str]) -> None:
-    """Append Parquet files (written by Spark, so without field ids) in one append snapshot.
+def append_files(
+    transaction: Transaction, files: list[str], snapshot_properties: dict[str, str],
+    registered: list[str] | None = None, live: Callable[[], set[str]] | None = None,
+) -> int:
+    """Append Parquet files (written by Spark, so without field ids) in one append snapshot, with
+    the `registered` files written elsewhere; returns how many of those were added.
 
     pyiceberg's `add_files` derives each file's partition from its column statistics, which works
     for order-preserving transforms only. For bucket partitions the writer made every file hold
     one bucket; its value is computed here from the file's own values (and checked to be one).
+    Registered files are checked and described by registration.py; one the table already lists
+    (`live`: the paths of its data files, asked only when there are registered files) is skipped,
+    so a file notified again after its deduplication key expired is still not added twice.
     """
     spec = transaction.table_metadata.spec()
+    if registered:
+        present = live() if live is not None else set()
+        fresh = list(dict.fromkeys(path for path in registered if path not in present))
+        ensure_name_mapping(transaction)
+        io = private.table_io(transaction)
+        metadata = transaction.table_metadata
+        data_files = [data_file(transaction, path) for path in files] + [
+            registered_data_file(metadata, io, path, max_footer_bytes=MAX_FOOTER_BYTES) for path in fresh
+        ]
+        _append_data_files(transaction, data_files, {**snapshot_properties, SUMMARY_REGISTERED: str(len(fresh))})
+        return len(fresh)
     if all(field.transform.preserves_order for field in spec.fields):
         # The watermark already excludes files the table has; scanning every manifest for
         # duplicates would make each commit slower than the last.
         transaction.add_files(files, snapshot_properties=snapshot_properties, check_duplicate_files=False)
-        return
+        return 0
     ensure_name_mapping(transaction)
-    data_files = [data_file(transaction, path) for path in files]
+    _append_data_files(transaction, [data_file(transaction, path) for path in files], snapshot_properties)
+    return 0
+
+
+def _append_data_files(transaction: Transaction, data_files: list[DataFile], snapshot_properties: dict[str, str]) -> None:
     producer = transaction.update_snapshot(snapshot_properties=snapshot_properties)
     # As add_files does: a merge append when the table merges manifests (Calve's tables do).
     merging = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED, "false") == "true"

@@ -4,7 +4,8 @@ One record both ways: the writer builds a CommitEntry and encodes it (`to_fields
 reads it back (`from_fields`) with the entry id its watermark compares against.
 
 What the entry asks of the table is its Operation:
-- APPEND (most entries): add the files;
+- APPEND (most entries): add the files (`registered`: files written elsewhere, registered through
+  the api, which the leader checks and describes itself, and never adds twice);
 - REPLACE: a compaction's rewrite, which also names the files it removes, committed as a snapshot
   of its own only while every one of them is still live (the rows stay the same);
 - CHANGES: row changes (insert, update, delete by key) still to be applied: the files are the
@@ -33,6 +34,7 @@ REMOVES = "removes"  # REPLACE: JSON list of the live files its files replace
 REQUEST = "request"  # REPLACE: the id of the upkeep request it answers
 KEYS = "keys"  # CHANGES: JSON list of the identifier columns
 UPSERT = "upsert"  # CHANGES: "1" when an update of a missing key inserts it
+REGISTERED = "registered"  # APPEND: "1" when the files were written elsewhere and registered (api)
 # Added when the committer parks an entry on the table's dead commit stream.
 DEAD_REASON = "dead_reason"
 DEAD_AT = "dead_at"
@@ -63,6 +65,7 @@ class CommitEntry:
     request: str | None = None  # REPLACE: the compaction request it answers
     keys: list[str] = field(default_factory=list)  # CHANGES: the identifier columns
     upsert: bool = False  # CHANGES
+    registered: bool = False  # APPEND: files written elsewhere
     entry_id: str = ""  # the stream entry's id, once read back
 
     @property
@@ -89,6 +92,8 @@ class CommitEntry:
             fields += [DLQ_DELETES, orjson.dumps(self.deletes).decode()]
         if self.commit_interval_s:
             fields += [COMMIT_INTERVAL, str(self.commit_interval_s)]
+        if self.registered:
+            fields += [REGISTERED, "1"]
         if self.operation is Operation.CHANGES:
             fields += [OPERATION, self.operation.value, KEYS, orjson.dumps(self.keys).decode(), UPSERT, "1" if self.upsert else "0"]
         elif self.operation is not Operation.APPEND:
@@ -118,5 +123,6 @@ class CommitEntry:
             request=text(fields.get(REQUEST.encode(), b"")) or None,
             keys=orjson.loads(fields[KEYS.encode()]) if KEYS.encode() in fields else [],
             upsert=fields.get(UPSERT.encode()) == b"1",
+            registered=fields.get(REGISTERED.encode()) == b"1",
             entry_id=text(entry_id),
         )

@@ -73,6 +73,28 @@ if plan.decr ~= cjson.null then redis.call('DECRBY', KEYS[plan.decr[1]], plan.de
 return 1
 """)
 
+# The api registers files written elsewhere (api/routes/files.py) only while none of their
+# deduplication keys (KEYS[4..]) is taken: then it takes them all (with a time to live), creates
+# the receipt (KEYS[1]), appends the commit entry (KEYS[2]) and notes the registrations in a capped
+# list (KEYS[3]); else it changes nothing and returns the positions (1-based, in KEYS[4..]) of the
+# keys already taken. ARGV: the keys' value (the receipt id), their ttl, the receipt's fields (JSON
+# list), the receipt's ttl, the entry's fields (JSON list), the registrations (JSON list of JSON
+# texts), how many registrations the list keeps.
+REGISTER = """
+local taken = {}
+for i = 4, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then taken[#taken + 1] = i - 3 end
+end
+if #taken > 0 then return taken end
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2]) end
+redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[3])))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('XADD', KEYS[2], '*', unpack(cjson.decode(ARGV[5])))
+for _, item in ipairs(cjson.decode(ARGV[6])) do redis.call('LPUSH', KEYS[3], item) end
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[7]) - 1)
+return taken
+"""
+
 # The committer marks one table of receipts committed (KEYS[2..]); each receipt all of whose tables
 # are committed is marked committed and its events leave the tenant's backlog (KEYS[1]). For each
 # receipt, returns its created_at only for the call that completed it, so that it is announced, and

@@ -25,7 +25,7 @@ from service.core.security import hash_token, new_token
 from service.tenancy.names import validate_name
 
 BOOTSTRAP_TOKEN_FILE = "admin-token"
-TENANT_SCOPES = frozenset({"ingest", "read", "consume", "admin"})
+TENANT_SCOPES = frozenset({"ingest", "read", "consume", "files", "admin"})
 OPERATOR_SCOPE = "operator"
 PREFIX_CHARS = 10
 

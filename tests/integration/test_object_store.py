@@ -3,7 +3,8 @@ served by SeaweedFS (started here): Spark's executors write and read the data fi
 pyarrow (spark_jobs/files.py), pyiceberg writes the metadata, and the committer's commits are
 the REST catalog's compare-and-swap. Tests of the embedded default are collected again here:
 ingest of every body format, dynamic tables, the DLQ replayed and purged, exactly-once under a
-committer kill, a partitioned table compacted, row changes, and a change feed diffed on Spark."""
+committer kill, a partitioned table compacted, row changes, a change feed diffed on Spark, and
+files written elsewhere registered from S3 event notifications."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from tests.integration.test_compaction import test_partitioned_tables_compact_pe
 from tests.integration.test_pipelines import (  # noqa: F401
     test_dlq_is_listed_filtered_paged_replayed_after_a_fix_and_purged,
     test_dynamic_table_names_create_one_table_each,
+)
+from tests.integration.test_registered_files import (  # noqa: F401
+    test_files_from_three_writers_are_registered_once_each_under_ingest_and_a_committer_kill,
 )
 from tests.integration.test_row_changes import test_inserts_updates_and_deletes_apply_in_order_and_are_counted  # noqa: F401
 from tests.integration.test_spine import test_every_body_format_is_committed  # noqa: F401

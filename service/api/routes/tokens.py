@@ -28,8 +28,8 @@ MAX_TOKEN_LIFETIME_S = 10 * 366 * 24 * 3600
 
 
 class TokenCreate(BaseModel):
-    scopes: list[Literal["ingest", "read", "consume", "admin"]] = Field(
-        default_factory=lambda: ["ingest"], min_length=1, max_length=4, examples=[["ingest"], ["read", "admin"]]
+    scopes: list[Literal["ingest", "read", "consume", "files", "admin"]] = Field(
+        default_factory=lambda: ["ingest"], min_length=1, max_length=5, examples=[["ingest"], ["read", "admin"]]
     )
     # The pattern is declared for the document; issue_token checks it, with a message naming the rule.
     pipelines: list[Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN})]] | None = Field(
