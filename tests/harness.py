@@ -31,7 +31,7 @@ from service.core import keys
 from service.core.config import Settings
 from service.core.db import get_engine, migrate
 from service.iceberg.catalog import load_table, open_catalog
-from service.tenancy.tenants import bootstrap
+from service.tenancy.tenants import bootstrap, issue_token
 
 TEST_TOKEN = "calve_test-token-not-a-secret-0123456789abcdef"
 PR_SET_CHILD_SUBREAPER = 36
@@ -406,6 +406,13 @@ class Stack:
 
     def catalog(self):  # noqa: ANN201
         return open_catalog(self.settings)
+
+    def metrics(self) -> str:
+        """/metrics as Prometheus reads it: with an operator token (a tenant's cannot)."""
+        with Session(get_engine(self.settings.resolved_database_url())) as session:
+            operator = issue_token(session, None, label="prometheus")[1]
+        with self.client(operator) as http:
+            return http.get("/metrics").text
 
     def rows(self, table: str = "logs", tenant: str = "demo") -> list[dict]:
         loaded = load_table(self.catalog(), tenant, table)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -32,11 +31,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from service.cli.processes import free_port
 from service.core.config import Settings
 from service.core.keys import SUMMARY_REGISTERED
 from service.iceberg.catalog import open_catalog
-from tests.bench.ingest_bench import TOKEN, say, start_stack
+from tests.bench.ingest_bench import TOKEN, embedded_stack, say
 
 FILES = int(os.environ.get("BENCH_FILES", "2000"))
 ROWS_PER_FILE = int(os.environ.get("BENCH_ROWS_PER_FILE", "100"))
@@ -131,30 +129,21 @@ def snapshots_since(data_dir: Path, since_ms: int) -> tuple[int, int]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="calve-files-") as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        port = free_port()
-        say(f"starting the embedded stack (data in {data_dir}) ...")
-        stack = start_stack(data_dir, port)
-        results = {}
-        try:
-            location = setup(port)
-            for way, per_call, wait in (("notifications", 1, False), ("lists", PER_CALL, True)):
-                paths = write_files(location, way, FILES)
-                since_ms = int(time.time() * 1000)
-                seconds, latencies, failures = asyncio.run(register(port, paths, per_call, wait))
-                snapshots, counted = snapshots_since(data_dir, since_ms)
-                p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98] if len(latencies) > 1 else latencies[0]
-                say(f"{way} ({per_call} per call, {PRODUCERS} callers): {FILES / seconds:,.0f} files/s; notification to visible "
-                    f"p50 {p50:.2f}s p99 {p99:.2f}s; {snapshots} snapshots for {counted:,} files; {failures} failed calls")
-                results[way] = {
-                    "files_per_s": round(FILES / seconds, 1), "visible_p50_s": round(p50, 3), "visible_p99_s": round(p99, 3),
-                    "snapshots": snapshots, "files_committed": counted, "failed_calls": failures,
-                }
-        finally:
-            stack.terminate()
-            stack.wait(120)
+    results = {}
+    with embedded_stack("calve-files-") as (data_dir, port):
+        location = setup(port)
+        for way, per_call, wait in (("notifications", 1, False), ("lists", PER_CALL, True)):
+            paths = write_files(location, way, FILES)
+            since_ms = int(time.time() * 1000)
+            seconds, latencies, failures = asyncio.run(register(port, paths, per_call, wait))
+            snapshots, counted = snapshots_since(data_dir, since_ms)
+            p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98] if len(latencies) > 1 else latencies[0]
+            say(f"{way} ({per_call} per call, {PRODUCERS} callers): {FILES / seconds:,.0f} files/s; notification to visible "
+                f"p50 {p50:.2f}s p99 {p99:.2f}s; {snapshots} snapshots for {counted:,} files; {failures} failed calls")
+            results[way] = {
+                "files_per_s": round(FILES / seconds, 1), "visible_p50_s": round(p50, 3), "visible_p99_s": round(p99, 3),
+                "snapshots": snapshots, "files_committed": counted, "failed_calls": failures,
+            }
     print(orjson.dumps({"files_per_way": FILES, "rows_per_file": ROWS_PER_FILE, **results}).decode(), flush=True)
 
 

@@ -26,6 +26,7 @@ warehouse in its S3 (the baseline stays on local files). Any CALVE_* setting rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import random
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,6 +148,22 @@ def start_stack(data_dir: Path, port: int) -> subprocess.Popen:
         time.sleep(1)
     proc.terminate()
     raise SystemExit("calve up did not become ready within 240 s")
+
+
+@contextlib.contextmanager
+def embedded_stack(prefix: str) -> Iterator[tuple[Path, int]]:
+    """`calve up` on a fresh data directory: (data directory, api port); stopped and removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        data_dir = Path(tmp) / "data"
+        data_dir.mkdir()
+        port = free_port()
+        say(f"starting the embedded stack (data in {data_dir}) ...")
+        stack = start_stack(data_dir, port)
+        try:
+            yield data_dir, port
+        finally:
+            stack.terminate()
+            stack.wait(120)
 
 
 def operator_token(data_dir: Path) -> str:

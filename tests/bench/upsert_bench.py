@@ -20,7 +20,6 @@ import datetime
 import os
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,8 +28,7 @@ import httpx
 import orjson
 from pyiceberg.catalog.sql import SqlCatalog
 
-from service.cli.processes import free_port
-from tests.bench.ingest_bench import TOKEN, say, start_stack
+from tests.bench.ingest_bench import TOKEN, embedded_stack, say
 
 DAYS = 30
 RECENT_DAYS = 7
@@ -127,34 +125,25 @@ def main() -> None:
     modes = os.environ.get("BENCH_WRITE_MODES", "merge-on-read,copy-on-write").split(",")
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_AGE_S", "86400")  # keep the measured window's snapshots
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_COUNT", "100000")
-    with tempfile.TemporaryDirectory(prefix="calve-upsert-") as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        port = free_port()
-        say(f"starting the embedded stack (data in {data_dir}) ...")
-        stack = start_stack(data_dir, port)
-        results = {}
-        try:
-            for write_mode in modes:
-                setup(port, rows, write_mode)
-                say(f"{write_mode}: {producers} producers, {PER_REQUEST}-key upserts over the last {RECENT_DAYS} days, wait=true, "
-                    f"{seconds:.0f} s")
-                since_ms = int(time.time() * 1000)
-                changed, latencies, failures = asyncio.run(upsert(port, rows, seconds, producers, table_name(write_mode)))
-                written, files, delete_files = amplification(data_dir, table_name(write_mode), since_ms)
-                p50 = statistics.median(latencies) if latencies else float("nan")
-                p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
-                say(f"{write_mode}: {changed / seconds:,.0f} changed rows/s; wait=true p50 {p50:.2f}s p99 {p99:.2f}s; "
-                    f"{written:,} rows written for {changed:,} changed ({files} files rewritten, {delete_files} delete files); "
-                    f"{failures} non-200 answers")
-                results[write_mode] = {
-                    "changed_rows_per_s": round(changed / seconds, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3),
-                    "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
-                    "delete_files": delete_files, "non_200": failures,
-                }
-        finally:
-            stack.terminate()
-            stack.wait(120)
+    results = {}
+    with embedded_stack("calve-upsert-") as (data_dir, port):
+        for write_mode in modes:
+            setup(port, rows, write_mode)
+            say(f"{write_mode}: {producers} producers, {PER_REQUEST}-key upserts over the last {RECENT_DAYS} days, wait=true, "
+                f"{seconds:.0f} s")
+            since_ms = int(time.time() * 1000)
+            changed, latencies, failures = asyncio.run(upsert(port, rows, seconds, producers, table_name(write_mode)))
+            written, files, delete_files = amplification(data_dir, table_name(write_mode), since_ms)
+            p50 = statistics.median(latencies) if latencies else float("nan")
+            p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
+            say(f"{write_mode}: {changed / seconds:,.0f} changed rows/s; wait=true p50 {p50:.2f}s p99 {p99:.2f}s; "
+                f"{written:,} rows written for {changed:,} changed ({files} files rewritten, {delete_files} delete files); "
+                f"{failures} non-200 answers")
+            results[write_mode] = {
+                "changed_rows_per_s": round(changed / seconds, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3),
+                "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
+                "delete_files": delete_files, "non_200": failures,
+            }
     print(orjson.dumps({"table_rows": rows, **results}).decode(), flush=True)
 
 

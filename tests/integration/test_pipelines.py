@@ -413,10 +413,7 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
     fields it did not take (whether the events were parsed with the table's schema or inferred),
     a processor's `drop` is on purpose and not reported; a sink's extra_fields column (the built-in
     `logs` has one) keeps them instead."""
-    from sqlmodel import Session
 
-    from service.core.db import get_engine
-    from service.tenancy.tenants import issue_token
 
     create(stack, {
         "name": "declared", "source": {"http": {"path": "/declared"}},
@@ -471,10 +468,7 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
         "l1": ("x", None), "l2": ("y", {"user": '{"name":"ann"}', "n": "3"}), None: (None, {"only": "new"}),
     }
 
-    with Session(get_engine(stack.settings.resolved_database_url())) as session:
-        _row, operator = issue_token(session, None, label="prometheus")
-    with stack.client(operator) as http:
-        text = http.get("/metrics").text
+    text = stack.metrics()
     assert 'calve_events_with_dropped_fields_total{pipeline="declared",tenant="demo"} 4.0' in text
     assert 'calve_events_with_dropped_fields_total{pipeline="trimmed",tenant="demo"} 1.0' in text
     assert 'calve_events_with_dropped_fields_total{pipeline="logs"' not in text

@@ -99,10 +99,7 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     with a value of another type is refused there and written by the Spark job, which converts the
     value as it always does. The metrics say which way each batch went."""
     import orjson
-    from sqlmodel import Session
 
-    from service.core.db import get_engine
-    from service.tenancy.tenants import issue_token
 
     def send(*events: dict) -> dict:
         with stack.client() as http:
@@ -115,10 +112,7 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     assert send({"id": 2, "msg": "fits", "n": 2}, {"id": 3, "msg": None, "n": 3})["tables"]["logs"]["rows"] == 2
     send({"id": 4, "msg": "and more", "n": 4, "level": "warn"})
     send({"id": 5, "msg": "a number as text", "n": "5"})
-    with Session(get_engine(stack.settings.resolved_database_url())) as session:
-        operator = issue_token(session, None, label="prometheus")[1]
-    with stack.client(operator) as http:
-        text = http.get("/metrics").text
+    text = stack.metrics()
     assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 2.0' in text
     assert 'calve_direct_batches_total{outcome="refused",pipeline="logs",tenant="demo"} 1.0' in text
     rows = sorted(stack.rows(), key=lambda row: row["id"])
