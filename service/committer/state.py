@@ -36,9 +36,16 @@ class CommitPlan:
         return [path for entry in self.entries if not entry.registered for path in entry.files]
 
     @property
-    def registered_files(self) -> list[str]:
-        """Files written elsewhere and registered (the leader checks and describes them itself)."""
-        return [path for entry in self.entries if entry.registered for path in entry.files]
+    def registered_files(self) -> dict[str, dict | None]:
+        """Files written elsewhere and registered, each with the api's description of it (None:
+        the leader reads the file itself)."""
+        registered: dict[str, dict | None] = {}
+        for entry in self.entries:
+            if entry.registered:
+                described = entry.described or [None] * len(entry.files)
+                for path, description in zip(entry.files, described, strict=True):
+                    registered.setdefault(path, description)
+        return registered
 
     @property
     def rows(self) -> int:

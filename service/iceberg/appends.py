@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
@@ -18,7 +17,7 @@ from pyiceberg.typedef import Record
 
 from service.core.keys import SUMMARY_REGISTERED
 from service.iceberg import private
-from service.iceberg.registration import registered_data_file
+from service.iceberg.registration import committed_data_file, partition_values
 
 # The committer reads a registered file's footer again: the api refused larger ones already.
 MAX_FOOTER_BYTES = 64 * 1024 * 1024
@@ -26,38 +25,38 @@ MAX_FOOTER_BYTES = 64 * 1024 * 1024
 
 def append_files(
     transaction: Transaction, files: list[str], snapshot_properties: dict[str, str],
-    registered: list[str] | None = None, live: Callable[[], set[str]] | None = None,
-) -> int:
+    registered: dict[str, dict | None] | None = None, live: Callable[[], set[str]] | None = None,
+) -> None:
     """Append Parquet files (written by Spark, so without field ids) in one append snapshot, with
-    the `registered` files written elsewhere; returns how many of those were added.
+    the `registered` files written elsewhere.
 
     pyiceberg's `add_files` derives each file's partition from its column statistics, which works
     for order-preserving transforms only. For bucket partitions the writer made every file hold
     one bucket; its value is computed here from the file's own values (and checked to be one).
-    Registered files are checked and described by registration.py; one the table already lists
+    Registered files (path -> the api's description) are committed by registration.py; one the table already lists
     (`live`: the paths of its data files, asked only when there are registered files) is skipped,
     so a file notified again after its deduplication key expired is still not added twice.
     """
     spec = transaction.table_metadata.spec()
     if registered:
         present = live() if live is not None else set()
-        fresh = list(dict.fromkeys(path for path in registered if path not in present))
+        fresh = {path: description for path, description in registered.items() if path not in present}
         ensure_name_mapping(transaction)
-        io = private.table_io(transaction)
-        metadata = transaction.table_metadata
-        data_files = [data_file(transaction, path) for path in files] + [
-            registered_data_file(metadata, io, path, max_footer_bytes=MAX_FOOTER_BYTES) for path in fresh
-        ]
-        _append_data_files(transaction, data_files, {**snapshot_properties, SUMMARY_REGISTERED: str(len(fresh))})
-        return len(fresh)
+        io, metadata = private.table_io(transaction), transaction.table_metadata
+        own = [data_file(transaction, path) for path in files]
+        # Each registered file is asked its size (or read again, if the table changed since the api
+        # checked it): a few at once, as an object store answers each in tens of ms.
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="registered") as pool:
+            others = list(pool.map(lambda item: committed_data_file(metadata, io, *item, MAX_FOOTER_BYTES), fresh.items()))
+        _append_data_files(transaction, own + others, {**snapshot_properties, SUMMARY_REGISTERED: str(len(fresh))})
+        return
     if all(field.transform.preserves_order for field in spec.fields):
         # The watermark already excludes files the table has; scanning every manifest for
         # duplicates would make each commit slower than the last.
         transaction.add_files(files, snapshot_properties=snapshot_properties, check_duplicate_files=False)
-        return 0
+        return
     ensure_name_mapping(transaction)
     _append_data_files(transaction, [data_file(transaction, path) for path in files], snapshot_properties)
-    return 0
 
 
 def _append_data_files(transaction: Transaction, data_files: list[DataFile], snapshot_properties: dict[str, str]) -> None:
@@ -110,14 +109,7 @@ def data_file(transaction: Transaction, path: str) -> DataFile:
 
 def _partition_from_values(transaction: Transaction, path: str, field, schema):  # noqa: ANN001, ANN202
     source = schema.find_field(field.source_id)
-    with private.table_io(transaction).new_input(path).open() as stream:
-        column = pq.read_table(stream, columns=[source.name]).column(source.name)
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.int64())
-    elif pa.types.is_date(column.type):
-        column = column.cast(pa.int32())
-    transform = field.transform.transform(source.field_type)
-    found = {transform(value) for value in pc.unique(column).to_pylist() if value is not None}
+    found = partition_values(private.table_io(transaction), path, source.name, field.transform.transform(source.field_type)) - {None}
     if len(found) > 1:
         raise ValueError(f"{path} holds {len(found)} values of partition {field.name}; the writer must write one per file")
     return found.pop() if found else None

@@ -22,6 +22,8 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
+from uuid import UUID
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -211,7 +213,7 @@ def _partition(metadata: TableMetadata, io: FileIO, path: str, file_schema: Sche
         transform = field.transform.transform(source.field_type)
         found = _from_statistics(parquet_metadata, name, transform) if isinstance(source.field_type, _EXACT_STATISTICS) else None
         if found is None:
-            found = _from_values(io, path, name, transform)
+            found = partition_values(io, path, name, transform)
         if len(found) > 1:
             shown = ", ".join(sorted(map(str, found))[:5])
             raise FileRefused("partition", f"{path} holds {len(found)} values of partition {field.name} ({shown}); write one file per partition value")
@@ -238,7 +240,8 @@ def _from_statistics(parquet_metadata: pq.FileMetaData, name: str, transform: Ca
     return found
 
 
-def _from_values(io: FileIO, path: str, name: str, transform: Callable) -> set:
+def partition_values(io: FileIO, path: str, name: str, transform: Callable) -> set:
+    """The transformed values of one column of a Parquet file (None for nulls), read from its rows."""
     with io.new_input(path).open() as stream:
         column = pq.read_table(stream, columns=[name]).column(name)
     if pa.types.is_timestamp(column.type):
@@ -275,6 +278,80 @@ def registered_data_file(
     )
     data_file.spec_id = metadata.default_spec_id  # from_args ignores it
     return data_file
+
+
+# -- the api's description of a checked file, so that the leader commits it without reading it ---
+
+_STATISTICS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")
+
+
+def describe(data_file: DataFile, schema_id: int) -> dict | None:
+    """A checked file's DataFile as JSON (for the commit entry), valid while the table's schema
+    and partition spec are the ones it was checked against; None for a partition value JSON
+    cannot carry (the leader then reads the file itself)."""
+    try:
+        partition = [_encode(data_file.partition[i]) for i in range(len(data_file.partition))]
+    except TypeError:
+        return None
+    return {
+        "schema": schema_id, "spec": data_file.spec_id, "bytes": data_file.file_size_in_bytes, "rows": data_file.record_count,
+        "partition": partition, "split_offsets": data_file.split_offsets,
+        **{name: {str(k): v for k, v in (getattr(data_file, name) or {}).items()} for name in _STATISTICS},
+        **{name: {str(k): v.hex() for k, v in (getattr(data_file, name) or {}).items()} for name in ("lower_bounds", "upper_bounds")},
+    }
+
+
+def described_data_file(metadata: TableMetadata, path: str, description: dict) -> DataFile | None:
+    """The DataFile the api described, or None when the table's schema or spec changed since."""
+    if (description["schema"], description["spec"]) != (metadata.current_schema_id, metadata.default_spec_id):
+        return None
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
+        partition=Record(*(_decode(value) for value in description["partition"])),
+        record_count=description["rows"], file_size_in_bytes=description["bytes"], split_offsets=description["split_offsets"],
+        sort_order_id=None, equality_ids=None, key_metadata=None,
+        **{name: {int(k): v for k, v in description[name].items()} for name in _STATISTICS},
+        **{name: {int(k): bytes.fromhex(v) for k, v in description[name].items()} for name in ("lower_bounds", "upper_bounds")},
+    )
+    data_file.spec_id = description["spec"]
+    return data_file
+
+
+def committed_data_file(metadata: TableMetadata, io: FileIO, path: str, description: dict | None, max_footer_bytes: int) -> DataFile:
+    """What the leader commits for a registered file: the api's description when it still holds
+    (the file is only asked its size: one that changed or went since is refused), else the file
+    checked and read again."""
+    described = described_data_file(metadata, path, description) if description else None
+    if described is None:
+        return registered_data_file(metadata, io, path, max_footer_bytes)
+    try:
+        size = len(io.new_input(path))
+    except FileNotFoundError as exc:
+        raise FileRefused("not_found", f"{path}: no such file (removed after it was registered)") from exc
+    if size != described.file_size_in_bytes:
+        raise FileRefused("size", f"{path} is {size} bytes, not the {described.file_size_in_bytes} registered: it changed after it was registered")
+    return described
+
+
+def _encode(value: object) -> object:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"float": value.hex()}
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, UUID):
+        return {"uuid": str(value)}
+    raise TypeError(f"no JSON form for a partition value of type {type(value).__name__}")
+
+
+def _decode(value: object) -> object:
+    if not isinstance(value, dict):
+        return value
+    ((kind, text),) = value.items()
+    return {"float": float.fromhex, "bytes": bytes.fromhex, "decimal": Decimal, "uuid": UUID}[kind](text)
 
 
 def table_columns(metadata: TableMetadata) -> list[dict]:

@@ -35,6 +35,7 @@ REQUEST = "request"  # REPLACE: the id of the upkeep request it answers
 KEYS = "keys"  # CHANGES: JSON list of the identifier columns
 UPSERT = "upsert"  # CHANGES: "1" when an update of a missing key inserts it
 REGISTERED = "registered"  # APPEND: "1" when the files were written elsewhere and registered (api)
+DESCRIBED = "described"  # registered files: JSON list, per file the api's description of it (or null)
 # Added when the committer parks an entry on the table's dead commit stream.
 DEAD_REASON = "dead_reason"
 DEAD_AT = "dead_at"
@@ -66,6 +67,7 @@ class CommitEntry:
     keys: list[str] = field(default_factory=list)  # CHANGES: the identifier columns
     upsert: bool = False  # CHANGES
     registered: bool = False  # APPEND: files written elsewhere
+    described: list[dict | None] = field(default_factory=list)  # registered: per file, as the api checked it
     entry_id: str = ""  # the stream entry's id, once read back
 
     @property
@@ -93,7 +95,7 @@ class CommitEntry:
         if self.commit_interval_s:
             fields += [COMMIT_INTERVAL, str(self.commit_interval_s)]
         if self.registered:
-            fields += [REGISTERED, "1"]
+            fields += [REGISTERED, "1", DESCRIBED, orjson.dumps(self.described).decode()]
         if self.operation is Operation.CHANGES:
             fields += [OPERATION, self.operation.value, KEYS, orjson.dumps(self.keys).decode(), UPSERT, "1" if self.upsert else "0"]
         elif self.operation is not Operation.APPEND:
@@ -124,5 +126,6 @@ class CommitEntry:
             keys=orjson.loads(fields[KEYS.encode()]) if KEYS.encode() in fields else [],
             upsert=fields.get(UPSERT.encode()) == b"1",
             registered=fields.get(REGISTERED.encode()) == b"1",
+            described=orjson.loads(fields[DESCRIBED.encode()]) if DESCRIBED.encode() in fields else [],
             entry_id=text(entry_id),
         )

@@ -16,13 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
-from sqlmodel import Session
 
 from service.core import keys
-from service.core.db import get_engine
 from service.iceberg.files import catalog_io, locate
 from service.iceberg.rewrites import live_data_files
-from service.tenancy.tenants import issue_token
 from tests.conftest import wait_until
 from tests.harness import duckdb_rows
 
@@ -266,11 +263,31 @@ def test_files_the_table_must_not_take_are_refused_with_their_reason(stack_facto
         token = http.post("/v1/tokens", json={"scopes": ["ingest"]}).json()["token"]
     with stack.client(token=token) as http:
         assert http.post("/v1/tables/events/files", json={"files": [{"path": str(granted)}]}).status_code == 403
-    with Session(get_engine(stack.settings.resolved_database_url())) as session:
-        _row, operator = issue_token(session, None, label="prometheus")
-    with stack.client(operator) as http:
-        text = http.get("/metrics").text
+    text = stack.metrics()
     assert 'calve_registered_files_total{outcome="refused",reason="partition",table="events",tenant="demo"} 1.0' in text
     assert 'calve_registered_files_total{outcome="accepted",reason="",table="events",tenant="demo"} 2.0' in text
     rows = catalog.load_table(("demo", "events")).scan().to_arrow().to_pylist()
     assert sorted(row["user"] for row in rows if row["user"].startswith("pyarrow-")) == sorted([f"pyarrow-{i}" for i in range(5)] * 2)
+
+
+def test_a_file_removed_after_it_was_registered_fails_its_receipt_and_nothing_else(stack_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    """The leader commits the api's description of a file, asking the store only its size: a file
+    gone by then is not committed (readers would fail on it); its receipt fails with the reason,
+    and the files registered after it are committed."""
+    stack = stack_factory()
+    table = _events_table(stack)
+    catalog = stack.catalog()
+    gone, kept = (f"{table.location()}/data/landing/{name}.parquet" for name in ("gone", "kept"))
+    sizes = {uri: _land(catalog, _pyarrow_file(tmp_path, f"{i}.parquet", 20, 100 * i, 10), uri) for i, uri in enumerate((gone, kept))}
+    stack.kill("committer")
+    with stack.client() as http:
+        first = _notify(http, table.location(), [(gone, sizes[gone])])
+        second = _notify(http, table.location(), [(kept, sizes[kept])])
+        store, path = locate(gone, catalog_io(catalog))
+        store.delete_file(path)
+        stack.start("committer")
+        wait_until(lambda: http.get(f"/v1/receipts/{first['receipt']}").json()["status"] == "failed", 90, what="the gone file's receipt failed")
+        assert "removed after it was registered" in http.get(f"/v1/receipts/{first['receipt']}").json()["error"]
+        wait_until(lambda: http.get(f"/v1/receipts/{second['receipt']}").json()["status"] == "committed", 90, what="the next file committed")
+    live = live_data_files(catalog.load_table(("demo", "events")))
+    assert kept in live and gone not in live

@@ -105,3 +105,30 @@ def test_the_footer_bound_and_the_parquet_magic(catalog, tmp_path: Path) -> None
     with pytest.raises(FileRefused) as refused:
         describe(target, text.as_uri())
     assert refused.value.reason == "not_parquet"
+
+
+def test_the_apis_description_gives_the_leader_the_same_data_file_until_the_table_changes(catalog, tmp_path: Path) -> None:  # noqa: ANN001
+    import orjson
+
+    from service.iceberg.registration import committed_data_file, described_data_file
+    from service.iceberg.registration import describe as description_of
+
+    target = table(catalog, PartitionField(1, 1000, DayTransform(), "ts_day"), PartitionField(2, 1001, IdentityTransform(), "name"),
+                   PartitionField(3, 1002, BucketTransform(4), "n_bucket"))
+    path = write(tmp_path, "one.parquet", {"ts": pa.array([datetime(2026, 11, 20, 1, tzinfo=timezone.utc)] * 2, TS), "name": ["é"] * 2,
+                                           "n": pa.array([7, 7], pa.int64()), "d": pa.array([date(2026, 1, 1), None], pa.date32())})
+    checked = describe(target, path)
+    description = orjson.loads(orjson.dumps(description_of(checked, target.metadata.current_schema_id)))  # as it crosses Redis
+    described = described_data_file(target.metadata, path, description)
+    fields = ("file_path", "partition", "record_count", "file_size_in_bytes", "column_sizes", "value_counts", "null_value_counts",
+              "nan_value_counts", "lower_bounds", "upper_bounds", "split_offsets", "spec_id", "content", "file_format")
+    assert {f: getattr(described, f) for f in fields} == {f: getattr(checked, f) for f in fields}
+    assert committed_data_file(target.metadata, target.io, path, description, 1 << 20) is not None
+    # The file changed after it was registered: refused, not committed from the description.
+    Path(path.removeprefix("file://")).write_bytes(Path(path.removeprefix("file://")).read_bytes() + b"x")
+    with pytest.raises(FileRefused, match="changed after it was registered"):
+        committed_data_file(target.metadata, target.io, path, description, 1 << 20)
+    # The schema moved on: the description no longer holds, the leader reads the file itself.
+    with target.update_schema() as update:
+        update.add_column("extra", StringType())
+    assert described_data_file(catalog.load_table(target.name()).metadata, path, description) is None

@@ -13,6 +13,7 @@ skips a file the table lists.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
@@ -32,7 +33,7 @@ from service.api.deps import CatalogDep, ReadPrincipal, RedisDep, SettingsDep, T
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import keys, metrics
 from service.core.config import Settings
-from service.iceberg.registration import FileRefused, allowed_location, registered_data_file, table_columns
+from service.iceberg.registration import FileRefused, allowed_location, describe, registered_data_file, table_columns
 from service.protocol import receipts, scripts
 from service.protocol.commit_entry import CommitEntry
 from service.protocol.receipts import COMMITTED, FAILED
@@ -41,7 +42,10 @@ from service.tenancy.tenants import Principal
 router = APIRouter(prefix="/v1/tables", tags=["files"], responses=error_responses(*AUTH_ERRORS))
 FilesPrincipal = Annotated[Principal, Depends(require_scope("files", "admin"))]
 KEPT_REGISTRATIONS = 200  # the table's recent registrations, for GET and the console
-FOOTER_READERS = 8  # footers read at once per request (an object store answers each in tens of ms)
+# Footers are read on these threads, at most 8 at once per api process (an object store answers
+# each in tens of ms), not on the api's shared pool: a tenant registering thousands of files must
+# not take the threads every tenant's ingest parses its bodies on.
+_FOOTERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="footers")
 TABLE_CACHE_S = 1.0  # a table loaded for checks serves this long: notifications come one file per call
 _tables: dict[tuple[str, str], tuple[float, Table]] = {}
 
@@ -112,9 +116,10 @@ class Outcome:
     receipt: str | None = None  # duplicate: the registration that took the file first
     size: int | None = None
     dedup_key: str | None = None
+    described: dict | None = None  # accepted: the DataFile the leader commits (registration.describe)
 
     def public(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("size", "dedup_key")}
+        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("size", "dedup_key", "described")}
 
 
 def _outcomes(body: Registration) -> list[Outcome]:
@@ -146,21 +151,17 @@ def _dedup_keys(tenant: str, table: str, outcome: Outcome) -> list[str]:
     return found
 
 
-def _inspect(table: Table, outcomes: list[Outcome], settings: Settings) -> None:
-    """Read each pending file's footer (a few at once) and refuse what the table cannot take."""
-
-    def one(outcome: Outcome) -> None:
-        try:
-            data_file = registered_data_file(table.metadata, table.io, outcome.path, settings.registration_max_footer_bytes, outcome.size)
-        except FileRefused as exc:
-            outcome.status, outcome.reason, outcome.detail = "refused", exc.reason, str(exc)
-        except Exception as exc:  # noqa: BLE001 - a file the store or pyarrow cannot read: refused with what it said
-            outcome.status, outcome.reason, outcome.detail = "refused", "unreadable", f"{outcome.path}: {exc}"[:1000]
-        else:
-            outcome.rows, outcome.bytes = data_file.record_count, data_file.file_size_in_bytes
-
-    with ThreadPoolExecutor(max_workers=min(FOOTER_READERS, max(1, len(outcomes))), thread_name_prefix="footers") as pool:
-        list(pool.map(one, outcomes))
+def _inspect(table: Table, outcome: Outcome, settings: Settings) -> None:
+    """Read a pending file's footer; refuse it if the table cannot take it, else describe it."""
+    try:
+        data_file = registered_data_file(table.metadata, table.io, outcome.path, settings.registration_max_footer_bytes, outcome.size)
+    except FileRefused as exc:
+        outcome.status, outcome.reason, outcome.detail = "refused", exc.reason, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a file the store or pyarrow cannot read: refused with what it said
+        outcome.status, outcome.reason, outcome.detail = "refused", "unreadable", f"{outcome.path}: {exc}"[:1000]
+    else:
+        outcome.rows, outcome.bytes = data_file.record_count, data_file.file_size_in_bytes
+        outcome.described = describe(data_file, table.metadata.current_schema_id)
 
 
 @router.post(
@@ -209,7 +210,8 @@ async def register_files(
         seen[outcome.path] = outcome
     pending = [o for o in outcomes if o.status == "accepted"]
     await _mark_registered(client, tenant, name, pending)  # cheap: no footer read for a file known already
-    await run_in_threadpool(_inspect, table, [o for o in pending if o.status == "accepted"], settings)
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(loop.run_in_executor(_FOOTERS, _inspect, table, o, settings) for o in pending if o.status == "accepted"))
     receipt_id = await _register(client, settings, tenant, name, [o for o in pending if o.status == "accepted"])
     for outcome in outcomes:
         if outcome.status in ("accepted", "duplicate", "refused"):
@@ -239,11 +241,9 @@ async def _register(client, settings: Settings, tenant: str, table: str, accepte
         names = [_dedup_keys(tenant, table, outcome) for outcome in accepted]
         rows = sum(outcome.rows or 0 for outcome in accepted)
         now = f"{time.time():.3f}"
-        receipt_fields = [
-            receipts.STATUS, receipts.WRITTEN, receipts.EVENTS, "0", receipts.PIPELINE, "files", receipts.CREATED_AT, now,
-            receipts.TABLES, "1", receipts.WRITTEN_AT, now, f"{receipts.WRITTEN_PREFIX}{table}", str(rows),
-        ]
-        entry = CommitEntry(tenant, table, [o.path for o in accepted], {receipt_id: rows}, registered=True)
+        # No events: registered rows need no writer, and stay out of the tenant's backlog.
+        receipt_fields = [receipts.EVENTS, "0", receipts.PIPELINE, "files", receipts.CREATED_AT, now, *receipts.written_fields({table: rows}, now)]
+        entry = CommitEntry(tenant, table, [o.path for o in accepted], {receipt_id: rows}, registered=True, described=[o.described for o in accepted])
         recent = [
             orjson.dumps({"path": o.path, "rows": o.rows, "bytes": o.bytes, "receipt": receipt_id, "at": float(now), "dedup_key": o.dedup_key}).decode()
             for o in accepted
