@@ -47,6 +47,7 @@ class Applied:
     rows_written: int = 0
     # merge-on-read: (delete file, the data file it applies to, rows, bytes)
     deletes: list[tuple[str, str, int, int]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # time by phase, where the way measures it
 
 
 def change_rows(spark: SparkSession, entries: list[list[str]], schema: pa.Schema, filesystem: object | None = None) -> DataFrame:

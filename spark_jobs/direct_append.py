@@ -45,7 +45,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.columns import INTERNAL
+from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, write_runs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -185,18 +185,27 @@ def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Sch
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
-    partition: list[tuple[str, str]] | tuple = (),
+    partition: list[tuple[str, str]] | tuple = (), changes: bool = False,
 ) -> tuple[dict[str, int] | None, str | None]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None), or
     (None, why not) with nothing left behind. extra_fields: the table's map column for the fields
     it lacks (None: such a field refuses the batch); partition: the table's (source, transform)
-    fields, one file per partition value (parse_schema said it handles them)."""
+    fields, one file per partition value (parse_schema said it handles them). changes: the events
+    change rows (a sink with identifier columns and no operation expression: each inserts, or
+    upserts): they are kept as the Spark job keeps them, unpartitioned, each with its operation,
+    its place in the batch and its receipt (spark_jobs/changes_job.py applies them later)."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
         filesystem = pafs.LocalFileSystem()
-    frame = spark.createDataFrame(pa.table({"receipt": pa.array(receipts, pa.string()), "body": pa.array(bodies, pa.large_binary())}))
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition))
+    frame = spark.createDataFrame(pa.table({
+        "receipt": pa.array(receipts, pa.string()), "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    }))
+    if changes:
+        file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
+        partition = ()
+    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -328,7 +337,7 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
-              extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None):
+              extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
@@ -375,9 +384,9 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
 
         known = parsing.names
         epoch_order = [False, True]
-        tables, counts = [], {}
+        tables, counts, places = [], {}, []
         for batch in batches:
-            for receipt, body in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+            for receipt, body, seq in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()):
                 try:
                     table, every_line, epoch = parse(body)
                     if kinds:
@@ -399,6 +408,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                     table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
                 counts[receipt] = counts.get(receipt, 0) + events
                 tables.append(table)
+                places.append((receipt, seq, events))
         if not tables:
             yield answer()
             return
@@ -414,6 +424,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         if not pc.all(present).as_py():
             yield answer(refused="an event has no field of the table")
             return
+        if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
+            data = data.append_column(OP, pa.array(["I"] * data.num_rows, pa.string()))
+            data = data.append_column(SEQ, pa.array([seq + line for _r, seq, events in places for line in range(events)], pa.int64()))
+            data = data.append_column(RECEIPT, pa.array([receipt for receipt, _s, events in places for _ in range(events)], pa.string()))
         written = write_partitioned(data, directory, filesystem, file_schema, partition)
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)

@@ -16,8 +16,10 @@ table's column names; their partition comes from their statistics when they are 
 from __future__ import annotations
 
 import sys
+import types
 import uuid
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -176,6 +178,32 @@ def freeze_once() -> None:
         gc.collect()
         gc.freeze()
         gc.calve_frozen = True
+
+
+WORKER_CACHE_BYTES = 256 * 1024 * 1024  # what one Spark Python worker keeps of files it read (cached_read)
+
+
+def cached_read(key: tuple, read: Callable[[], pa.Table]) -> pa.Table:
+    """`read()`, kept by a Spark Python worker for the tasks it runs after this one (PySpark
+    reuses its workers) under `key`, which must name content that never changes: a data or delete
+    file's path (Iceberg never rewrites one in place) and what was read of it. Least recently
+    used first out, beyond WORKER_CACHE_BYTES. The cache lives on a module of its own in
+    sys.modules: this module comes by value with each task, its globals anew each time."""
+    state = sys.modules.get("calve_worker_cache")
+    if state is None:
+        state = sys.modules["calve_worker_cache"] = types.ModuleType("calve_worker_cache")
+        state.tables, state.bytes = OrderedDict(), 0
+    table = state.tables.get(key)
+    if table is not None:
+        state.tables.move_to_end(key)
+        return table
+    table = read()
+    state.tables[key] = table
+    state.bytes += table.nbytes
+    while state.bytes > WORKER_CACHE_BYTES and len(state.tables) > 1:
+        _key, dropped = state.tables.popitem(last=False)
+        state.bytes -= dropped.nbytes
+    return table
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

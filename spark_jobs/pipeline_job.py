@@ -91,21 +91,22 @@ class PipelineJob:
         if self.known_schema is None or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
-        if sink.row_changes or sink.target_file_size:
+        if sink.target_file_size:
             return None
         # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
         # then creates it from the real ones).
         target = self.resolve(sink.table, sink, self.spark.range(0))
-        if not isinstance(target, Target) or target.changes is not None:
+        if not isinstance(target, Target) or (target.changes is not None and target.changes.operation is not None):
             return None
-        parsing = parse_schema(target.schema, target.extra_fields, target.partition)
+        partition = target.partition if target.changes is None else ()  # change files are not partitioned
+        parsing = parse_schema(target.schema, target.extra_fields, partition)
         if parsing is None:
             return None
         try:
             counts, _refused = append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
-                target.partition,
+                partition, changes=target.changes is not None,
             )
         except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
             # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the
@@ -117,7 +118,7 @@ class PipelineJob:
         if counts is None:
             return JobResult(direct="refused")
         good = {receipt: n for receipt, n in counts.items() if n}
-        return JobResult(tables={target.name: Output(target.directory, good)} if good else {}, direct="written")
+        return JobResult(tables={target.name: Output(target.directory, good, target.changes)} if good else {}, direct="written")
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ from pyspark.sql import types as T
 from spark_jobs.changes_job import EFFECTS, Applied
 from spark_jobs.columns import OP, RECEIPT, SEQ
 from spark_jobs.direct_append import _groups_by, write_partitioned
-from spark_jobs.files import conform, freeze_once, locate, write_delete_files
+from spark_jobs.files import cached_read, conform, freeze_once, locate, write_delete_files
 from spark_jobs.targets import Target
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -54,9 +55,12 @@ def apply_in_one_task(
     """Merge-on-read changes as changes_job.apply_changes(merge_on_read=True) applies them: new
     rows under target.directory, position delete files under `<directory>-deletes`."""
     task = _task(entries, candidates, target, keys, upsert)
+    started = time.perf_counter()
     (row,) = spark.range(0, 1, 1, 1).mapInArrow(task, ANSWER).collect()  # one partition: one task
     answer = json.loads(row.answer)
-    return Applied([], answer["counts"], answer["written"], [tuple(d) for d in answer["deletes"]])
+    seconds = answer["seconds"]
+    seconds["spark"] = round(time.perf_counter() - started - sum(seconds.values()), 3)  # the job's own, around the task
+    return Applied([], answer["counts"], answer["written"], [tuple(d) for d in answer["deletes"]], seconds)
 
 
 def fold(ops: list[str], key_rows: list[tuple], exists: set[tuple], upsert: bool) -> tuple[list[str], dict[tuple, int]]:
@@ -85,11 +89,21 @@ def fold(ops: list[str], key_rows: list[tuple], exists: set[tuple], upsert: bool
 def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str], upsert: bool):  # noqa: ANN202
     directory, filesystem, schema, partition = target.directory, target.filesystem, target.schema, list(target.partition)
 
-    def run(_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
+        for _batch in batches:
+            pass  # the one row, read to the end: a worker that leaves its input unread is not reused
         freeze_once()
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            seconds[phase] = round(now - clock, 3)
+            clock = now
 
         def read(path: str, columns: list[str] | None = None) -> pa.Table:
             store, where = locate(filesystem, path)
@@ -105,25 +119,42 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
         key_schema = pa.schema([schema.field(key) for key in keys])
         changed = pa.Table.from_batches([conform(b, key_schema) for b in changes.select(keys).to_batches()], key_schema)
         changed = changed.group_by(keys).aggregate([])
+        lap("changes")
 
-        # Rows of the candidates still live whose key changed: where they are, and their keys. A
-        # delete file is read once (another engine's may apply to every file of a partition).
-        delete_files: dict[str, pa.Table] = {}
-        hits = []
-        for path, deletes in candidates:
+        # Rows of the candidates still live whose key changed: where they are, and their keys.
+        # What is read of a data or delete file is kept by the worker for the next runs (the same
+        # candidates come back run after run until compaction). A delete file is read once (another
+        # engine's may apply to every file of a partition).
+        def identifiers(path: str) -> pa.Table:
             data = read(path, keys)
             data = pa.table([data.column(k).cast(schema.field(k).type) for k in keys], names=keys)
-            data = data.append_column("pos", pa.array(range(data.num_rows), pa.int64()))
-            if deletes:
-                for delete in deletes:
-                    if delete not in delete_files:
-                        delete_files[delete] = read(delete, ["file_path", "pos"])
-                gone = pa.concat_tables([delete_files[delete] for delete in deletes])
-                gone = gone.filter(pc.equal(gone.column("file_path"), path)).column("pos")
-                data = data.filter(pc.invert(pc.is_in(data.column("pos"), value_set=gone.combine_chunks())))
-            found = data.join(changed, keys, join_type="left semi")
+            return data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).combine_chunks()
+
+        def positions_deleted(path: str) -> pa.Table:
+            gone = read(path, ["file_path", "pos"])
+            return pa.table([gone.column("file_path").cast(pa.string()), gone.column("pos").cast(pa.int64())], names=["file_path", "pos"])
+
+        hits, hit_files = [], set()
+        single = pa.concat_arrays(changed.column(keys[0]).chunks) if len(keys) == 1 and changed.num_rows else None
+        for path, _deletes in candidates:
+            rows = cached_read(("keys", path, str(key_schema)), lambda path=path: identifiers(path))
+            if single is not None:  # one identifier column: a set lookup, cheaper than a join
+                found = rows.filter(pc.is_in(rows.column(keys[0]), value_set=single))
+            else:
+                found = rows.join(changed, keys, join_type="left semi")
             if found.num_rows:
                 hits.append(found.append_column("file_path", pa.array([path] * found.num_rows, pa.string())))
+                hit_files.add(path)
+        if hits:
+            # Less the rows a delete file already took out: one anti-join over the delete files
+            # of the files hit (each file's own, or a partition's from another engine).
+            found = pa.concat_tables(hits)
+            applying = sorted({delete for path, deletes in candidates if path in hit_files for delete in deletes})
+            if applying:
+                gone = pa.concat_tables([cached_read(("deletes", delete), lambda delete=delete: positions_deleted(delete)) for delete in applying])
+                found = found.join(gone, ["file_path", "pos"], join_type="left anti")
+            hits = [found]
+        lap("candidates")
         exists = set()
         for found in hits:
             exists.update(zip(*[found.column(k).to_pylist() for k in keys]))
@@ -135,6 +166,7 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
             counted = counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))
             counted[effect] += 1
 
+        lap("fold")
         new_rows = changes.take(sorted(rows.values()))
         new_rows = pa.Table.from_batches([conform(b, schema) for b in new_rows.to_batches()], schema)
         if new_rows.num_rows:
@@ -144,7 +176,8 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
         if hits:
             positions = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits]).sort_by([("file_path", "ascending"), ("pos", "ascending")])
             deleted = write_delete_files(positions.combine_chunks().to_batches(), f"{directory}-deletes", filesystem)
-        answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted}
+        lap("write")
+        answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted, "seconds": seconds}
         yield pa.RecordBatch.from_pylist([{"answer": json.dumps(answer)}], schema=ANSWER_ARROW)
 
     return run

@@ -5,6 +5,7 @@ if the table is still at the snapshot the answer was computed against; otherwise
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ class ChangeCommits:
         self.catalog = catalog
         self.commits = commits
         self.failures = ChangeFailures(settings.commit_max_failures)
+        self.asked_at: dict[str, float] = {}  # when each table's run now being applied was asked for (monotonic)
 
     def commit(self, tenant: str, table_name: str, table: Table, segment: CommitPlan, lease: TableLease) -> bool | None:
         """Row changes: ask a writer to apply them against the table as it is now, then commit its
@@ -85,6 +87,7 @@ class ChangeCommits:
         request = ApplyRequest(tenant, table_name, uuid.uuid4().hex, current,
                                [(entry.entry_id, entry.files) for entry in segment.entries], first.keys, first.upsert)
         key = keys.applying_key(tenant, table_name)
+        self.asked_at[keys.member(tenant, table_name)] = time.monotonic()
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(key)
         pipe.hset(key, changes.REQUEST, request.to_json())

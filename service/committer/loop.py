@@ -108,7 +108,9 @@ class Committer:
         tenant, table = keys.split_member(member)
         try:
             if self.commits.commit_table(tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s)):
-                self.schedule.record_commit(member, now)
+                # Row changes count their interval from when their run was asked for: the time a
+                # writer spends applying them is not added to it.
+                self.schedule.record_commit(member, min(now, self.commits.changes.asked_at.pop(member, now)))
             self.schedule.record_success(member)
         except LeadershipLost:
             log.warning("committer %s lost the lease of %s before committing", self.name, member)

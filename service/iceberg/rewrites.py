@@ -21,6 +21,7 @@ from pyiceberg.table.delete_file_index import PATH_FIELD_ID
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg import private
 from service.iceberg.appends import data_file, ensure_name_mapping
+from service.iceberg.manifests import live_entries
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,11 @@ def live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
     live: dict[str, DataFile] = {}
     deletes: list[DataFile] = []
     for manifest in snapshot.manifests(table.io):
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.DATA:
-                live[entry.data_file.file_path] = entry.data_file
+        for file in live_entries(manifest, table.io):
+            if file.content == DataFileContent.DATA:
+                live[file.file_path] = file
             else:
-                deletes.append(entry.data_file)
+                deletes.append(file)
     return live, deletes
 
 

@@ -48,6 +48,8 @@ READ_COUNT = 200  # entries per XREADGROUP call
 # An entry read this many times without being settled (its writers crashed or were killed while
 # handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
 MAX_DELIVERIES = 5
+IDLE_POLL_S = 1.0  # with nothing to write, how long a poll waits for entries before the loop comes round
+LEADER_POLL_MS = 100  # meanwhile, how often it looks for a leader's request
 SET_ASIDE_POLL_MS = 250  # with batches set aside for a lane, how long a read waits for new entries
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 
@@ -107,10 +109,20 @@ class Writer:
             return []
         batches: dict[str, Batch] = {}
         deadline = None
+        idle_until = time.monotonic() + IDLE_POLL_S
         while not stop.is_set():
             if deadline is None:
-                # Earlier failures are waiting: only look. Set-aside batches wait for a lane: look a while.
-                block_ms = 1 if self._retries else SET_ASIDE_POLL_MS if self._set_aside else 1000
+                # Earlier failures are waiting: only look. Set-aside batches wait for a lane: look a
+                # while. Otherwise wait for entries in slices, between which a leader's request
+                # (row changes, a feed's diff: a table or a reader waits on each) ends the wait.
+                if self._retries:
+                    block_ms = 1
+                elif self._set_aside:
+                    block_ms = SET_ASIDE_POLL_MS
+                elif self._leader_waits() or time.monotonic() >= idle_until:
+                    return []
+                else:
+                    block_ms = LEADER_POLL_MS
             else:
                 block_ms = max(1, int((deadline - time.monotonic()) * 1000))
             for stream, entries in self._read(streams, block_ms):
@@ -123,7 +135,9 @@ class Writer:
                         batch = batches[stream] = Batch(tenant, pipeline)
                     batch.add(entry)
             if not batches:
-                return []
+                if self._retries or self._set_aside:
+                    return []
+                continue
             if deadline is None:
                 deadline = time.monotonic() + self.settings.writer_batch_wait_s
             events = sum(batch.events for batch in batches.values())
@@ -132,6 +146,10 @@ class Writer:
             if full or time.monotonic() >= deadline:
                 break
         return list(batches.values())
+
+    def _leader_waits(self) -> bool:
+        """Whether a table's leader has asked for row changes or a feed's diff (run between batches)."""
+        return bool(self.client.exists(keys.APPLIES)) or bool(self.client.exists(keys.FEED_DIFFS))
 
     def _read(self, streams: list[str], block_ms: int) -> list:
         """New entries of `streams`, waiting up to `block_ms` for some. On a Redis Cluster, which

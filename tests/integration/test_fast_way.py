@@ -23,13 +23,19 @@ from hypothesis import strategies as st
 from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
 from spark_jobs import pipeline_job
+from spark_jobs.columns import RECEIPT, SEQ
 from spark_jobs.pipeline_job import PipelineJob
-from spark_jobs.targets import Target
+from spark_jobs.targets import ChangeSpec, Target
 from tests.unit.test_direct_append import TABLE  # the short way's own tests' table: every plain type and _extra
 from tests.unit.test_direct_append import TIMED as TIMED_COLUMNS
 
 DEFINITION = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "extra_fields": "_extra"}],
+})
+# The same table's events as row changes (each upserts its id): kept in change files, not appended.
+UPSERTS = PipelineDefinition.model_validate({
+    "name": "events", "source": {"http": {"path": "/events"}},
+    "sinks": [{"table": "events", "extra_fields": "_extra", "identifier_columns": ["id"], "mode": "upsert"}],
 })
 
 # Numbers as JSON may spell them: 1e3, 1.50, -0, 1E-7, 12345678901234567890123, 1e400.
@@ -94,25 +100,31 @@ def batch(draw) -> list[bytes]:  # noqa: ANN001
 
 
 def written(result, name: str = "events") -> list[dict]:  # noqa: ANN001
+    """The rows written for table `name`, by id; change events in their order (receipt, then place),
+    the place itself left out (only its order is what changes_job.py reads)."""
     output = result.tables.get(name)
     rows = [row for path in list_data_files(output.directory) for row in pq.read_table(path).to_pylist()] if output else []
+    if output is not None and output.changes is not None:
+        return [{k: v for k, v in row.items() if k != SEQ} for row in sorted(rows, key=lambda row: (row[RECEIPT], row[SEQ]))]
     return sorted(rows, key=lambda row: row["id"])
 
 
 def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, str]], batches: st.SearchStrategy,  # noqa: ANN001
-                 examples: int, least_written: int, check_file=None) -> None:  # noqa: ANN001
+                 examples: int, least_written: int, check_file=None, changes: bool = False) -> None:  # noqa: ANN001
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
     rows, no DLQ entry, the same counts, no dropped field), each of its files passing `check_file`.
-    Both kinds of batch must be drawn: at least `least_written` written the fast way, one refused."""
+    Both kinds of batch must be drawn: at least `least_written` written the fast way, one refused.
+    changes: the events upsert rows by id (change files, in the events' order, are compared)."""
     directories = iter(range(10**6))
 
     def resolve(name, sink, rows):  # noqa: ANN001, ANN202
         directory = (tmp_path / f"batch-{next(directories)}").as_uri()
-        return Target(name=name, schema=schema, required=frozenset({"id"}), partition=partition, directory=directory, extra_fields="_extra")
+        return Target(name=name, schema=schema, required=frozenset({"id"}), partition=partition, directory=directory, extra_fields="_extra",
+                      changes=ChangeSpec(None, ("id",), True) if changes else None)
 
     def job() -> PipelineJob:
-        return PipelineJob(spark, "events", 1, DEFINITION, resolve=resolve,
+        return PipelineJob(spark, "events", 1, UPSERTS if changes else DEFINITION, resolve=resolve,
                            dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(), known_schema=schema)
 
     ways = {"written": 0, "refused": 0}
@@ -132,6 +144,7 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         assert written(fast) == written(full), bodies
         assert full.dlq is None, f"the fast way wrote what the full job sends to the DLQ: {bodies}"
         assert {r: o.rows_by_receipt for r, o in fast.tables.items()} == {r: o.rows_by_receipt for r, o in full.tables.items()}
+        assert {r: o.changes for r, o in fast.tables.items()} == {r: o.changes for r, o in full.tables.items()}
         assert not any(o.dropped_by_receipt for o in full.tables.values())
         if check_file:
             for path in list_data_files(fast.tables["events"].directory):
@@ -147,6 +160,12 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
 @pytest.mark.timeout(600)
 def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     compare_ways(fresh_spark, tmp_path, TABLE, [], batch(), examples=20, least_written=6)
+
+
+@pytest.mark.timeout(600)
+def test_change_events_are_kept_alike_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # An upsert sink's events are kept as change files: the same rows, operations, receipts and order.
+    compare_ways(fresh_spark, tmp_path, TABLE, [], batch(), examples=10, least_written=3, changes=True)
 
 
 # A table with every time type, partitioned by the day of its timestamp.
@@ -210,4 +229,6 @@ def test_times_and_partitions_give_the_same_rows_the_fast_way_and_the_full_way(f
         days = {ts.date() if ts else None for ts in pq.read_table(path).column("ts").to_pylist()}
         assert len(days) == 1, (path, days)
 
-    compare_ways(fresh_spark, tmp_path, TIMED, DAY, timed_batch(), examples=15, least_written=5, check_file=one_day)
+    # At least 3 of the 15 written the fast way: which examples hypothesis draws differs with what
+    # ran before in the process (4 to 9 written seen), and a request mixing epoch and text is refused.
+    compare_ways(fresh_spark, tmp_path, TIMED, DAY, timed_batch(), examples=15, least_written=3, check_file=one_day)

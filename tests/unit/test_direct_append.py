@@ -27,6 +27,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
 
 TABLE = Schema(
@@ -43,7 +44,10 @@ def answers(tmp_path, bodies: dict[str, bytes], schema: pa.Schema, extra_fields:
     """What one Spark task of the short way answers for `bodies` (one row per file written)."""
     parsing = parse_schema(schema, "_extra" if "_extra" in schema.names else None, partition)
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, schema, frozenset({"id"}), extra_fields, partition)
-    batch = pa.record_batch({"receipt": list(bodies), "body": pa.array(list(bodies.values()), pa.large_binary())})
+    batch = pa.record_batch({
+        "receipt": list(bodies), "body": pa.array(list(bodies.values()), pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
     return [row for out in append(iter([batch])) for row in out.to_pylist()]
 
 

@@ -1,0 +1,86 @@
+"""The files row changes must look in: the data files of a snapshot that may hold one of a set of
+keys, each with the position delete files that apply to it.
+
+pyiceberg's planner cannot do this at the scale of a change stream: an `In` of more than 200
+values is not checked against the files' statistics at all (every file of the table becomes a
+candidate), and each plan reads every manifest again. Here the changed keys are sorted once and
+each data file's bounds for the identifier columns are looked up in them (a file is left out when,
+for some identifier column, no changed key lies between its lower and upper bound), and the
+entries of each manifest are read once per process (manifests.py).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import Table
+from pyiceberg.types import DoubleType, FloatType, PrimitiveType
+
+from service.iceberg.manifests import live_entries
+from service.iceberg.rewrites import referenced_data_file
+
+
+def candidate_files(table: Table, snapshot_id: int, keys: list[str], changed: pa.Table) -> list[tuple[str, list[str]]]:
+    """(data file, its position delete files) for every data file of the snapshot that may hold a
+    row whose identifier columns `keys` equal one of `changed`'s rows, by path. A file whose
+    bounds cannot be read or compared is a candidate: this only ever leaves out files that
+    cannot match. ValueError for a snapshot with equality deletes (Calve never writes them)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise ValueError(f"snapshot {snapshot_id} is not in the table")
+    schema = table.schema()
+    columns = []
+    for key in keys:
+        field = schema.find_field(key)
+        values = sorted({value for value in _internal(changed.column(key)).to_pylist() if value is not None})
+        columns.append((field.field_id, field.field_type, values))
+    data: list[DataFile] = []
+    named: dict[str, list[str]] = {}
+    by_partition: dict[tuple, list[str]] = {}
+    for manifest in snapshot.manifests(table.io):
+        for file in live_entries(manifest, table.io):
+            if file.content == DataFileContent.DATA:
+                if all(_may_hold(file, field_id, field_type, values) for field_id, field_type, values in columns):
+                    data.append(file)
+            elif file.content == DataFileContent.POSITION_DELETES:
+                referenced = referenced_data_file(file)
+                if referenced is None:  # another engine's: it may name any file of its partition
+                    by_partition.setdefault((file.spec_id, file.partition), []).append(file.file_path)
+                else:
+                    named.setdefault(referenced, []).append(file.file_path)
+            else:
+                raise ValueError(f"the table has equality delete files ({file.file_path}), which Calve cannot apply")
+    return sorted(
+        (file.file_path, sorted([*named.get(file.file_path, []), *by_partition.get((file.spec_id, file.partition), [])]))
+        for file in data
+    )
+
+
+def _may_hold(file: DataFile, field_id: int, field_type: Any, values: list) -> bool:
+    """Whether a changed value lies within the file's bounds for the column (True when unknown)."""
+    if not values:
+        return False  # no changed key has a value here: no row of this file can match
+    lower, upper = (file.lower_bounds or {}).get(field_id), (file.upper_bounds or {}).get(field_id)
+    if lower is None or upper is None or not isinstance(field_type, PrimitiveType) or isinstance(field_type, (FloatType, DoubleType)):
+        return True
+    try:
+        return bisect_left(values, from_bytes(field_type, lower)) < bisect_right(values, from_bytes(field_type, upper))
+    except Exception:  # noqa: BLE001 - bounds of another width or kind than the column's now: keep the file
+        return True
+
+
+def _internal(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Values as Iceberg's bounds read (pyiceberg's from_bytes): timestamps and times as
+    microseconds, dates as days; strings compare by code point in both."""
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        return column.cast(pa.timestamp("us", kind.tz)).cast(pa.int64())
+    if pa.types.is_time(kind):
+        return column.cast(pa.time64("us")).cast(pa.int64())
+    if pa.types.is_date(kind):
+        return column.cast(pa.date32()).cast(pa.int32())
+    return column
