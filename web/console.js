@@ -121,8 +121,12 @@ function facts(pairs) {
 }
 
 function page(title) {
-  const view = $("view");
-  view.replaceChildren(el("h2", title));
+  // A fresh element each time: a page still waiting for its answer (the user moved on) fills the
+  // element it was given, which is no longer in the document, never the page now shown.
+  const old = $("view");
+  const view = old.cloneNode(false);
+  view.appendChild(el("h2", title));
+  old.replaceWith(view);
   // A table's or pipeline's own page is under its list (#table/x under #tables).
   const section = location.hash.replace(/^#(table|pipeline)\//, "#$1s/").split("/")[0];
   document.querySelectorAll("#nav a").forEach((a) => {
