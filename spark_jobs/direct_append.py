@@ -425,9 +425,9 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             yield answer(refused="an event has no field of the table")
             return
         if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
-            data = data.append_column(OP, pa.array(["I"] * data.num_rows, pa.string()))
-            data = data.append_column(SEQ, pa.array([seq + line for _r, seq, events in places for line in range(events)], pa.int64()))
-            data = data.append_column(RECEIPT, pa.array([receipt for receipt, _s, events in places for _ in range(events)], pa.string()))
+            data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
+            data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
+            data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), events) for receipt, _s, events in places]))
         written = write_partitioned(data, directory, filesystem, file_schema, partition)
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)

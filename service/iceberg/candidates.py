@@ -20,8 +20,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 
-from service.iceberg.manifests import live_entries
-from service.iceberg.rewrites import referenced_data_file
+from service.iceberg.rewrites import deletes_by_file, live_files
 
 
 def candidate_files(table: Table, snapshot_id: int, keys: list[str], changed: pa.Table) -> list[tuple[str, list[str]]]:
@@ -29,35 +28,18 @@ def candidate_files(table: Table, snapshot_id: int, keys: list[str], changed: pa
     row whose identifier columns `keys` equal one of `changed`'s rows, by path. A file whose
     bounds cannot be read or compared is a candidate: this only ever leaves out files that
     cannot match. ValueError for a snapshot with equality deletes (Calve never writes them)."""
-    snapshot = table.snapshot_by_id(snapshot_id)
-    if snapshot is None:
-        raise ValueError(f"snapshot {snapshot_id} is not in the table")
+    data, deletes = live_files(table, snapshot_id)
+    if any(delete.content == DataFileContent.EQUALITY_DELETES for delete in deletes):
+        raise ValueError("the table has equality delete files, which Calve cannot apply")
     schema = table.schema()
     columns = []
     for key in keys:
         field = schema.find_field(key)
         values = sorted({value for value in _internal(changed.column(key)).to_pylist() if value is not None})
         columns.append((field.field_id, field.field_type, values))
-    data: list[DataFile] = []
-    named: dict[str, list[str]] = {}
-    by_partition: dict[tuple, list[str]] = {}
-    for manifest in snapshot.manifests(table.io):
-        for file in live_entries(manifest, table.io):
-            if file.content == DataFileContent.DATA:
-                if all(_may_hold(file, field_id, field_type, values) for field_id, field_type, values in columns):
-                    data.append(file)
-            elif file.content == DataFileContent.POSITION_DELETES:
-                referenced = referenced_data_file(file)
-                if referenced is None:  # another engine's: it may name any file of its partition
-                    by_partition.setdefault((file.spec_id, file.partition), []).append(file.file_path)
-                else:
-                    named.setdefault(referenced, []).append(file.file_path)
-            else:
-                raise ValueError(f"the table has equality delete files ({file.file_path}), which Calve cannot apply")
-    return sorted(
-        (file.file_path, sorted([*named.get(file.file_path, []), *by_partition.get((file.spec_id, file.partition), [])]))
-        for file in data
-    )
+    held = {path: file for path, file in data.items() if all(_may_hold(file, *column) for column in columns)}
+    applying = deletes_by_file(held, deletes)
+    return sorted((path, applying.get(path, [])) for path in held)
 
 
 def _may_hold(file: DataFile, field_id: int, field_type: Any, values: list) -> bool:

@@ -50,10 +50,13 @@ def live_data_files(table: Table) -> dict[str, DataFile]:
     return live_files(table)[0]
 
 
-def live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
-    """The data files of the table's current snapshot, by path, and its delete files."""
-    snapshot = table.current_snapshot()
+def live_files(table: Table, snapshot_id: int | None = None) -> tuple[dict[str, DataFile], list[DataFile]]:
+    """The data files of the table's current snapshot (or `snapshot_id`), by path, and its delete
+    files. ValueError for a snapshot the table no longer has."""
+    snapshot = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
     if snapshot is None:
+        if snapshot_id is not None:
+            raise ValueError(f"snapshot {snapshot_id} is not in the table")
         return {}, []
     live: dict[str, DataFile] = {}
     deletes: list[DataFile] = []
@@ -67,17 +70,24 @@ def live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
 
 
 def with_deletes(data: dict[str, DataFile], deletes: list[DataFile]) -> set[str]:
-    """The data files some delete file may apply to: the one its file_path bounds name, or, for
-    a delete file without such bounds (another engine's, an equality delete), every file of its
-    partition."""
-    named, partitions = set(), set()
+    """The data files some delete file may apply to (deletes_by_file)."""
+    return set(deletes_by_file(data, deletes))
+
+
+def deletes_by_file(data: dict[str, DataFile], deletes: list[DataFile]) -> dict[str, list[str]]:
+    """For each data file some delete file may apply to, those delete files' paths: the one its
+    file_path bounds name, or, for a delete file without such bounds (another engine's, an
+    equality delete), every file of its partition."""
+    named: dict[str, list[str]] = {}
+    by_partition: dict[tuple, list[str]] = {}
     for delete in deletes:
         referenced = referenced_data_file(delete)
         if referenced is None:
-            partitions.add((delete.spec_id, delete.partition))
+            by_partition.setdefault((delete.spec_id, delete.partition), []).append(delete.file_path)
         else:
-            named.add(referenced)
-    return {path for path, file in data.items() if path in named or (file.spec_id, file.partition) in partitions}
+            named.setdefault(referenced, []).append(delete.file_path)
+    applying = {path: [*named.get(path, []), *by_partition.get((file.spec_id, file.partition), [])] for path, file in data.items()}
+    return {path: sorted(paths) for path, paths in applying.items() if paths}
 
 
 def referenced_data_file(delete: DataFile) -> str | None:

@@ -119,7 +119,7 @@ class Writer:
                     block_ms = 1
                 elif self._set_aside:
                     block_ms = SET_ASIDE_POLL_MS
-                elif self._leader_waits() or time.monotonic() >= idle_until:
+                elif self.applier.waiting() or self.differ.waiting() or time.monotonic() >= idle_until:
                     return []
                 else:
                     block_ms = LEADER_POLL_MS
@@ -146,10 +146,6 @@ class Writer:
             if full or time.monotonic() >= deadline:
                 break
         return list(batches.values())
-
-    def _leader_waits(self) -> bool:
-        """Whether a table's leader has asked for row changes or a feed's diff (run between batches)."""
-        return bool(self.client.exists(keys.APPLIES)) or bool(self.client.exists(keys.FEED_DIFFS))
 
     def _read(self, streams: list[str], block_ms: int) -> list:
         """New entries of `streams`, waiting up to `block_ms` for some. On a Redis Cluster, which

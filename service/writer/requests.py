@@ -47,6 +47,10 @@ class LeaderRequests:
         self.name = name
         self.io = catalog_io(catalog)
 
+    def waiting(self) -> bool:
+        """Whether a request waits on the queue."""
+        return bool(self.client.exists(self.queue))
+
     def run_one(self, stop: threading.Event) -> bool:
         """Run one waiting request; False when none waits."""
         raw = self.client.lpop(self.queue)

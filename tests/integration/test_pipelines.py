@@ -413,8 +413,6 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
     fields it did not take (whether the events were parsed with the table's schema or inferred),
     a processor's `drop` is on purpose and not reported; a sink's extra_fields column (the built-in
     `logs` has one) keeps them instead."""
-
-
     create(stack, {
         "name": "declared", "source": {"http": {"path": "/declared"}},
         "sinks": [{"table": "declared", "auto_create": True, "schema": {"columns": [

@@ -100,7 +100,6 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     value as it always does. The metrics say which way each batch went."""
     import orjson
 
-
     def send(*events: dict) -> dict:
         with stack.client() as http:
             body = b"\n".join(orjson.dumps(event) for event in events)
