@@ -3,6 +3,11 @@ again as a few files near the target size. Rows are copied as they are (read wit
 current schema, so a column added since reads as null): nothing is added, dropped or changed,
 which the committer checks by row count before it commits the result as a `replace` snapshot.
 
+Merge-on-read: a file's position deletes are applied as it is copied (its deleted rows are left
+out, and the committer removes its delete files in the same snapshot), so reads stop paying for
+them; only this pyarrow way can, so a rewrite with deletes that it cannot do fails instead of
+falling back to Spark's reader.
+
 Each output is written by one Spark task that reads its share of the input files and writes them
 again with pyarrow in a Python worker (`mapInArrow` over the list of files: no row passes through
 the JVM), at a fraction of what Spark's own Parquet reader and writer cost; compaction then stalls
@@ -18,6 +23,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
@@ -38,19 +44,22 @@ WRITTEN_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("rows", pa.in
 
 def rewrite_files(
     spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int,
-    filesystem: object | None = None,
+    filesystem: object | None = None, deletes: dict[str, list[str]] | None = None,
 ) -> None:
     """Write the rows of `paths` into `outputs` Parquet files under `directory` (filesystem: as
-    for spark_jobs.files; None: local files)."""
+    for spark_jobs.files; None: local files), less the rows the position delete files `deletes`
+    (per path) delete."""
     store = filesystem
     if store is None:
         from pyarrow import fs as pafs
 
         store = pafs.LocalFileSystem()
     try:
-        copy_files(spark, paths, schema, _path(directory), store, outputs)
+        copy_files(spark, paths, schema, _path(directory), store, outputs, deletes or {})
         return
-    except Exception as exc:  # noqa: BLE001 - Spark's reader and writer do it instead
+    except Exception as exc:
+        if deletes:  # Spark's reader knows nothing of them: it would bring deleted rows back
+            raise RuntimeError(f"could not rewrite {len(paths)} files with their deletes applied: {exc}") from exc
         log.warning("compaction: pyarrow could not rewrite %d files (%s: %s); Spark's reader and writer do it",
                     len(paths), exc.__class__.__name__, str(exc)[:300])
         try:
@@ -79,18 +88,36 @@ def groups(paths: list[str], outputs: int) -> list[list[str]]:
     return runs
 
 
-def copy_files(spark: SparkSession, paths: list[str], schema: pa.Schema, directory: str, filesystem, outputs: int) -> int:  # noqa: ANN001
-    """One task per output file, each copying its run of `paths` in `schema`; the rows written."""
+def copy_files(
+    spark: SparkSession, paths: list[str], schema: pa.Schema, directory: str, filesystem, outputs: int,  # noqa: ANN001
+    deletes: dict[str, list[str]] | None = None,
+) -> int:
+    """One task per output file, each copying its run of `paths` in `schema`, less the rows the
+    position delete files `deletes` (per path) delete; the rows written."""
     runs = [(index, "\n".join(run)) for index, run in enumerate(groups(paths, outputs))]
     listing = spark.createDataFrame(runs, "index long, paths string").repartition(len(runs), "index")
-    written = listing.mapInArrow(_copier(directory, filesystem, schema), WRITTEN).collect()
+    written = listing.mapInArrow(_copier(directory, filesystem, schema, deletes or {}), WRITTEN).collect()
     return sum(row.rows for row in written)
 
 
 ROW_GROUP_ROWS = 512 * 1024  # rows buffered per row group: Spark's writer makes them large too
 
 
-def _copier(directory: str, filesystem, schema: pa.Schema):  # noqa: ANN001, ANN202
+def deleted_positions(source: str, delete_paths: list[str], filesystem) -> np.ndarray:  # noqa: ANN001
+    """The row positions of `source` its position delete files delete, sorted."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    positions = []
+    for path in delete_paths:
+        with filesystem.open_input_file(_path(path)) as stream:
+            deletes = pq.read_table(stream, columns=["file_path", "pos"])
+        positions.append(deletes.filter(pc.equal(deletes.column("file_path"), source)).column("pos").to_numpy())
+    return np.unique(np.concatenate(positions)) if positions else np.empty(0, np.int64)
+
+
+def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, list[str]] | None = None):  # noqa: ANN001, ANN202
+    deletes = deletes or {}
     required = [field.name for field in schema if not field.nullable]
 
     def copy(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -106,8 +133,14 @@ def _copier(directory: str, filesystem, schema: pa.Schema):  # noqa: ANN001, ANN
                 try:
                     with pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd") as writer:
                         for source in run.split("\n"):
+                            deleted = deleted_positions(source, deletes[source], filesystem) if source in deletes else None
                             with filesystem.open_input_file(_path(source)) as stream:
+                                offset = 0
                                 for batch in pq.ParquetFile(stream).iter_batches(batch_size=65536):
+                                    if deleted is not None and len(deleted):
+                                        place = np.arange(offset, offset + batch.num_rows)
+                                        offset += batch.num_rows
+                                        batch = batch.filter(pa.array(~np.isin(place, deleted, assume_unique=True)))
                                     data = conform(batch, schema)
                                     for name in required:
                                         if data.column(name).null_count:
@@ -125,6 +158,8 @@ def _copier(directory: str, filesystem, schema: pa.Schema):  # noqa: ANN001, ANN
                     except OSError:
                         pass
                     raise
+                if not rows:  # every row of the run was deleted: no file for it
+                    filesystem.delete_file(path)
                 yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows}], schema=WRITTEN_ARROW)
 
     return copy

@@ -164,7 +164,7 @@ class TableCommits:
         operation = plan.operation
         if operation is Operation.REPLACE:
             with table.transaction() as transaction:
-                return replace_files(table, transaction, plan.rewrite.removes, plan.rewrite.files, summary)
+                return replace_files(table, transaction, plan.rewrite.removes, plan.rewrite.files, summary, plan.rewrite.folded)
         if operation is Operation.CHANGES or (
             operation is Operation.OVERWRITE and plan.applied.base_snapshot != table.metadata.current_snapshot_id
         ):
@@ -269,11 +269,12 @@ class TableCommits:
         metrics.COMPACTION_FILES.labels(tenant, table_name, "added").inc(rewritten.files_added)
         metrics.COMPACTION_BYTES.labels(tenant, table_name).inc(rewritten.bytes_removed)
         log.info(
-            "compacted %s.%s snapshot %d: %d files (%d bytes) into %d (%d bytes), %d rows",
+            "compacted %s.%s snapshot %d: %d files (%d bytes) into %d (%d bytes), %d rows, %d delete files folded in or dropped",
             tenant, table_name, snapshot_id, rewritten.files_removed, rewritten.bytes_removed,
-            rewritten.files_added, rewritten.bytes_added, rewritten.rows,
+            rewritten.files_added, rewritten.bytes_added, rewritten.rows, rewritten.delete_files_removed,
         )
         record_compaction(self.client, tenant, table_name, UpkeepRun(UpkeepOutcome.OK, request=entry.request, facts={
             "snapshot_id": snapshot_id, "files_rewritten": rewritten.files_removed, "files_written": rewritten.files_added,
             "bytes_rewritten": rewritten.bytes_removed, "bytes_written": rewritten.bytes_added, "rows": rewritten.rows,
+            "delete_files_removed": rewritten.delete_files_removed,
         }))

@@ -101,19 +101,21 @@ class TableUpkeep:
             return UpkeepRun(UpkeepOutcome.BUSY, detail="a compaction of this table is already running") if asked else None
         policy = self.compaction.for_table(table)
         if asked:
-            policy = CompactionPolicy(policy.target_file_bytes, 2, policy.max_bytes)
+            policy = dataclasses.replace(policy, min_files=2, delete_files=1)  # by hand: every file with deletes folds them in
         groups = plan_compaction(compactable(table), policy, table.spec().spec_id) if table.current_snapshot() else []
         if not groups:
-            return UpkeepRun(UpkeepOutcome.OK, detail="no partition holds two small files", facts={"requested_files": 0}) if asked else None
+            return UpkeepRun(UpkeepOutcome.OK, detail="no partition holds two small files or a file with deleted rows",
+                             facts={"requested_files": 0}) if asked else None
         request = CompactionRequest(tenant, table_name, asked or uuid.uuid4().hex, [
             ([file.file_path for file in group.files], group.outputs) for group in groups
-        ])
+        ], {path: deletes for group in groups for path, deletes in group.deletes.items()})
         if not self.client.set(keys.compacting_key(tenant, table_name), request.request, nx=True, ex=int(self.settings.compact_timeout_s)):
             return None
         self.client.rpush(keys.COMPACTIONS, request.to_json())
         log.info("upkeep: asked for a compaction of %d files of %s.%s (%d partitions)", len(request.files), tenant, table_name, len(groups))
-        return UpkeepRun(UpkeepOutcome.REQUESTED, request=request.request,
-                         facts={"requested_files": len(request.files), "partitions": len(groups)})
+        return UpkeepRun(UpkeepOutcome.REQUESTED, request=request.request, facts={
+            "requested_files": len(request.files), "partitions": len(groups), "delete_files_to_fold": sum(map(len, request.deletes.values())),
+        })
 
     def _merge_manifests(self, _tenant: str, _table_name: str, table: Table) -> UpkeepRun:
         return UpkeepRun(UpkeepOutcome.OK, facts={"manifests_merged": merge_manifests(table)})

@@ -98,11 +98,17 @@ class Settings(BaseSettings):
     # (below 3/4 of the target size), or small files adding up to the target, is rewritten by a
     # writer's Spark job into files near the target (a table's write.target-file-size-bytes, set
     # from its sink's target_file_size, wins over compact_target_file_bytes); at most
-    # compact_max_bytes per request. A request not answered within compact_timeout_s is planned again.
+    # compact_max_bytes per request; a small file's position deletes are folded in as it is copied.
+    # A request not answered within compact_timeout_s is planned again.
     compact_target_file_bytes: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
     compact_min_files: int = Field(default=10, ge=2)
     compact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024)
     compact_timeout_s: float = Field(default=900.0, gt=0)
+    # Merge-on-read: a data file whose position deletes delete compact_deleted_share of its rows,
+    # or that has compact_delete_files delete files, is rewritten with its deletes applied (folded
+    # in) at the next upkeep, whatever its size; its delete files go with it.
+    compact_deleted_share: float = Field(default=0.3, gt=0, le=1)
+    compact_delete_files: int = Field(default=10, ge=1)
     # Row changes wait for a writer to apply them; a request not answered within apply_timeout_s
     # (its writer crashed) is asked again.
     apply_timeout_s: float = Field(default=300.0, gt=0)

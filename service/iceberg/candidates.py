@@ -39,7 +39,7 @@ def candidate_files(table: Table, snapshot_id: int, keys: list[str], changed: pa
         columns.append((field.field_id, field.field_type, values))
     held = {path: file for path, file in data.items() if all(_may_hold(file, *column) for column in columns)}
     applying = deletes_by_file(held, deletes)
-    return sorted((path, applying.get(path, [])) for path in held)
+    return sorted((path, [file.file_path for file in applying.get(path, [])]) for path in held)
 
 
 def _may_hold(file: DataFile, field_id: int, field_type: Any, values: list) -> bool:

@@ -1,4 +1,5 @@
-"""Which small files to compact: per partition, bin-packed toward the table's target file size.
+"""Which files to compact: per partition, small files bin-packed toward the table's target file
+size, and (merge-on-read) files with many rows deleted, rewritten with their deletes applied.
 
 Planning reads only table metadata (file sizes and partitions); the rewrite itself runs on Spark
 (spark_jobs/compact_job.py, submitted by a writer) and is committed as a `replace` snapshot by the
@@ -11,13 +12,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from service.core.config import Settings
-from service.iceberg.rewrites import live_files, with_deletes
+from service.iceberg.rewrites import deletes_by_file, live_files, referenced_data_file
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Iceberg's bin-pack default)
@@ -26,69 +27,119 @@ SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Icebe
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When a partition is compacted: it holds at least `min_files` small files, or small files
-    adding up to a whole target file; a request rewrites at most `max_bytes` (one Spark job's worth)."""
+    adding up to a whole target file, or a file whose position deletes delete `deleted_share` of
+    its rows or number `delete_files` (folded in, whatever its size); a request rewrites at most
+    `max_bytes` (one Spark job's worth)."""
 
     target_file_bytes: int
     min_files: int
     max_bytes: int
+    deleted_share: float = 0.3
+    delete_files: int = 10
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionPolicy:
-        return cls(settings.compact_target_file_bytes, settings.compact_min_files, settings.compact_max_bytes)
+        return cls(settings.compact_target_file_bytes, settings.compact_min_files, settings.compact_max_bytes,
+                   settings.compact_deleted_share, settings.compact_delete_files)
 
     def for_table(self, table: Table) -> CompactionPolicy:
         own = table.properties.get(TARGET_FILE_SIZE_PROPERTY)
         if own and own.isdigit() and int(own) > 0:
-            return CompactionPolicy(int(own), self.min_files, self.max_bytes)
+            return replace(self, target_file_bytes=int(own))
         return self
+
+    def folds(self, candidate: Candidate) -> bool:
+        """Whether the file's deletes alone make it worth rewriting."""
+        return bool(candidate.deletes) and (
+            len(candidate.deletes) >= self.delete_files or candidate.deleted_rows >= self.deleted_share * candidate.file.record_count
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A live data file a compaction may rewrite, and the position delete files (each naming it
+    alone) whose rows it would leave out."""
+
+    file: DataFile
+    deletes: list[DataFile] = field(default_factory=list)
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(delete.record_count for delete in self.deletes)
+
+    @property
+    def bytes_kept(self) -> float:
+        """Its size, less the deleted rows' share."""
+        rows = self.file.record_count
+        return self.file.file_size_in_bytes * (1 - min(self.deleted_rows, rows) / rows) if rows else 0.0
 
 
 @dataclass(frozen=True)
 class CompactionGroup:
-    """Small files of one partition, rewritten into `outputs` files."""
+    """Files of one partition, rewritten into `outputs` files with their deletes applied."""
 
-    files: list[DataFile]
+    candidates: list[Candidate]
     outputs: int
+
+    @property
+    def files(self) -> list[DataFile]:
+        return [candidate.file for candidate in self.candidates]
 
     @property
     def bytes(self) -> int:
         return sum(file.file_size_in_bytes for file in self.files)
 
+    @property
+    def deletes(self) -> dict[str, list[str]]:
+        """Per file with deleted rows, its delete files' paths."""
+        return {c.file.file_path: [d.file_path for d in c.deletes] for c in self.candidates if c.deletes}
 
-def compactable(table: Table) -> list[DataFile]:
-    """The live data files a compaction may rewrite: those without delete files (it reads files
-    whole; folding deletes in is for a later compaction that applies them)."""
+
+def compactable(table: Table) -> list[Candidate]:
+    """The live data files a compaction may rewrite, each with its delete files: all but those a
+    delete file without file_path bounds may apply to (another engine's, scoped to a partition;
+    or an equality delete), which a rewrite could not account for row by row."""
     data, deletes = live_files(table)
-    deleted = with_deletes(data, deletes)
-    return [file for path, file in data.items() if path not in deleted]
+    applying = deletes_by_file(data, deletes)
+    return [
+        Candidate(file, applying.get(path, []))
+        for path, file in data.items()
+        if all(referenced_data_file(delete) == path for delete in applying.get(path, []))
+    ]
 
 
-def plan_compaction(files: Iterable[DataFile], policy: CompactionPolicy, spec_id: int = 0) -> list[CompactionGroup]:
-    """The partitions worth compacting now, most small files first, within `policy.max_bytes`.
-    Only files of the table's current partition spec (`spec_id`): a file of an older spec may
-    span several of today's partitions."""
+def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, spec_id: int = 0) -> list[CompactionGroup]:
+    """The partitions worth compacting now, those with files to fold deletes into first, then
+    most small files first, within `policy.max_bytes`. Only files of the table's current
+    partition spec (`spec_id`): a file of an older spec may span several of today's partitions."""
     small_limit = policy.target_file_bytes * SMALL_FILE_RATIO
-    by_partition: dict[tuple, list[DataFile]] = defaultdict(list)
-    for file in files:
-        if file.file_size_in_bytes < small_limit and file.spec_id == spec_id:
-            by_partition[(file.spec_id, file.partition)].append(file)
+    by_partition: dict[tuple, list[Candidate]] = defaultdict(list)
+    for candidate in candidates:
+        file = candidate.file
+        if file.spec_id == spec_id and (file.file_size_in_bytes < small_limit or policy.folds(candidate)):
+            by_partition[(file.spec_id, file.partition)].append(candidate)
     groups, planned = [], 0
-    for small in sorted(by_partition.values(), key=len, reverse=True):
-        if len(small) < 2:
-            continue
-        total = sum(file.file_size_in_bytes for file in small)
-        if len(small) < policy.min_files and total < policy.target_file_bytes:
-            continue
-        small.sort(key=lambda file: file.file_path)  # the same choice every time for the same files
-        chosen, size = [], 0
-        for file in small:
-            if chosen and planned + size + file.file_size_in_bytes > policy.max_bytes:
+    ordered = sorted(by_partition.values(), key=lambda chosen: (any(policy.folds(c) for c in chosen), len(chosen)), reverse=True)
+    for chosen in ordered:
+        folding = any(policy.folds(candidate) for candidate in chosen)
+        if not folding:
+            if len(chosen) < 2:
+                continue
+            total = sum(candidate.file.file_size_in_bytes for candidate in chosen)
+            if len(chosen) < policy.min_files and total < policy.target_file_bytes:
+                continue
+        # Files to fold first, then the rest; the same choice every time for the same files.
+        chosen.sort(key=lambda candidate: (not policy.folds(candidate), candidate.file.file_path))
+        taken, size, kept = [], 0, 0.0
+        for candidate in chosen:
+            if taken and planned + size + candidate.file.file_size_in_bytes > policy.max_bytes:
                 break
-            chosen.append(file)
-            size += file.file_size_in_bytes
-        if len(chosen) < 2:
+            taken.append(candidate)
+            size += candidate.file.file_size_in_bytes
+            kept += candidate.bytes_kept
+        if len(taken) < 2 and not any(candidate.deletes for candidate in taken):
             break
-        groups.append(CompactionGroup(chosen, max(1, math.ceil(size / policy.target_file_bytes))))
+        groups.append(CompactionGroup(taken, max(1, math.ceil(kept / policy.target_file_bytes))))
         planned += size
         if planned >= policy.max_bytes:
             break

@@ -2,8 +2,8 @@
 
 pyiceberg 0.12 has no public way to build a DataFile for a bucket-partitioned table from a file's
 values (`add_files` refuses non-linear transforms), so appends.py builds them itself with these;
-and no public way to commit a `replace` snapshot (files swapped, rows unchanged), which
-rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
+and no public way to commit a `replace` snapshot (files swapped, rows unchanged; delete files
+folded in removed with their data files), which rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
 (`merge_manifests_producer`, for upkeep.py); and no public way to stream one data file's rows
 in the table's schema (`file_batches`, for changelog.py); and no way at all to commit position
 delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes).
@@ -11,20 +11,29 @@ delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan, DataFileStatistics
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+    ManifestWriterV2,
+)
 from pyiceberg.partitioning import PartitionField
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
 
 
 def table_io(transaction: Transaction) -> FileIO:
@@ -63,7 +72,71 @@ class _AsReplace:
 
 
 class _ReplaceFiles(_AsReplace, _OverwriteFiles):
-    """Its commit checks, as an overwrite's does, that every file it deletes is live in the parent."""
+    """Its commit checks, as an overwrite's does, that every file it deletes is live in the parent.
+
+    It also removes delete files (a compaction folds a data file's position deletes into the file
+    that replaces it, and drops delete files whose data file is gone): pyiceberg's overwrite finds
+    data files only, and rewrites a manifest it removes some files from with a data manifest
+    writer, which would turn the delete files a delete manifest keeps into data files."""
+
+    _removed_delete_entries: list[ManifestEntry]
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        entries: list[ManifestEntry] = []
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        evaluators: dict[int, Callable[[ManifestFile], bool]] = KeyDefaultDict(self._build_manifest_evaluator)
+        for manifest in parent.manifests(self._io) if parent is not None else []:
+            if not evaluators[manifest.partition_spec_id](manifest):
+                continue
+            entries += [
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.DELETED, snapshot_id=self._snapshot_id, sequence_number=entry.sequence_number,
+                    file_sequence_number=entry.file_sequence_number, data_file=entry.data_file,
+                )
+                for entry in manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+                if entry.data_file in self._deleted_data_files
+            ]
+        self._validate_required_deletes(entries)
+        self._removed_delete_entries = [entry for entry in entries if entry.data_file.content != DataFileContent.DATA]
+        return [entry for entry in entries if entry.data_file.content == DataFileContent.DATA]
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        kept: list[ManifestFile] = []
+        evaluators: dict[int, Callable[[ManifestFile], bool]] = KeyDefaultDict(self._build_manifest_evaluator)
+        snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        for manifest in snapshot.manifests(io=self._io) if snapshot is not None else []:
+            if not evaluators[manifest.partition_spec_id](manifest):
+                kept.append(manifest)
+                continue
+            entries = manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+            survivors = [entry for entry in entries if entry.data_file not in self._deleted_data_files]
+            if len(survivors) == len(entries):
+                kept.append(manifest)
+            elif survivors:
+                with self._writer(manifest.content, manifest.partition_spec_id) as writer:
+                    for entry in survivors:
+                        writer.add_entry(ManifestEntry.from_args(
+                            status=ManifestEntryStatus.EXISTING, snapshot_id=entry.snapshot_id, sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number, data_file=entry.data_file,
+                        ))
+                kept.append(writer.to_manifest_file())
+        return kept
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for entry in self._removed_delete_entries:
+            by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
+        for spec_id, entries in by_spec.items():
+            with self._writer(ManifestContent.DELETES, spec_id) as writer:
+                for entry in entries:
+                    writer.add_entry(entry)
+            manifests = [*manifests, writer.to_manifest_file()]
+        return super()._process_manifests(manifests)
+
+    def _writer(self, content: ManifestContent, spec_id: int) -> ManifestWriter:
+        if content == ManifestContent.DELETES:
+            return _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        return self.new_manifest_writer(self.spec(spec_id))
 
 
 class _MergeManifests(_AsReplace, _MergeAppendFiles):

@@ -31,6 +31,7 @@ class Rewritten:
     bytes_removed: int
     bytes_added: int
     rows: int
+    delete_files_removed: int = 0
 
 
 # Iceberg's table properties for how row changes are written (Spark's Iceberg writer reads the same).
@@ -74,20 +75,20 @@ def with_deletes(data: dict[str, DataFile], deletes: list[DataFile]) -> set[str]
     return set(deletes_by_file(data, deletes))
 
 
-def deletes_by_file(data: dict[str, DataFile], deletes: list[DataFile]) -> dict[str, list[str]]:
-    """For each data file some delete file may apply to, those delete files' paths: the one its
-    file_path bounds name, or, for a delete file without such bounds (another engine's, an
+def deletes_by_file(data: dict[str, DataFile], deletes: list[DataFile]) -> dict[str, list[DataFile]]:
+    """For each data file some delete file may apply to, those delete files (by path): the one
+    its file_path bounds name, or, for a delete file without such bounds (another engine's, an
     equality delete), every file of its partition."""
-    named: dict[str, list[str]] = {}
-    by_partition: dict[tuple, list[str]] = {}
+    named: dict[str, list[DataFile]] = {}
+    by_partition: dict[tuple, list[DataFile]] = {}
     for delete in deletes:
         referenced = referenced_data_file(delete)
         if referenced is None:
-            by_partition.setdefault((delete.spec_id, delete.partition), []).append(delete.file_path)
+            by_partition.setdefault((delete.spec_id, delete.partition), []).append(delete)
         else:
-            named.setdefault(referenced, []).append(delete.file_path)
+            named.setdefault(referenced, []).append(delete)
     applying = {path: [*named.get(path, []), *by_partition.get((file.spec_id, file.partition), [])] for path, file in data.items()}
-    return {path: sorted(paths) for path, paths in applying.items() if paths}
+    return {path: sorted(files, key=lambda file: file.file_path) for path, files in applying.items() if files}
 
 
 def referenced_data_file(delete: DataFile) -> str | None:
@@ -105,7 +106,7 @@ def overwrite_files(
     copy-on-write, `removes` out and `adds` in. A snapshot is made even when both are empty (every
     change was a no-op): it carries the watermark past the entries."""
     # The rows of files with deletes were read without the deleted ones, against this very snapshot.
-    removed, added = _files(table, transaction, removes, adds, deleted_ok=True)
+    removed, added = _files(table, transaction, removes, adds)
     return _swap(transaction.update_snapshot(snapshot_properties=snapshot_properties).overwrite(), removed, added)
 
 
@@ -142,41 +143,53 @@ def row_delta(
 
 def replace_files(
     table: Table, transaction: Transaction, removes: list[str], adds: list[str], snapshot_properties: dict[str, str],
+    folded: dict[str, list[str]] | None = None,
 ) -> Rewritten:
     """Stage a `replace` snapshot in `transaction` (opened on `table`): `adds` in, `removes` out,
-    the same rows before and after."""
-    removed, added = _files(table, transaction, removes, adds)
-    rows_before = sum(file.record_count for file in removed)
-    rows_after = sum(file.record_count for file in added)
-    if rows_before != rows_after:
-        raise RowsChanged(f"the rewrite holds {rows_after} rows where the files it replaces hold {rows_before}")
-    return _swap(private.replace_producer(transaction, snapshot_properties), removed, added)
-
-
-def _files(
-    table: Table, transaction: Transaction, removes: list[str], adds: list[str], deleted_ok: bool = False,
-) -> tuple[list[DataFile], list[DataFile]]:
-    """The live DataFiles to remove (FilesNotLive when one is gone, or, unless `deleted_ok`, has
-    rows deleted by a delete file: a rewrite that read them whole would bring those rows back)
-    and the DataFiles to add."""
+    the same rows before and after, less those the position delete files `folded` (per removed
+    file, the delete files its rewrite applied) deleted: those delete files go too, as do delete
+    files whose data file is gone. FilesNotLive when a file to remove is gone or the delete files
+    that apply to it are not the ones folded (rows deleted since the rewrite was planned)."""
+    folded = folded or {}
     live, deletes = live_files(table)
     gone = [path for path in removes if path not in live]
     if gone:
         raise FilesNotLive(f"{len(gone)} of the {len(removes)} files to replace are no longer in the table (first: {gone[0]})")
-    deleted = set() if deleted_ok else with_deletes({path: live[path] for path in removes}, deletes)
-    if deleted:
-        raise FilesNotLive(f"{len(deleted)} of the {len(removes)} files to replace have rows deleted by a delete file (first: {min(deleted)})")
+    applying = deletes_by_file({path: live[path] for path in removes}, deletes)
+    moved = [path for path in removes if [file.file_path for file in applying.get(path, [])] != sorted(folded.get(path, []))]
+    if moved:
+        raise FilesNotLive(f"{len(moved)} of the {len(removes)} files to replace have rows deleted since the rewrite was planned (first: {moved[0]})")
+    removed_deletes = [file for path in removes for file in applying.get(path, [])]
+    if any(referenced_data_file(file) is None for file in removed_deletes):  # the planner folds file-bounded deletes only
+        raise FilesNotLive("a delete file the rewrite folded in may apply to other files of its partition")
+    # Delete files whose data file is gone (replaced copy-on-write, say): they delete nothing.
+    removed_deletes += [file for file in deletes if (named := referenced_data_file(file)) is not None and named not in live]
+    ensure_name_mapping(transaction)
+    removed, added = [live[path] for path in removes], [data_file(transaction, path) for path in adds]
+    rows_before = sum(file.record_count for file in removed) - sum(file.record_count for path in removes for file in applying.get(path, []))
+    rows_after = sum(file.record_count for file in added)
+    if rows_before != rows_after:
+        raise RowsChanged(f"the rewrite holds {rows_after} rows where the files it replaces hold {rows_before} (deleted rows not counted)")
+    return _swap(private.replace_producer(transaction, snapshot_properties), removed, added, removed_deletes)
+
+
+def _files(table: Table, transaction: Transaction, removes: list[str], adds: list[str]) -> tuple[list[DataFile], list[DataFile]]:
+    """The live DataFiles to remove (FilesNotLive when one is gone) and the DataFiles to add."""
+    live = live_data_files(table)
+    gone = [path for path in removes if path not in live]
+    if gone:
+        raise FilesNotLive(f"{len(gone)} of the {len(removes)} files to replace are no longer in the table (first: {gone[0]})")
     ensure_name_mapping(transaction)
     return [live[path] for path in removes], [data_file(transaction, path) for path in adds]
 
 
-def _swap(producer, removed: list[DataFile], added: list[DataFile]) -> Rewritten:  # noqa: ANN001 - a pyiceberg snapshot producer
+def _swap(producer, removed: list[DataFile], added: list[DataFile], removed_deletes: list[DataFile] = ()) -> Rewritten:  # noqa: ANN001 - a pyiceberg snapshot producer
     with producer as snapshot:
-        for file in removed:
+        for file in [*removed, *removed_deletes]:
             snapshot.delete_data_file(file)
         for file in added:
             snapshot.append_data_file(file)
     return Rewritten(
         len(removed), len(added), sum(f.file_size_in_bytes for f in removed), sum(f.file_size_in_bytes for f in added),
-        sum(f.record_count for f in added),
+        sum(f.record_count for f in added), len(removed_deletes),
     )

@@ -6,8 +6,9 @@ reads it back (`from_fields`) with the entry id its watermark compares against.
 What the entry asks of the table is its Operation:
 - APPEND (most entries): add the files (`registered`: files written elsewhere, registered through
   the api, which the leader checks and describes itself, and never adds twice);
-- REPLACE: a compaction's rewrite, which also names the files it removes, committed as a snapshot
-  of its own only while every one of them is still live (the rows stay the same);
+- REPLACE: a compaction's rewrite, which also names the files it removes (and the position delete
+  files it applied to their rows), committed as a snapshot of its own only while every one of them
+  is still live and no other delete file applies to it (the rows stay the same, less the deleted);
 - CHANGES: row changes (insert, update, delete by key) still to be applied: the files are the
   changes, not data files; a writer applies them against the table as it is when their turn comes
   (service/protocol/changes.py), and the leader commits that answer as one OVERWRITE.
@@ -32,6 +33,7 @@ COMMIT_INTERVAL = "commit_interval_s"  # the sink's commit interval, when its pi
 OPERATION = "operation"  # absent for an append (entries written before the field existed, too)
 REMOVES = "removes"  # REPLACE: JSON list of the live files its files replace
 REQUEST = "request"  # REPLACE: the id of the upkeep request it answers
+FOLDED = "folded"  # REPLACE: JSON {file it removes: [position delete files applied to its rows]}
 KEYS = "keys"  # CHANGES: JSON list of the identifier columns
 UPSERT = "upsert"  # CHANGES: "1" when an update of a missing key inserts it
 REGISTERED = "registered"  # APPEND: "1" when the files were written elsewhere and registered (api)
@@ -64,6 +66,7 @@ class CommitEntry:
     commit_interval_s: float | None = None
     removes: list[str] = field(default_factory=list)  # REPLACE: the files these replace
     request: str | None = None  # REPLACE: the compaction request it answers
+    folded: dict[str, list[str]] = field(default_factory=dict)  # REPLACE: per removed file, the delete files applied
     keys: list[str] = field(default_factory=list)  # CHANGES: the identifier columns
     upsert: bool = False  # CHANGES
     registered: bool = False  # APPEND: files written elsewhere
@@ -100,6 +103,8 @@ class CommitEntry:
             fields += [OPERATION, self.operation.value, KEYS, orjson.dumps(self.keys).decode(), UPSERT, "1" if self.upsert else "0"]
         elif self.operation is not Operation.APPEND:
             fields += [OPERATION, self.operation.value, REMOVES, orjson.dumps(self.removes).decode(), REQUEST, self.request or ""]
+            if self.folded:
+                fields += [FOLDED, orjson.dumps(self.folded).decode()]
         return fields
 
     def to_mapping(self, writer: str) -> dict[str, str]:
@@ -127,5 +132,6 @@ class CommitEntry:
             upsert=fields.get(UPSERT.encode()) == b"1",
             registered=fields.get(REGISTERED.encode()) == b"1",
             described=orjson.loads(fields[DESCRIBED.encode()]) if DESCRIBED.encode() in fields else [],
+            folded=orjson.loads(fields[FOLDED.encode()]) if FOLDED.encode() in fields else {},
             entry_id=text(entry_id),
         )

@@ -47,13 +47,14 @@ class Compactor(LeaderRequests):
         directory = scratch.directory = new_directory(table.location(), "compact")
         spark = spark_session(self.spark_remote)
         for index, (paths, outputs) in enumerate(request.groups):
-            rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, self.io))
+            rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, self.io),
+                          deletes={path: request.deletes[path] for path in paths if path in request.deletes})
         written = CommitEntry(request.tenant, request.table, list_data_files(directory, self.io), {},
-                              operation=Operation.REPLACE, removes=request.files, request=request.request)
+                              operation=Operation.REPLACE, removes=request.files, request=request.request, folded=request.deletes)
         self.client.xadd(keys.commit_stream_key(request.tenant, request.table), written.to_mapping(self.name))
         self.client.sadd(keys.TABLES, keys.member(request.tenant, request.table))
-        log.info("writer %s rewrote %d files of %s.%s into %d in %.1f s", self.name, len(request.files), request.tenant,
-                 request.table, len(written.files), time.perf_counter() - started)
+        log.info("writer %s rewrote %d files of %s.%s into %d (%d delete files folded in) in %.1f s", self.name, len(request.files),
+                 request.tenant, request.table, len(written.files), sum(map(len, request.deletes.values())), time.perf_counter() - started)
 
     def failed(self, request: CompactionRequest, exc: Exception) -> None:
         log.warning("writer: compaction of %s.%s failed: %s", request.tenant, request.table, exc)

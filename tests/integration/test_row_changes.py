@@ -333,6 +333,17 @@ def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_t
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model
     delete_files_as_written(stack, write_mode)
+    # A compaction asked for by hand folds every delete file in: the rows stay, the delete files go.
+    with stack.client() as http:
+        answer = http.post("/v1/tables/people/maintenance", json={"tasks": ["compact"], "wait_s": 120})
+        assert answer.status_code == 200, answer.text
+        compact = answer.json()["tasks"]["compact"]
+        health = http.get("/v1/tables/people").json()["health"]
+    assert compact["outcome"] == "ok", compact
+    assert (health["data_files"], health["delete_files"], health["deleted_rows"]) == (1, 0, 0), health
+    assert table_rows(stack) == model
+    table = stack.catalog().load_table(("demo", "people"))
+    assert {row["id"]: row for row in duckdb_rows(table)} == model
 
 
 def test_a_pipeline_fed_by_a_table_keeps_a_copy_equal_to_it(stack: Stack) -> None:

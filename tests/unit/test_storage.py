@@ -98,3 +98,28 @@ def test_a_compaction_task_copies_its_files_in_the_tables_schema_or_fails_leavin
     with pytest.raises(ValueError, match="required column 'id'"):
         list(copy(iter([pa.record_batch({"index": [0], "paths": [f"{old}\n{broken}"]})])))
     assert not list((tmp_path / "out2").glob("*.parquet"))
+
+
+def test_a_compaction_task_leaves_out_the_rows_position_deletes_delete(tmp_path) -> None:  # noqa: ANN001
+    """Merge-on-read: the rows a file's position delete files delete are left out as it is copied,
+    at their places across the reader's batches (65,536 rows each); a delete file's rows for other
+    files are not applied to it; a run whose every row is deleted leaves no file."""
+    import pyarrow.parquet as pq
+
+    from spark_jobs.compact_job import _copier
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    big, gone = tmp_path / "big.parquet", tmp_path / "gone.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(70_000), pa.int64())}), big)
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), gone)
+    first, second, all_gone = tmp_path / "d1.parquet", tmp_path / "d2.parquet", tmp_path / "d3.parquet"
+    pq.write_table(pa.table({"file_path": [big.as_uri(), big.as_uri(), "file:///elsewhere.parquet"], "pos": pa.array([5, 65_540, 7], pa.int64())}), first)
+    pq.write_table(pa.table({"file_path": [big.as_uri()], "pos": pa.array([69_999], pa.int64())}), second)
+    pq.write_table(pa.table({"file_path": [gone.as_uri()] * 2, "pos": pa.array([0, 1], pa.int64())}), all_gone)
+    copy = _copier(str(tmp_path / "out"), pafs.LocalFileSystem(), schema, {big.as_uri(): [str(first), second.as_uri()]})
+    (answer,) = [row for batch in copy(iter([pa.record_batch({"index": [0], "paths": [big.as_uri()]})])) for row in batch.to_pylist()]
+    assert answer["rows"] == 70_000 - 3
+    assert set(range(70_000)) - set(pq.read_table(answer["path"]).column("id").to_pylist()) == {5, 65_540, 69_999}
+    copy = _copier(str(tmp_path / "out2"), pafs.LocalFileSystem(), schema, {gone.as_uri(): [str(all_gone)]})
+    (answer,) = [row for batch in copy(iter([pa.record_batch({"index": [0], "paths": [gone.as_uri()]})])) for row in batch.to_pylist()]
+    assert answer["rows"] == 0 and not list((tmp_path / "out2").glob("*.parquet"))

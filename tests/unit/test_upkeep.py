@@ -15,7 +15,7 @@ from service.core import keys
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import create_table_once, get_catalog
-from service.iceberg.compaction import CompactionPolicy, plan_compaction
+from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
 from service.iceberg.rewrites import live_data_files, replace_files
 from service.iceberg.upkeep import (
     ExpiryPolicy,
@@ -129,8 +129,8 @@ def test_orphans_older_than_the_safety_age_go_and_the_rest_stay(table, tmp_path:
 def test_compaction_plans_a_partition_once_it_holds_enough_small_files(table, tmp_path: Path) -> None:  # noqa: ANN001
     for n in range(1, 13):
         commit(table, tmp_path, n)
-    files = list(live_data_files(table).values())
-    one_file = files[0].file_size_in_bytes
+    files = compactable(table)
+    one_file = files[0].file.file_size_in_bytes
     policy = CompactionPolicy(target_file_bytes=1024 * 1024, min_files=10, max_bytes=1024 * 1024)
     (group,) = plan_compaction(files, policy)
     assert len(group.files) == 12 and group.outputs == 1

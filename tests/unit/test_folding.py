@@ -1,0 +1,133 @@
+"""Compaction that folds merge-on-read position deletes back in (service/iceberg/compaction.py,
+rewrites.replace_files, private._ReplaceFiles), on real Iceberg tables read back by pyiceberg:
+which files are planned, and a replace that removes data files together with the delete files
+applied to them, keeps the other delete files as delete files, and refuses a stale plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.manifest import DataFileContent, ManifestContent
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from service.core.exceptions import FilesNotLive, RowsChanged
+from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
+from service.iceberg.rewrites import live_files, overwrite_files, replace_files, row_delta
+from tests.harness import duckdb_rows
+
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType(), required=False), identifier_field_ids=[1])
+
+
+@pytest.fixture
+def table(tmp_path: Path):  # noqa: ANN201
+    """A v2 table of three files of 100 rows: ids 0-99, 100-199 and 200-299."""
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("n")
+    table = catalog.create_table(("n", "t"), SCHEMA, properties={"format-version": "2"})
+    for first in (0, 100, 200):
+        ids = list(range(first, first + 100))
+        table.append(pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids]}, schema=SCHEMA.as_arrow()))
+    return table
+
+
+def data_paths(table) -> list[str]:  # noqa: ANN001
+    """The data files, by their first id."""
+    data, _deletes = live_files(table)
+    return sorted(data, key=lambda path: data[path].lower_bounds[1])
+
+
+def delete_rows(table, tmp_path: Path, positions: dict[str, list[int]]):  # noqa: ANN001, ANN201
+    """One merge-on-read commit deleting `positions` of each data file (a delete file each, all in
+    one delete manifest); the table refreshed and the delete files' paths by data file."""
+    deletes, written = [], {}
+    for number, (data, rows) in enumerate(positions.items()):
+        path = str(tmp_path / f"deletes-{len(list(tmp_path.iterdir()))}-{number}.parquet")
+        pq.write_table(pa.table({"file_path": [data] * len(rows), "pos": pa.array(rows, pa.int64())}), path)
+        deletes.append([path, data, len(rows), Path(path).stat().st_size])
+        written[data] = path
+    with table.transaction() as transaction:
+        row_delta(table, transaction, [], deletes, {})
+    return table.refresh(), written
+
+
+def rewrite(table, tmp_path: Path, name: str, paths: list[str]) -> str:  # noqa: ANN001
+    """The live rows of `paths` (their deletes applied, as the compaction job applies them) in one new file."""
+    rows = table.scan().to_arrow()
+    ids = {i for path in paths for i in pq.read_table(path.removeprefix("file://")).column("id").to_pylist()}
+    kept = rows.filter(pa.array([i in ids for i in rows.column("id").to_pylist()]))
+    pq.write_table(kept, tmp_path / name)
+    return (tmp_path / name).as_uri()
+
+
+def ids(table) -> list[int]:  # noqa: ANN001
+    """The table's ids as pyiceberg reads them, once DuckDB's iceberg extension is seen to read the
+    same, and every manifest is seen to hold files of its own content only."""
+    table = table.refresh()
+    for manifest in table.current_snapshot().manifests(table.io):
+        contents = {entry.data_file.content for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)}
+        expected = {DataFileContent.DATA} if manifest.content == ManifestContent.DATA else {DataFileContent.POSITION_DELETES}
+        assert contents <= expected, f"a {manifest.content.name} manifest holds {contents}"
+    read = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert sorted(row["id"] for row in duckdb_rows(table)) == read, "DuckDB reads what pyiceberg reads"
+    return read
+
+
+def test_files_with_enough_deleted_rows_are_planned_with_their_delete_files_whatever_their_size(table, tmp_path: Path) -> None:  # noqa: ANN001
+    first, second, _third = data_paths(table)
+    table, written = delete_rows(table, tmp_path, {first: list(range(40)), second: [5]})
+    # No file is small against a target this size: only the deletes can make a file worth rewriting.
+    big = CompactionPolicy(target_file_bytes=1024 * 1024, min_files=2, max_bytes=1 << 30)
+    tiny = {"target_file_bytes": 1, "min_files": 2, "max_bytes": 1 << 30}
+    (group,) = plan_compaction(compactable(table), CompactionPolicy(**tiny, deleted_share=0.3, delete_files=10))
+    assert group.deletes == {first: [written[first]]} and [file.file_path for file in group.files] == [first]
+    assert plan_compaction(compactable(table), CompactionPolicy(**tiny, deleted_share=0.5, delete_files=10)) == [], "40% deleted is below half"
+    (both,) = plan_compaction(compactable(table), CompactionPolicy(**tiny, deleted_share=0.5, delete_files=1))
+    assert both.deletes == {first: [written[first]], second: [written[second]]}
+    # Small files fold their deletes in as they are merged, however few rows those delete.
+    (small,) = plan_compaction(compactable(table), big)
+    assert len(small.files) == 3 and small.deletes == {first: [written[first]], second: [written[second]]}
+
+
+def test_a_replace_folds_deletes_in_and_keeps_the_other_delete_files_as_delete_files(table, tmp_path: Path) -> None:  # noqa: ANN001
+    first, second, third = data_paths(table)
+    table, written = delete_rows(table, tmp_path, {first: [3, 4], second: [5]})  # both in one delete manifest
+    expected = [i for i in range(300) if i not in (3, 4, 105)]
+    assert ids(table) == expected
+    merged = rewrite(table, tmp_path, "merged.parquet", [first, third])
+    # A plan that did not know of the first file's deletes would bring its rows back: refused.
+    with pytest.raises(FilesNotLive, match="rows deleted since"), table.transaction() as transaction:
+        replace_files(table, transaction, [first, third], [merged], {})
+    with pytest.raises(RowsChanged), table.transaction() as transaction:  # rows must be those left after the deletes
+        replace_files(table, transaction, [first, third], [rewrite(table, tmp_path, "short.parquet", [third])], {}, {first: [written[first]]})
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, [first, third], [merged], {}, {first: [written[first]]})
+    assert (done.files_removed, done.files_added, done.rows, done.delete_files_removed) == (2, 1, 198, 1)
+    table = table.refresh()
+    data, deletes = live_files(table)
+    assert sorted(data) == sorted([merged, second])
+    # The second file's delete file survived the rewrite of their shared delete manifest as a delete file.
+    assert [(file.file_path, file.content.value) for file in deletes] == [(written[second], 1)]
+    assert ids(table) == expected, "row 105 stays deleted, rows 3 and 4 stay gone"
+    assert table.current_snapshot().summary["total-position-deletes"] == "1"
+    assert table.current_snapshot().summary["total-records"] == str(len(expected) + 1)
+
+
+def test_a_delete_file_whose_data_file_is_gone_goes_with_the_next_replace(table, tmp_path: Path) -> None:  # noqa: ANN001
+    first, second, third = data_paths(table)
+    table, _written = delete_rows(table, tmp_path, {second: [5]})
+    # Copy-on-write removes the second file (its rows read with the deletes applied): its delete file dangles.
+    copy = rewrite(table, tmp_path, "copy.parquet", [second])
+    with table.transaction() as transaction:
+        overwrite_files(table, transaction, [second], [copy], {})
+    table = table.refresh()
+    assert len(live_files(table)[1]) == 1
+    merged = rewrite(table, tmp_path, "merged.parquet", [first, third])
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, [first, third], [merged], {})
+    assert done.delete_files_removed == 1 and live_files(table.refresh())[1] == []
+    assert ids(table) == [i for i in range(300) if i != 105]
