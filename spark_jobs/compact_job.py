@@ -18,6 +18,7 @@ reader and writer do the rewrite instead.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import uuid
@@ -32,6 +33,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import declared_not_null
+from spark_jobs.contract import layout_path
 from spark_jobs.files import _path, conform, freeze_once, read_parquet, write_parquet
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -118,6 +120,7 @@ def deleted_positions(source: str, delete_paths: list[str], filesystem) -> np.nd
 
 def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, list[str]] | None = None):  # noqa: ANN001, ANN202
     deletes = deletes or {}
+    layout_suffix = layout_path("")  # a string in the closure: executors need not have spark_jobs.contract
     required = [field.name for field in schema if not field.nullable]
 
     def copy(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -129,11 +132,12 @@ def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, li
             filesystem.create_dir(directory, recursive=True)
         for listing in batches:
             for run in listing.column(1).to_pylist():
-                path, rows, buffered = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet", 0, []
+                path, rows, buffered, layout = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet", 0, [], []
                 try:
                     with pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd") as writer:
                         for source in run.split("\n"):
                             deleted = deleted_positions(source, deletes[source], filesystem) if source in deletes else None
+                            start = rows
                             with filesystem.open_input_file(_path(source)) as stream:
                                 offset = 0
                                 for batch in pq.ParquetFile(stream).iter_batches(batch_size=65536):
@@ -150,13 +154,18 @@ def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, li
                                     if sum(b.num_rows for b in buffered) >= ROW_GROUP_ROWS:
                                         writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
                                         buffered = []
+                            layout.append([source, start, rows - start, [] if deleted is None else deleted.tolist()])
                         if buffered:
                             writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
+                    if rows:
+                        with filesystem.open_output_stream(path + layout_suffix) as out:
+                            out.write(json.dumps(layout).encode())
                 except BaseException:
-                    try:
-                        filesystem.delete_file(path)
-                    except OSError:
-                        pass
+                    for written in (path, path + layout_suffix):
+                        try:
+                            filesystem.delete_file(written)
+                        except OSError:
+                            pass
                     raise
                 if not rows:  # every row of the run was deleted: no file for it
                     filesystem.delete_file(path)

@@ -5,6 +5,8 @@ them. Only pyarrow: the api imports this module too.
 
 from __future__ import annotations
 
+import uuid
+
 import pyarrow as pa
 
 # Names starting with this are Calve's own: its tables (the DLQ), the job's internal columns, and
@@ -28,3 +30,24 @@ DLQ_SCHEMA = pa.schema([
     pa.field("receipt", pa.string(), nullable=False),
     pa.field("failed_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
+
+
+# An Iceberg v2 position delete file: the data file's path and a row's place in it, by the spec's
+# reserved field ids.
+POSITION_DELETE_ARROW = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+])
+
+
+def new_directory(location: str, kind: str = "batch") -> str:
+    """A fresh directory under a table's data location for one job's (or commit's) files."""
+    return f"{location.rstrip('/')}/data/{kind}-{uuid.uuid4().hex}"
+
+
+def layout_path(path: str) -> str:
+    """Where a compaction's copy `path` says which rows came from where: a JSON list, per source
+    file in order, of [source, its first row's place in the copy, rows it gave, the positions of
+    it left out as deleted]. With it the leader deletes from the copy rows of a source deleted
+    after the copy was planned (service/iceberg/folding.py)."""
+    return path + ".layout.json"

@@ -28,17 +28,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from spark_jobs.contract import POSITION_DELETE_ARROW
+
 # Executors unpickle the functions below by value: they need not have this package.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WRITTEN = T.StructType([T.StructField("path", T.StringType()), T.StructField("rows", T.LongType())])
 WRITTEN_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("rows", pa.int64())])
-# An Iceberg v2 position delete file: the data file's path and a row's place in it, by the spec's
-# reserved field ids; and what writing them reports (a file's name, the data file, rows, bytes).
-POSITION_DELETE_ARROW = pa.schema([
-    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
-    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
-])
+# What writing position delete files (contract.POSITION_DELETE_ARROW) reports: a file's name, the
+# data file, rows, bytes.
 DELETES_WRITTEN_ARROW = pa.schema([
     pa.field("path", pa.string()), pa.field("data_file", pa.string()), pa.field("rows", pa.int64()), pa.field("bytes", pa.int64()),
 ])

@@ -3,13 +3,13 @@ it wrote for each table (Output, JobResult)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from spark_jobs.contract import new_directory  # noqa: F401 - where the writer finds it
 from spark_jobs.definition import Sink
 
 MAX_DROPPED_NAMES = 20  # per table and request: the names a receipt lists of the fields dropped
@@ -65,6 +65,3 @@ class JobResult:
 # those rows to the DLQ, or None when there are none
 Resolver = Callable[[str, Sink, DataFrame], "Target | str | None"]
 
-
-def new_directory(location: str, kind: str = "batch") -> str:
-    return f"{location.rstrip('/')}/data/{kind}-{uuid.uuid4().hex}"

@@ -41,6 +41,7 @@ from service.iceberg.watermark import calve_snapshots, watermark
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import next_id, parse_id, text
 from service.protocol.upkeep import UpkeepOutcome, UpkeepRun
+from spark_jobs.contract import layout_path
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ class TableCommits:
         broken): take it off the stream, then delete its files (a crash in between leaves them
         to orphan removal). The rows stay as they are; upkeep plans again from the table as it is."""
         self.client.xdel(keys.commit_stream_key(tenant, table_name), entry.entry_id)
-        delete_files(entry.files, catalog_io(self.catalog))
+        delete_files([*entry.files, *map(layout_path, entry.files)], catalog_io(self.catalog))
         compaction_settled(self.client, tenant, table_name, entry.request)
         metrics.COMPACTIONS_DROPPED.labels(tenant, table_name).inc()
         log.warning("committer: dropped the compaction %s of %s.%s: %s", entry.entry_id, tenant, table_name, exc)
@@ -265,6 +266,7 @@ class TableCommits:
 
     def _compaction_committed(self, tenant: str, table_name: str, entry: CommitEntry, rewritten: Rewritten, snapshot_id: int) -> None:
         compaction_settled(self.client, tenant, table_name, entry.request)
+        delete_files([layout_path(path) for path in entry.files], catalog_io(self.catalog))  # needed until the commit only
         metrics.COMPACTION_FILES.labels(tenant, table_name, "removed").inc(rewritten.files_removed)
         metrics.COMPACTION_FILES.labels(tenant, table_name, "added").inc(rewritten.files_added)
         metrics.COMPACTION_BYTES.labels(tenant, table_name).inc(rewritten.bytes_removed)

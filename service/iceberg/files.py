@@ -67,5 +67,7 @@ def delete_files(paths: list[str], io: FileIO | None = None) -> None:
         try:
             store, location = locate(path, io)
             store.delete_file(location)
+        except FileNotFoundError:
+            pass  # gone already
         except OSError:
             log.warning("could not delete orphaned file %s", path)

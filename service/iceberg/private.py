@@ -57,6 +57,55 @@ def file_batches(table: Table, data_file: DataFile, schema: Schema) -> Iterator[
     return scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})  # noqa: SLF001
 
 
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files (pyiceberg's writers write data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _AddsDeleteFiles:
+    """A producer that also adds position delete files, in delete manifests of their own (one per
+    partition spec; pyiceberg's producers write data manifests only)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._added_delete_files: list[DataFile] = []
+
+    def append_delete_file(self, delete_file: DataFile) -> _AddsDeleteFiles:
+        self._added_delete_files.append(delete_file)
+        return self
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests = super()._manifests()  # type: ignore[misc]
+        by_spec: dict[int, list[DataFile]] = {}
+        for delete_file in self._added_delete_files:
+            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+        for spec_id, files in by_spec.items():
+            writer = _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)  # type: ignore[attr-defined]
+            with writer:
+                for delete_file in files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, sequence_number=None,  # type: ignore[attr-defined]
+                        file_sequence_number=None, data_file=delete_file,
+                    ))
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # The summary collector counts delete files by their content (added-position-deletes...).
+        added = self._added_data_files  # type: ignore[has-type]
+        self._added_data_files = [*added, *self._added_delete_files]
+        try:
+            return super()._summary(snapshot_properties)  # type: ignore[misc]
+        finally:
+            self._added_data_files = added
+
+
 class _AsReplace:
     """A producer whose snapshot says `replace`: files or manifests swapped, rows unchanged."""
 
@@ -71,13 +120,15 @@ class _AsReplace:
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
 
-class _ReplaceFiles(_AsReplace, _OverwriteFiles):
+class _ReplaceFiles(_AsReplace, _AddsDeleteFiles, _OverwriteFiles):
     """Its commit checks, as an overwrite's does, that every file it deletes is live in the parent.
 
     It also removes delete files (a compaction folds a data file's position deletes into the file
     that replaces it, and drops delete files whose data file is gone): pyiceberg's overwrite finds
     data files only, and rewrites a manifest it removes some files from with a data manifest
-    writer, which would turn the delete files a delete manifest keeps into data files."""
+    writer, which would turn the delete files a delete manifest keeps into data files. And it adds
+    delete files: rows of the files it rewrites deleted since it was planned, carried over to the
+    files that replace them (folding.py)."""
 
     _removed_delete_entries: list[ManifestEntry]
 
@@ -165,54 +216,9 @@ def merge_manifests_producer(transaction: Transaction, snapshot_properties: dict
     )
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest of delete files (pyiceberg's writers write data manifests only)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-
-class _RowDelta(_FastAppendFiles):
-    """A fast append of data files that also adds position delete files, in delete manifests of
-    their own (one per partition spec). The snapshot says `overwrite`, as Iceberg's RowDelta does
-    when it adds rows and deletes some."""
-
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        super().__init__(*args, **kwargs)
-        self._added_delete_files: list[DataFile] = []
-
-    def append_delete_file(self, delete_file: DataFile) -> _RowDelta:
-        self._added_delete_files.append(delete_file)
-        return self
-
-    def _manifests(self) -> list[ManifestFile]:
-        manifests = super()._manifests()
-        by_spec: dict[int, list[DataFile]] = {}
-        for delete_file in self._added_delete_files:
-            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
-        for spec_id, files in by_spec.items():
-            writer = _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
-            with writer:
-                for delete_file in files:
-                    writer.add(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, sequence_number=None,
-                        file_sequence_number=None, data_file=delete_file,
-                    ))
-            manifests.append(writer.to_manifest_file())
-        return manifests
-
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        # The summary collector counts delete files by their content (added-position-deletes...).
-        added = self._added_data_files
-        self._added_data_files = [*added, *self._added_delete_files]
-        try:
-            return super()._summary(snapshot_properties)
-        finally:
-            self._added_data_files = added
+class _RowDelta(_AddsDeleteFiles, _FastAppendFiles):
+    """A fast append of data files that also adds position delete files. The snapshot says
+    `overwrite`, as Iceberg's RowDelta does when it adds rows and deletes some."""
 
 
 def row_delta_producer(transaction: Transaction, snapshot_properties: dict[str, str]) -> _RowDelta:

@@ -21,7 +21,9 @@ from pyiceberg.table.delete_file_index import PATH_FIELD_ID
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg import private
 from service.iceberg.appends import data_file, ensure_name_mapping
+from service.iceberg.folding import carry_over
 from service.iceberg.manifests import live_entries
+from spark_jobs.contract import new_directory
 
 
 @dataclass(frozen=True)
@@ -123,15 +125,7 @@ def row_delta(
         raise FilesNotLive(f"{len(gone)} of the {len(deletes)} files rows were deleted from are no longer in the table (first: {gone[0]})")
     ensure_name_mapping(transaction)
     added = [data_file(transaction, path) for path in adds]
-    delete_files = []
-    for path, data, rows, size in deletes:
-        delete = DataFile.from_args(
-            content=DataFileContent.POSITION_DELETES, file_path=path, file_format=FileFormat.PARQUET, partition=live[data].partition,
-            record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
-            lower_bounds={PATH_FIELD_ID: data.encode()}, upper_bounds={PATH_FIELD_ID: data.encode()},
-        )
-        delete.spec_id = live[data].spec_id  # not one of from_args' fields
-        delete_files.append(delete)
+    delete_files = [position_delete_file(path, live[data], rows, size, live[data].spec_id) for path, data, rows, size in deletes]
     with private.row_delta_producer(transaction, snapshot_properties) as snapshot:
         for file in added:
             snapshot.append_data_file(file)
@@ -141,6 +135,18 @@ def row_delta(
                      sum(f.record_count for f in added))
 
 
+def position_delete_file(path: str, data: DataFile, rows: int, size: int, spec_id: int) -> DataFile:
+    """The DataFile of a position delete file at `path` deleting `rows` of `data` alone: in its
+    partition, with file_path bounds naming it, so readers skip it for every other file."""
+    delete = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES, file_path=path, file_format=FileFormat.PARQUET, partition=data.partition,
+        record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
+        lower_bounds={PATH_FIELD_ID: data.file_path.encode()}, upper_bounds={PATH_FIELD_ID: data.file_path.encode()},
+    )
+    delete.spec_id = spec_id  # not one of from_args' fields (nor is it set on a DataFile not read from a manifest)
+    return delete
+
+
 def replace_files(
     table: Table, transaction: Transaction, removes: list[str], adds: list[str], snapshot_properties: dict[str, str],
     folded: dict[str, list[str]] | None = None,
@@ -148,29 +154,45 @@ def replace_files(
     """Stage a `replace` snapshot in `transaction` (opened on `table`): `adds` in, `removes` out,
     the same rows before and after, less those the position delete files `folded` (per removed
     file, the delete files its rewrite applied) deleted: those delete files go too, as do delete
-    files whose data file is gone. FilesNotLive when a file to remove is gone or the delete files
-    that apply to it are not the ones folded (rows deleted since the rewrite was planned)."""
+    files whose data file is gone. Rows of a removed file deleted since the rewrite was planned
+    (delete files not among those folded) are deleted from its copy by delete files written here
+    from the copies' layouts. FilesNotLive when a file to remove is gone, or one of its folded
+    delete files, or its newer deletes cannot be carried over."""
     folded = folded or {}
     live, deletes = live_files(table)
     gone = [path for path in removes if path not in live]
     if gone:
         raise FilesNotLive(f"{len(gone)} of the {len(removes)} files to replace are no longer in the table (first: {gone[0]})")
     applying = deletes_by_file({path: live[path] for path in removes}, deletes)
-    moved = [path for path in removes if [file.file_path for file in applying.get(path, [])] != sorted(folded.get(path, []))]
-    if moved:
-        raise FilesNotLive(f"{len(moved)} of the {len(removes)} files to replace have rows deleted since the rewrite was planned (first: {moved[0]})")
+    newer: dict[str, list[DataFile]] = {}  # per file, delete files committed since the rewrite was planned
+    for path in removes:
+        now = applying.get(path, [])
+        if not set(folded.get(path, [])) <= {file.file_path for file in now}:
+            raise FilesNotLive(f"delete files of {path} the rewrite folded in are gone (another rewrite came first)")
+        if added := [file for file in now if file.file_path not in folded.get(path, [])]:
+            newer[path] = added
     removed_deletes = [file for path in removes for file in applying.get(path, [])]
     if any(referenced_data_file(file) is None for file in removed_deletes):  # the planner folds file-bounded deletes only
-        raise FilesNotLive("a delete file the rewrite folded in may apply to other files of its partition")
+        raise FilesNotLive("a delete file that applies to a file to replace may apply to other files of its partition")
     # Delete files whose data file is gone (replaced copy-on-write, say): they delete nothing.
     removed_deletes += [file for file in deletes if (named := referenced_data_file(file)) is not None and named not in live]
     ensure_name_mapping(transaction)
     removed, added = [live[path] for path in removes], [data_file(transaction, path) for path in adds]
-    rows_before = sum(file.record_count for file in removed) - sum(file.record_count for path in removes for file in applying.get(path, []))
+    folded_rows = sum(file.record_count for path in removes for file in applying.get(path, []) if path not in newer or file not in newer[path])
+    rows_before = sum(file.record_count for file in removed) - folded_rows
     rows_after = sum(file.record_count for file in added)
     if rows_before != rows_after:
         raise RowsChanged(f"the rewrite holds {rows_after} rows where the files it replaces hold {rows_before} (deleted rows not counted)")
-    return _swap(private.replace_producer(transaction, snapshot_properties), removed, added, removed_deletes)
+    # Rows deleted since it was planned are deleted from the copies too (folding.py).
+    by_path = {file.file_path: file for file in added}
+    carried = [
+        position_delete_file(path, by_path[copy], rows, size, transaction.table_metadata.default_spec_id)
+        for path, copy, rows, size in carry_over(table.io, new_directory(table.location(), "carried"), newer, adds)
+    ] if newer else []
+    producer = private.replace_producer(transaction, snapshot_properties)
+    for file in carried:
+        producer.append_delete_file(file)
+    return _swap(producer, removed, added, removed_deletes)
 
 
 def _files(table: Table, transaction: Transaction, removes: list[str], adds: list[str]) -> tuple[list[DataFile], list[DataFile]]:

@@ -17,7 +17,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
-from service.iceberg.rewrites import live_files, overwrite_files, replace_files, row_delta
+from service.iceberg.rewrites import live_files, overwrite_files, referenced_data_file, replace_files, row_delta
+from spark_jobs.compact_job import _copier
 from tests.harness import duckdb_rows
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType(), required=False), identifier_field_ids=[1])
@@ -99,8 +100,8 @@ def test_a_replace_folds_deletes_in_and_keeps_the_other_delete_files_as_delete_f
     expected = [i for i in range(300) if i not in (3, 4, 105)]
     assert ids(table) == expected
     merged = rewrite(table, tmp_path, "merged.parquet", [first, third])
-    # A plan that did not know of the first file's deletes would bring its rows back: refused.
-    with pytest.raises(FilesNotLive, match="rows deleted since"), table.transaction() as transaction:
+    # A copy that left out rows its plan did not fold in: refused.
+    with pytest.raises(RowsChanged), table.transaction() as transaction:
         replace_files(table, transaction, [first, third], [merged], {})
     with pytest.raises(RowsChanged), table.transaction() as transaction:  # rows must be those left after the deletes
         replace_files(table, transaction, [first, third], [rewrite(table, tmp_path, "short.parquet", [third])], {}, {first: [written[first]]})
@@ -115,6 +116,42 @@ def test_a_replace_folds_deletes_in_and_keeps_the_other_delete_files_as_delete_f
     assert ids(table) == expected, "row 105 stays deleted, rows 3 and 4 stay gone"
     assert table.current_snapshot().summary["total-position-deletes"] == "1"
     assert table.current_snapshot().summary["total-records"] == str(len(expected) + 1)
+
+
+def test_rows_deleted_while_the_rewrite_ran_are_deleted_from_its_copy(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """A change stream adds delete files to the files a compaction is rewriting while it runs: at
+    commit those rows are deleted from the copy too (mapped through the copy's layout, past the
+    positions folded in), instead of the compaction being dropped."""
+    from pyarrow import fs as pafs
+
+    first, _second, third = data_paths(table)
+    table, _written = delete_rows(table, tmp_path, {first: [3, 4, 50]})
+    (group,) = plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=2, max_bytes=1 << 30))
+    sources = [file.file_path for file in group.files]
+    copier = _copier(str(tmp_path / "copy"), pafs.LocalFileSystem(), table.schema().as_arrow(), group.deletes)
+    (answer,) = [row for batch in copier(iter([pa.record_batch({"index": [0], "paths": ["\n".join(sources)]})])) for row in batch.to_pylist()]
+    copy = Path(answer["path"]).as_uri()
+    # Meanwhile: change runs delete rows of the first file (before, between and after those folded) and of the third.
+    table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]})
+    table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]})
+    expected = [i for i in range(300) if i not in {3, 4, 50, 0, 5, 51, 99, 98, 200, 299}]
+    assert ids(table) == expected
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, sources, [copy], {}, group.deletes)
+    assert done.delete_files_removed == 4
+    table = table.refresh()
+    data, deletes = live_files(table)
+    assert list(data) == [copy] and [referenced_data_file(file) for file in deletes] == [copy]
+    assert sum(file.record_count for file in deletes) == 7
+    assert ids(table) == expected, "the rows deleted meanwhile stay deleted, and no other row is"
+    # Without a layout (Spark's fallback writer wrote the copy) the newer deletes cannot be carried: dropped.
+    table, _later = delete_rows(table, tmp_path, {copy: [1]})
+    (again,) = plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=1, max_bytes=1 << 30, delete_files=1))
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(table.scan().to_arrow(), plain)
+    table, _later = delete_rows(table, tmp_path, {copy: [2]})
+    with pytest.raises(FilesNotLive, match="no layout"), table.transaction() as transaction:
+        replace_files(table, transaction, [copy], [plain.as_uri()], {}, again.deletes)
 
 
 def test_a_delete_file_whose_data_file_is_gone_goes_with_the_next_replace(table, tmp_path: Path) -> None:  # noqa: ANN001
