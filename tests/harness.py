@@ -528,8 +528,8 @@ def assert_exactly_once(stack: Stack, expected: int) -> None:
     assert len(paths) == len(set(paths)), "a data file was committed twice"
 
 
-def duckdb_rows(table) -> list[dict]:  # noqa: ANN001 - a pyiceberg Table
-    """The table as DuckDB's iceberg extension reads it (from its metadata file, no catalog)."""
+def duckdb_iceberg():  # noqa: ANN201 - a DuckDB connection
+    """A DuckDB connection with its iceberg extension loaded."""
     import glob
 
     import duckdb
@@ -541,6 +541,11 @@ def duckdb_rows(table) -> list[dict]:  # noqa: ANN001 - a pyiceberg Table
     for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
         (path,) = glob.glob(str(Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"))
         connection.execute(f"LOAD '{path}'")
-    result = connection.execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location])
+    return connection
+
+
+def duckdb_rows(table) -> list[dict]:  # noqa: ANN001 - a pyiceberg Table
+    """The table as DuckDB's iceberg extension reads it (from its metadata file, no catalog)."""
+    result = duckdb_iceberg().execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location])
     names = [column[0] for column in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]

@@ -6,8 +6,11 @@ over 30 days, id order = day order) through an append pipeline into a table of i
 identifier is `id`, then lets producers POST upserts with wait=true for BENCH_SECONDS: each
 request changes 1,000 keys of the most recent 7 days (1% of the table every ten requests). It
 reports changed rows per second, wait=true p50/p99, and write amplification: rows written by the
-overwrite snapshots (new rows, rows of rewritten files, position deletes) per row changed. The
-last line is one JSON object, by mode.
+overwrite snapshots (new rows, rows of rewritten files, position deletes) per row changed. Then
+it times a full read of the table by pyiceberg and by DuckDB's iceberg extension as the run left
+it, asks for a compaction by hand (which folds every delete file in), and times them again, beside
+a plain copy of the same rows (appended by pyiceberg: no deletes, unpartitioned) as the
+baseline. The last line is one JSON object, by mode.
 
 Knobs (environment): BENCH_ROWS (1000000), BENCH_SECONDS (60), BENCH_PRODUCERS (4),
 BENCH_WRITE_MODES (merge-on-read,copy-on-write).
@@ -118,6 +121,47 @@ def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, i
     return written, rewritten, delete_files
 
 
+def read_seconds(table) -> tuple[float, float, int]:  # noqa: ANN001 - a pyiceberg Table
+    """(pyiceberg's, DuckDB's) seconds for a full read of `table`, best of two, and its rows."""
+    from tests.harness import duckdb_iceberg
+
+    connection = duckdb_iceberg()
+    py = duck = float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        rows = table.scan().to_arrow().num_rows
+        py = min(py, time.perf_counter() - started)
+        started = time.perf_counter()
+        duck_rows = connection.execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location]).to_arrow_table().num_rows
+        duck = min(duck, time.perf_counter() - started)
+    assert rows == duck_rows, f"pyiceberg read {rows} rows, DuckDB {duck_rows}"
+    return py, duck, rows
+
+
+def reads(data_dir: Path, port: int, name: str) -> dict:
+    """Full-read times before and after a compaction by hand, and of a plain copy of the rows."""
+    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    before = read_seconds(catalog.load_table(("demo", name)))
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=900) as http:
+        asked = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
+        assert asked.status_code == 200, f"the compaction by hand answered {asked.status_code}: {asked.text[:300]}"
+        answer = asked.json()
+        health = http.get(f"/v1/tables/{name}").json()["health"]
+    table = catalog.load_table(("demo", name))
+    after = read_seconds(table)
+    catalog.create_namespace_if_not_exists("bench")
+    # Unpartitioned: pyiceberg writes partitioned tables only with pyiceberg-core, which Calve does not install.
+    plain = catalog.create_table(("bench", f"{name}_plain"), table.schema(), properties={"format-version": "2"})
+    plain.append(table.scan().to_arrow())
+    baseline = read_seconds(plain)
+    assert before[2] == after[2] == baseline[2], (before, after, baseline)
+    return {
+        "compaction": answer["tasks"]["compact"].get("outcome"), "delete_files_after": health["delete_files"],
+        "pyiceberg_s": {"before": round(before[0], 3), "after": round(after[0], 3), "plain": round(baseline[0], 3)},
+        "duckdb_s": {"before": round(before[1], 3), "after": round(after[1], 3), "plain": round(baseline[1], 3)},
+    }
+
+
 def main() -> None:
     rows = int(os.environ.get("BENCH_ROWS", "1000000"))
     seconds = float(os.environ.get("BENCH_SECONDS", "60"))
@@ -144,6 +188,11 @@ def main() -> None:
                 "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
                 "delete_files": delete_files, "non_200": failures,
             }
+            results[write_mode]["reads"] = timed = reads(data_dir, port, table_name(write_mode))
+            say(f"{write_mode}: full read, pyiceberg / DuckDB: {timed['pyiceberg_s']['before']:.2f} / {timed['duckdb_s']['before']:.2f} s "
+                f"as left, {timed['pyiceberg_s']['after']:.2f} / {timed['duckdb_s']['after']:.2f} s after compaction "
+                f"({timed['compaction']}, {timed['delete_files_after']} delete files left), "
+                f"{timed['pyiceberg_s']['plain']:.2f} / {timed['duckdb_s']['plain']:.2f} s for a plain copy")
     print(orjson.dumps({"table_rows": rows, **results}).decode(), flush=True)
 
 
