@@ -86,10 +86,6 @@ class CompactionGroup:
         return [candidate.file for candidate in self.candidates]
 
     @property
-    def bytes(self) -> int:
-        return sum(file.file_size_in_bytes for file in self.files)
-
-    @property
     def deletes(self) -> dict[str, list[str]]:
         """Per file with deleted rows, its delete files' paths."""
         return {c.file.file_path: [d.file_path for d in c.deletes] for c in self.candidates if c.deletes}

@@ -72,11 +72,6 @@ def live_files(table: Table, snapshot_id: int | None = None) -> tuple[dict[str, 
     return live, deletes
 
 
-def with_deletes(data: dict[str, DataFile], deletes: list[DataFile]) -> set[str]:
-    """The data files some delete file may apply to (deletes_by_file)."""
-    return set(deletes_by_file(data, deletes))
-
-
 def deletes_by_file(data: dict[str, DataFile], deletes: list[DataFile]) -> dict[str, list[DataFile]]:
     """For each data file some delete file may apply to, those delete files (by path): the one
     its file_path bounds name, or, for a delete file without such bounds (another engine's, an

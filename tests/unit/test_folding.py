@@ -10,30 +10,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFileContent, ManifestContent
-from pyiceberg.schema import Schema
-from pyiceberg.types import LongType, NestedField, StringType
 
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
 from service.iceberg.rewrites import live_files, overwrite_files, referenced_data_file, replace_files, row_delta
 from spark_jobs.compact_job import _copier
 from tests.harness import duckdb_rows
-
-SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType(), required=False), identifier_field_ids=[1])
+from tests.unit.tables import three_files
 
 
 @pytest.fixture
 def table(tmp_path: Path):  # noqa: ANN201
-    """A v2 table of three files of 100 rows: ids 0-99, 100-199 and 200-299."""
-    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
-    catalog.create_namespace("n")
-    table = catalog.create_table(("n", "t"), SCHEMA, properties={"format-version": "2"})
-    for first in (0, 100, 200):
-        ids = list(range(first, first + 100))
-        table.append(pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids]}, schema=SCHEMA.as_arrow()))
-    return table
+    return three_files(tmp_path)
 
 
 def data_paths(table) -> list[str]:  # noqa: ANN001
