@@ -149,15 +149,16 @@ class HistoryExpired(ChangelogError):
 
 
 class DeleteFilesFound(ChangelogError):
-    """The snapshot has delete files, which the change feed does not read."""
+    """The snapshot has equality delete files, which the change feed does not read."""
 
     def __init__(self, table: str, content: DataFileContent) -> None:
         kind = "equality" if content.name == "EQUALITY_DELETES" else "position"
         super().__init__(
-            f"table {table!r} has {kind} delete files (written in merge-on-read mode: a sink's write_mode, or another "
-            "engine); the change feed reads copy-on-write tables only: set the sink's write_mode to copy-on-write and "
-            "rewrite the data files with the deletes applied (for example Spark's rewrite_data_files with "
-            "delete-file-threshold=1), then read the changes from the snapshot after that"
+            f"table {table!r} has {kind} delete files (written by another engine: Flink, or Spark in merge-on-read "
+            "mode with equality deletes); the change feed reads data files and position deletes only, since the rows "
+            "an equality delete removes cannot be told without reading the whole table: rewrite the data files with "
+            "the deletes applied (for example Spark's rewrite_data_files with delete-file-threshold=1), then read the "
+            "changes from the snapshot after that"
         )
 
 

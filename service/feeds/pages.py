@@ -21,7 +21,8 @@ EMPTY = pa.RecordBatch.from_pylist([])
 # Planned snapshots (a full read of their files each: see changelog.py), so that paging through
 # a large one plans it once. Keyed by table, snapshot and schema; sized by the masks' bytes.
 _PLANS: LRUCache = LRUCache(maxsize=64 * 1024 * 1024, getsizeof=lambda plan: 64 + sum(
-    mask.nbytes for mask in (plan.keep_removed, plan.keep_added, plan.update_removed, plan.update_added) if mask is not None
+    mask.nbytes for mask in (plan.keep_removed, plan.keep_added, plan.update_removed, plan.update_added,
+                             *(plan.removed_rows or ()), *(plan.added_rows or ())) if mask is not None
 ))
 _PLANS_LOCK = threading.Lock()
 
@@ -73,7 +74,7 @@ def _load_rows(changelog: Changelog, cursor: Cursor) -> Iterator[Positioned]:
 def stream(table: Table, cursor: Cursor, to_id: int | None = None, differ: Differ | None = None) -> Iterator[Positioned]:
     """Every change after `cursor` up to snapshot `to_id` (default: the current one), in order.
     What cannot be read (a snapshot expired, a history that does not pass through the cursor,
-    delete files) raises before the first row is yielded."""
+    equality delete files) raises before the first row is yielded."""
     changelog = Changelog(table)
     if cursor.phase == LOAD:
         first: Iterator[Positioned] = _load_rows(changelog, cursor)
@@ -86,7 +87,7 @@ def stream(table: Table, cursor: Cursor, to_id: int | None = None, differ: Diffe
         first, after = iter(()), cursor.snapshot_id
     snapshots = lineage(table, after, to_id)
     for snapshot in snapshots:
-        snapshot_files(table, snapshot)  # refuses delete files before anything is sent
+        snapshot_files(table, snapshot)  # refuses equality delete files before anything is sent
     yield from first
     for snapshot in snapshots:
         yield from _snapshot_rows(changelog, snapshot.snapshot_id, 0, differ)

@@ -28,9 +28,9 @@ class SparkDiffs:
 
     def __call__(self, changelog: Changelog, files: SnapshotFiles) -> SnapshotChanges | None:
         """The snapshot's changes from Spark, or None: small enough to compute here, or Spark failed."""
-        rows = sum(f.record_count for f in (*files.removed, *files.added))
-        if files.rearranges_only or not files.removed or not files.added or rows < self.min_rows:
-            return None
+        rows = sum(part.file.record_count for part in (*files.removed, *files.added))
+        if files.rearranges_only or not files.removed or not files.added or rows < self.min_rows or not files.whole_files:
+            return None  # position deletes to apply (merge-on-read): diff_job reads whole files only
         tenant, table = changelog.table.name()[-2:]
         table = calve_table_name(changelog.table.catalog, table)
         snapshot_id, schema_id = files.snapshot.snapshot_id, changelog.schema.schema_id

@@ -1,8 +1,12 @@
 """Row-level changes of a table between two snapshots, and a full read of one: what the change
 feed serves.
 
-A snapshot's changes are the rows of the data files it removed (`DELETE`) and added (`INSERT`),
-less carryover: rows a copy-on-write rewrite removed and added again unchanged. Carryover is
+A snapshot's changes are the rows it removed (`DELETE`) and added (`INSERT`), less carryover.
+Removed rows are those of the data files it removed (less the rows position deletes had already
+deleted) and, merge-on-read, the rows its new position delete files delete from files it kept
+(less those deleted before); added rows are those of the data files it added (less any rows its
+own delete files delete from them). Equality delete files are refused: which rows they delete
+cannot be told without reading the whole table. Carryover is rows a copy-on-write rewrite removed and added again unchanged. Carryover is
 found by full-row equality, counted as a multiset (a row removed twice and added once leaves one
 `DELETE`). With identifier columns, a key both removed and added by one snapshot is an update:
 its removed row is `UPDATE_BEFORE`, its added row `UPDATE_AFTER`. A `replace` snapshot
@@ -16,8 +20,8 @@ hash collision between a removed and a different added row would hide both as ca
 bits and n rows its chance is about n^2 / 2^129.
 
 Rows are read in the table's current schema (columns matched by field id: added columns read as
-null in older files). The order within a snapshot is stable: the removed files, then the added
-files, each in path order, rows in file order. So an offset into a snapshot's changes names the
+null in older files). The order within a snapshot is stable: the removed rows, then the added
+rows, each by data file in path order, rows in file order. So an offset into a snapshot's changes names the
 same row every time they are read, which is what consumer cursors count on.
 """
 
@@ -35,7 +39,6 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
-    ManifestContent,
     ManifestEntryStatus,
 )
 from pyiceberg.schema import Schema
@@ -44,7 +47,9 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from service.core.exceptions import DeleteFilesFound, HistoryExpired, NotAnAncestor, ReservedColumn, SnapshotMissing, SnapshotUnknown
 from service.iceberg.files import locate
+from service.iceberg.folding import deleted_positions
 from service.iceberg.private import file_batches
+from service.iceberg.rewrites import deletes_by_file, live_files
 
 CHANGE_TYPE = "_change_type"
 SNAPSHOT_ID = "_snapshot_id"
@@ -57,16 +62,35 @@ DOCUMENT_ID_SEPARATOR = "-"
 
 
 @dataclass(frozen=True)
+class Part:
+    """Rows of one data file on one side of a snapshot's changes: every row (`only` None) or only
+    the rows the position delete files `only` name, less the rows the delete files `without` name."""
+
+    file: DataFile
+    only: tuple[DataFile, ...] | None = None
+    without: tuple[DataFile, ...] = ()
+
+    @property
+    def whole(self) -> bool:
+        return self.only is None and not self.without
+
+
+@dataclass(frozen=True)
 class SnapshotFiles:
-    """The data files one snapshot removed and added, each in path order."""
+    """What one snapshot removed and added, each side by data file in path order."""
 
     snapshot: Snapshot
-    removed: tuple[DataFile, ...]
-    added: tuple[DataFile, ...]
+    removed: tuple[Part, ...]
+    added: tuple[Part, ...]
 
     @property
     def rearranges_only(self) -> bool:
         return self.snapshot.summary is not None and self.snapshot.summary.operation == Operation.REPLACE
+
+    @property
+    def whole_files(self) -> bool:
+        """Whether every side is whole data files (no position deletes to apply)."""
+        return all(part.whole for part in (*self.removed, *self.added))
 
 
 def _name(table: Table) -> str:
@@ -120,32 +144,69 @@ def lineage(table: Table, from_id: int | None, to_id: int | None = None) -> list
     return list(reversed(newest_first))
 
 
-def refuse_delete_files(table: Table, snapshot: Snapshot) -> None:
-    """Raise DeleteFilesFound if `snapshot` has live delete files."""
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content == ManifestContent.DELETES and (manifest.added_files_count or manifest.existing_files_count):
-            for entry in manifest.fetch_manifest_entry(table.io):
-                raise DeleteFilesFound(_name(table), entry.data_file.content)
+def _refuse_equality_deletes(table: Table, deletes: list[DataFile]) -> list[DataFile]:
+    """`deletes`, once none is an equality delete file (DeleteFilesFound)."""
+    for delete in deletes:
+        if delete.content == DataFileContent.EQUALITY_DELETES:
+            raise DeleteFilesFound(_name(table), delete.content)
+    return deletes
 
 
-def snapshot_files(table: Table, snapshot: Snapshot) -> SnapshotFiles:
-    """What `snapshot` removed and added (from the manifests it wrote; no data file is read).
-    Delete files anywhere in the snapshot are refused: their rows' changes cannot be told from
-    data files alone."""
+def _own_entries(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile], list[DataFile]]:
+    """The data files `snapshot` removed and added, and the delete files it added (from the
+    manifests it wrote)."""
     removed: list[DataFile] = []
     added: list[DataFile] = []
-    refuse_delete_files(table, snapshot)
+    new_deletes: list[DataFile] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot.snapshot_id:
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
             if entry.snapshot_id != snapshot.snapshot_id or entry.status == ManifestEntryStatus.EXISTING:
                 continue
-            if entry.data_file.content != DataFileContent.DATA:
-                raise DeleteFilesFound(_name(table), entry.data_file.content)
-            (added if entry.status == ManifestEntryStatus.ADDED else removed).append(entry.data_file)
-    by_path = lambda data_file: data_file.file_path  # noqa: E731
-    return SnapshotFiles(snapshot, tuple(sorted(removed, key=by_path)), tuple(sorted(added, key=by_path)))
+            if entry.data_file.content == DataFileContent.DATA:
+                (added if entry.status == ManifestEntryStatus.ADDED else removed).append(entry.data_file)
+            elif entry.status == ManifestEntryStatus.ADDED:
+                new_deletes.append(entry.data_file)
+            # A delete file removed goes with its data file, or is folded into a rewrite (`replace`): no row changes.
+    return removed, added, new_deletes
+
+
+def _before(table: Table, snapshot: Snapshot, added: list[DataFile], new_deletes: list[DataFile]) -> tuple[dict[str, DataFile], list[DataFile]]:
+    """The data files (by path) and delete files live just before `snapshot`: its parent's, or,
+    once the parent is expired, its own less what it added."""
+    parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+    if parent is not None:
+        return live_files(table, parent.snapshot_id)
+    if is_first(snapshot):
+        return {}, []
+    data, deletes = live_files(table, snapshot.snapshot_id)
+    added_paths = {file.file_path for file in added}
+    new_paths = {file.file_path for file in new_deletes}
+    return ({path: file for path, file in data.items() if path not in added_paths},
+            [file for file in deletes if file.file_path not in new_paths])
+
+
+def snapshot_files(table: Table, snapshot: Snapshot) -> SnapshotFiles:
+    """What `snapshot` removed and added (from its manifests and its parent's; no data file or
+    delete file is read). Equality delete files it added, or that applied to the files it
+    changed, are refused (DeleteFilesFound): their rows' changes cannot be told from them."""
+    removed, added, new_deletes = _own_entries(table, snapshot)
+    _refuse_equality_deletes(table, new_deletes)
+    by_path = lambda part: part.file.file_path  # noqa: E731
+    if not removed and not new_deletes or snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE:
+        return SnapshotFiles(snapshot, tuple(sorted(map(Part, removed), key=by_path)), tuple(sorted(map(Part, added), key=by_path)))
+    data, deletes = _before(table, snapshot, added, new_deletes)
+    before = deletes_by_file(data, deletes)
+    now = deletes_by_file({**data, **{file.file_path: file for file in added}}, new_deletes)
+    gone = {file.file_path for file in removed}
+    removed_parts = [Part(file, None, tuple(_refuse_equality_deletes(table, before.get(file.file_path, [])))) for file in removed]
+    removed_parts += [
+        Part(data[path], tuple(files), tuple(_refuse_equality_deletes(table, before.get(path, []))))
+        for path, files in now.items() if path in data and path not in gone
+    ]
+    added_parts = [Part(file, None, tuple(now.get(file.file_path, ()))) for file in added]
+    return SnapshotFiles(snapshot, tuple(sorted(removed_parts, key=by_path)), tuple(sorted(added_parts, key=by_path)))
 
 
 def _hashable(batch: pa.RecordBatch) -> pl.DataFrame:
@@ -186,6 +247,9 @@ class SnapshotChanges:
     keep_added: np.ndarray | None = None
     update_removed: np.ndarray | None = None
     update_added: np.ndarray | None = None
+    # Per part of each side: the positions of its rows in its data file, sorted (None: every row).
+    removed_rows: list[np.ndarray | None] | None = None
+    added_rows: list[np.ndarray | None] | None = None
     # Computed on Spark instead (service/protocol/feeds.py): Parquet files of the changes in order.
     spilled: list[str] | None = None
     spilled_rows: int = 0
@@ -196,9 +260,17 @@ class SnapshotChanges:
             return 0
         if self.spilled is not None:
             return self.spilled_rows
-        removed = sum(f.record_count for f in self.files.removed) if self.keep_removed is None else int(self.keep_removed.sum())
-        added = sum(f.record_count for f in self.files.added) if self.keep_added is None else int(self.keep_added.sum())
+        removed = _rows(self.files.removed, self.removed_rows) if self.keep_removed is None else int(self.keep_removed.sum())
+        added = _rows(self.files.added, self.added_rows) if self.keep_added is None else int(self.keep_added.sum())
         return removed + added
+
+
+def _rows(parts: tuple[Part, ...], selections: list[np.ndarray | None] | None) -> int:
+    return sum(_part_rows(part, selection) for part, selection in zip(parts, selections or [None] * len(parts), strict=True))
+
+
+def _part_rows(part: Part, selection: np.ndarray | None) -> int:
+    return part.file.record_count if selection is None else len(selection)
 
 
 class Changelog:
@@ -214,14 +286,17 @@ class Changelog:
 
     def plan(self, files: SnapshotFiles) -> SnapshotChanges:
         """Find the carryover and the updates of one snapshot (the first pass)."""
-        if files.rearranges_only or not files.removed or not files.added:
+        if files.rearranges_only:
             return SnapshotChanges(files)
-        removed_rows, removed_docs = self._scan_keys(files.removed)
-        added_rows, added_docs = self._scan_keys(files.added)
+        selections = [self.selection(part) for part in files.removed], [self.selection(part) for part in files.added]
+        if not _rows(files.removed, selections[0]) or not _rows(files.added, selections[1]):
+            return SnapshotChanges(files, removed_rows=selections[0], added_rows=selections[1])
+        removed_rows, removed_docs = self._scan_keys(files.removed, selections[0])
+        added_rows, added_docs = self._scan_keys(files.added, selections[1])
         counts = [frame.group_by(KEY).len() for frame in (removed_rows, added_rows)]
         carry = counts[0].join(counts[1], on=KEY).select(*KEY, carry=pl.min_horizontal("len", "len_right"))
         keep_removed, keep_added = _keep_beyond(removed_rows, counts[0], carry), _keep_beyond(added_rows, counts[1], carry)
-        changes = SnapshotChanges(files, keep_removed, keep_added)
+        changes = SnapshotChanges(files, keep_removed, keep_added, removed_rows=selections[0], added_rows=selections[1])
         if self.identifier:
             both_removed, both_added = _in_both(removed_docs.filter(keep_removed), added_docs.filter(keep_added))
             changes.update_removed = np.zeros(len(keep_removed), dtype=bool)
@@ -230,10 +305,36 @@ class Changelog:
             changes.update_added[keep_added] = both_added
         return changes
 
-    def _scan_keys(self, data_files: tuple[DataFile, ...]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def selection(self, part: Part) -> np.ndarray | None:
+        """The positions of the part's rows in its data file, sorted (None: every row; the delete
+        files are read, the data file is not)."""
+        if part.whole:
+            return None
+        path = part.file.file_path
+        without = deleted_positions(self.table.io, path, part.without)
+        if part.only is not None:
+            return np.setdiff1d(deleted_positions(self.table.io, path, part.only), without)
+        return np.setdiff1d(np.arange(part.file.record_count, dtype=np.int64), without)
+
+    def part_batches(self, part: Part, selection: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+        """The part's rows (`selection`: as `selection(part)` gives) in the current schema, batch by batch."""
+        if selection is not None and not len(selection):
+            return
+        offset = 0
+        for batch in file_batches(self.table, part.file, self.schema):
+            size = batch.num_rows
+            if selection is not None:
+                low, high = np.searchsorted(selection, (offset, offset + size))
+                if high - low < size:
+                    batch = batch.take(pa.array(selection[low:high] - offset))
+            offset += size
+            if batch.num_rows:
+                yield batch
+
+    def _scan_keys(self, parts: tuple[Part, ...], selections: list[np.ndarray | None]) -> tuple[pl.DataFrame, pl.DataFrame]:
         rows, docs = [], []
-        for data_file in data_files:
-            for batch in file_batches(self.table, data_file, self.schema):
+        for part, selection in zip(parts, selections, strict=True):
+            for batch in self.part_batches(part, selection):
                 frame = _hashable(batch)
                 rows.append(_keys(frame))
                 if self.identifier:
@@ -249,16 +350,16 @@ class Changelog:
             yield from self._spilled_rows(changes, skip)
             return
         sides = (
-            (changes.files.removed, changes.keep_removed, changes.update_removed, DELETE, UPDATE_BEFORE),
-            (changes.files.added, changes.keep_added, changes.update_added, INSERT, UPDATE_AFTER),
+            (changes.files.removed, changes.removed_rows, changes.keep_removed, changes.update_removed, DELETE, UPDATE_BEFORE),
+            (changes.files.added, changes.added_rows, changes.keep_added, changes.update_added, INSERT, UPDATE_AFTER),
         )
-        for data_files, keep, update, plain, paired in sides:
+        for parts, selections, keep, update, plain, paired in sides:
             offset = 0
-            for data_file in data_files:
-                if keep is None and skip >= data_file.record_count:
-                    skip -= data_file.record_count  # skipped whole without reading it
+            for part, selection in zip(parts, selections or [None] * len(parts), strict=True):
+                if keep is None and skip >= _part_rows(part, selection):
+                    skip -= _part_rows(part, selection)  # skipped whole without reading it
                     continue
-                for batch in file_batches(self.table, data_file, self.schema):
+                for batch in self.part_batches(part, selection):
                     size = batch.num_rows
                     kept = keep[offset:offset + size] if keep is not None else None
                     updated = update[offset:offset + size] if update is not None else np.zeros(size, dtype=bool)
@@ -288,15 +389,16 @@ class Changelog:
                 data = pa.Table.from_batches([batch.select(target.names)]).cast(target).combine_chunks().to_batches()[0]
                 yield self._labelled(data, batch.column(CHANGE_TYPE).cast(pa.string()), changes.files.snapshot)
 
-    def load(self, snapshot: Snapshot) -> list[DataFile]:
-        """The data files of a full read of `snapshot`, in path order (delete files refused)."""
-        refuse_delete_files(self.table, snapshot)
-        tasks = self.table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
-        return sorted((task.file for task in tasks), key=lambda data_file: data_file.file_path)
+    def load(self, snapshot: Snapshot) -> list[Part]:
+        """The data files of a full read of `snapshot`, each less its position deletes, in path
+        order (equality delete files refused)."""
+        data, deletes = live_files(self.table, snapshot.snapshot_id)
+        applying = deletes_by_file(data, _refuse_equality_deletes(self.table, deletes))
+        return [Part(data[path], None, tuple(applying.get(path, ()))) for path in sorted(data)]
 
-    def file_rows(self, snapshot: Snapshot, data_file: DataFile, skip: int = 0) -> Iterator[pa.RecordBatch]:
-        """One file's rows as INSERTs of `snapshot` (an initial load), from the `skip`-th on."""
-        for batch in file_batches(self.table, data_file, self.schema):
+    def file_rows(self, snapshot: Snapshot, part: Part, skip: int = 0) -> Iterator[pa.RecordBatch]:
+        """One file's live rows as INSERTs of `snapshot` (an initial load), from the `skip`-th on."""
+        for batch in self.part_batches(part, self.selection(part)):
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue

@@ -27,6 +27,17 @@ from spark_jobs.contract import POSITION_DELETE_ARROW, layout_path
 MAX_CARRIED_DELETE_FILES = 2_000  # read by the leader at commit: beyond this the compaction is dropped
 
 
+def deleted_positions(io: FileIO, source: str, deletes: list[DataFile] | tuple[DataFile, ...]) -> np.ndarray:
+    """The row positions of data file `source` that the position delete files `deletes` name,
+    sorted, once each (a delete file may name other files too: another engine's)."""
+    positions = [np.empty(0, np.int64)]
+    for delete in deletes:
+        with io.new_input(delete.file_path).open() as stream:
+            table = pq.read_table(stream, columns=["file_path", "pos"])
+        positions.append(table.filter(pc.equal(table.column("file_path"), source)).column("pos").to_numpy())
+    return np.unique(np.concatenate(positions).astype(np.int64, copy=False))
+
+
 def read_layouts(io: FileIO, copies: list[str]) -> dict[str, tuple[str, int, int, np.ndarray]]:
     """Per source file, (its copy, its first row's place there, rows it gave, positions left out),
     from the copies' layouts. FilesNotLive when a copy has none (Spark's fallback writer wrote it)."""
@@ -55,12 +66,7 @@ def carry_over(io: FileIO, directory: str, new_deletes: dict[str, list[DataFile]
         if source not in layouts:
             raise FilesNotLive(f"rows of {source} were deleted meanwhile, and no copy's layout names it")
         copy, start, rows, folded = layouts[source]
-        positions = []
-        for delete in deletes:
-            with io.new_input(delete.file_path).open() as stream:
-                table = pq.read_table(stream, columns=["file_path", "pos"])
-            positions.append(table.filter(pc.equal(table.column("file_path"), source)).column("pos").to_numpy())
-        deleted = np.setdiff1d(np.concatenate(positions), folded)  # sorted, once each; those folded in are gone already
+        deleted = np.setdiff1d(deleted_positions(io, source, deletes), folded)  # those folded in are gone already
         placed = start + deleted - np.searchsorted(folded, deleted)
         if len(placed) and (placed[0] < start or placed[-1] >= start + rows):
             raise FilesNotLive(f"a position deleted from {source} lies outside the rows it gave its copy")

@@ -24,7 +24,7 @@ A definition is YAML or JSON:
         target_file_size: 134217728   # bytes (compaction's target too)
         snapshot_max_age: 86400       # seconds of snapshots kept (time travel)
         snapshot_max_count: 500
-      - table: customers              # row-level changes instead of appends (copy-on-write)
+      - table: customers              # row-level changes instead of appends (merge-on-read)
         operation: "op"               # a Spark SQL expression: insert|i|c|r|index|create, update|u, delete|d
         identifier_columns: [id]      # the row's key (required columns): the table's identifier fields
         mode: upsert                  # or append (default): an update of a missing key is then a no-op
@@ -166,19 +166,25 @@ class Sink(Strict):
     target_file_size: int | None = Field(default=None, ge=MIN_FILE_SIZE, le=MAX_FILE_SIZE, description="bytes")
     snapshot_max_age: float | None = Field(default=None, gt=0, le=365 * 86400, description="seconds of history the table keeps")
     snapshot_max_count: int | None = Field(default=None, ge=1, le=100_000, description="snapshots the table keeps at most")
-    # Row-level changes (copy-on-write): see OPERATIONS.
+    # Row-level changes: see OPERATIONS.
     operation: Expression | None = Field(default=None, description="Spark SQL expression: each event's operation (insert, update, delete)")
     identifier_columns: list[str] | None = Field(default=None, min_length=1, max_length=MAX_IDENTIFIER_COLUMNS, description="the row's key")
     mode: Literal["append", "upsert"] = Field(default="append", description="upsert: every event replaces the row with its key")
     # How row changes are written: the table's Iceberg write.{delete,update,merge}.mode properties.
     write_mode: Literal["copy-on-write", "merge-on-read"] | None = Field(
-        default=None, description="merge-on-read: replaced rows as position delete files; copy-on-write: files rewritten (the default)",
+        default=None,
+        description="merge-on-read (the default): replaced rows as position delete files; copy-on-write: files rewritten",
     )
 
     @property
     def row_changes(self) -> bool:
-        """Events change rows by key (copy-on-write) instead of being appended."""
+        """Events change rows by key instead of being appended."""
         return self.operation is not None or self.mode == "upsert"
+
+    @property
+    def resolved_write_mode(self) -> str | None:
+        """How the sink's row changes are written: its write_mode, else merge-on-read (None: appends only)."""
+        return self.write_mode or ("merge-on-read" if self.row_changes else None)
 
     @field_validator("table")
     @classmethod

@@ -37,9 +37,11 @@ class FeedDiffer(LeaderRequests):
         if snapshot is None or table.schema().schema_id != request.schema_id:
             raise LookupError(f"table {request.table!r} no longer has snapshot {request.snapshot_id} in schema {request.schema_id}")
         files = snapshot_files(table, snapshot)
+        if not files.whole_files:
+            raise ValueError(f"snapshot {request.snapshot_id} has position deletes to apply, which the Spark diff does not read")
         changelog = Changelog(table)
         directory = scratch.directory = f"{table.location()}/data/_calve_feed/{request.snapshot_id}-{request.schema_id}-{request.request}"
-        diff_snapshot(spark_session(self.spark_remote), [f.file_path for f in files.removed], [f.file_path for f in files.added],
+        diff_snapshot(spark_session(self.spark_remote), [p.file.file_path for p in files.removed], [p.file.file_path for p in files.added],
                       changelog.schema.as_arrow(), changelog.identifier, directory, spark_filesystem(directory, self.io))
         paths = list_data_files(directory, self.io)
         rows = 0

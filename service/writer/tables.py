@@ -130,7 +130,7 @@ class TableResolver:
         table, extra_fields = self._extra_fields_column(table, sink)
         # Upkeep (planned by the table's leader) reads the sink's settings from the table.
         table = set_table_properties(self.catalog, table, sink_properties(
-            sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count, sink.write_mode,
+            sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count, sink.resolved_write_mode,
         ))
         self._batch_tables[(tenant, name)] = table
         schema = table.schema()

@@ -1,6 +1,6 @@
 """The change feed over real Iceberg tables written here with pyiceberg (no Spark needed):
 changes between snapshots, carryover removal, update pairing, compactions, schema evolution,
-delete files refused; consumers with an initial load, pages, acks, and snapshot expiry that keeps
+merge-on-read position deletes read as deletes, equality delete files refused; consumers with an initial load, pages, acks, and snapshot expiry that keeps
 what they have not read."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sqlmodel import Session
 from service.core.db import get_engine
 from service.feeds.consumers import protected_snapshots
 from service.iceberg.catalog import open_catalog
-from service.iceberg.rewrites import live_data_files, overwrite_files, replace_files
+from service.iceberg.rewrites import live_data_files, live_files, overwrite_files, replace_files, row_delta
 from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots
 
 ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -193,6 +193,90 @@ def test_a_table_with_equality_deletes_is_refused_with_what_to_do(app_client, ca
     assert answer.status_code == 201
     answer = app_client.get(f"/v1/tables/{name}/consumers/c/changes")
     assert answer.status_code == 409 and "equality delete files" in answer.json()["detail"]
+
+
+def delete_rows(catalog: Catalog, table: Table, positions: dict[str, list[int]], added: pa.Table | None = None,
+                deleted_from_added: list[int] = ()) -> Table:
+    """One merge-on-read snapshot (as Calve's row changes commit it): a position delete file per
+    data file of `positions`, and a data file of `added` whose rows `deleted_from_added` its own
+    delete file deletes."""
+    table = catalog.load_table(table.name())
+    adds = [parquet(table, added)] if added is not None else []
+    if deleted_from_added:
+        positions = {**positions, adds[0]: list(deleted_from_added)}
+    deletes = []
+    for data, rows_deleted in positions.items():
+        path = parquet(table, pa.table({"file_path": [data] * len(rows_deleted), "pos": pa.array(rows_deleted, pa.int64())}))
+        deletes.append([path, data, len(rows_deleted), len(table.io.new_input(path))])
+    transaction = table.transaction()
+    if deleted_from_added:  # a delete of a file this very snapshot adds: not one row_delta names
+        from service.iceberg import private
+        from service.iceberg.appends import data_file
+        from service.iceberg.rewrites import position_delete_file
+        files = [data_file(transaction, path) for path in adds]
+        live = {**live_data_files(table), **{file.file_path: file for file in files}}
+        with private.row_delta_producer(transaction, {}) as snapshot:
+            for file in files:
+                snapshot.append_data_file(file)
+            for path, data, count, size in deletes:
+                snapshot.append_delete_file(position_delete_file(path, live[data], count, size, table.metadata.default_spec_id))
+    else:
+        row_delta(table, transaction, adds, deletes, {})
+    transaction.commit_transaction()
+    return catalog.load_table(table.name())
+
+
+def test_a_merge_on_read_tables_position_deletes_are_its_deleted_rows(app_client, catalog: Catalog) -> None:  # noqa: ANN001
+    """Position deletes read as the deletes (or old halves of updates) of the rows they name, each
+    row once however many delete files its file gathers; carryover goes as on copy-on-write
+    tables; a delete of a row its own snapshot added hides both; an initial load leaves deleted
+    rows out; a compaction folding the deletes in emits nothing; a consumer paging one row at a
+    time ends equal to the table."""
+    name, table = new_table(catalog)
+    table.append(rows((1, "a"), (2, "b"), (3, "c"), (4, "d")))
+    (first,) = live_data_files(catalog.load_table(table.name()))
+    start = catalog.load_table(table.name()).current_snapshot().snapshot_id
+    answer = app_client.post(f"/v1/tables/{name}/consumers", json={"name": "paged", "start": "earliest"})
+    assert answer.status_code == 201, answer.text
+    # 2 updated, 3 deleted, 4 written again unchanged (carryover), 5 inserted.
+    table = delete_rows(catalog, table, {first: [1, 2, 3]}, rows((2, "B"), (4, "d"), (5, "e")))
+    upsert = table.current_snapshot().snapshot_id
+    (second,) = set(live_data_files(table)) - {first}
+    # 1 deleted from the first file (its earlier deletes are not deleted again), 5 from the second.
+    table = delete_rows(catalog, table, {first: [0], second: [2]})
+    # A row added and deleted by one snapshot (7) is no change at all.
+    table = delete_rows(catalog, table, {}, rows((6, "f"), (7, "g")), deleted_from_added=[1])
+    assert len(live_files(table)[1]) == 4, "four position delete files"
+    expected = [
+        ("UPDATE_BEFORE", 2, "b"), ("DELETE", 3, "c"), ("UPDATE_AFTER", 2, "B"), ("INSERT", 5, "e"),
+        *sorted([("DELETE", 1, "a"), ("DELETE", 5, "e")], key=lambda row: (first, second)[row[1] != 1]),
+        ("INSERT", 6, "f"),
+    ]
+    got = changes(app_client, name, from_snapshot=start)
+    assert brief(got) == expected
+    assert {row["_snapshot_id"] for row in got[:4]} == {upsert}
+    state = {i: n for i, n in [(1, "a"), (2, "b"), (3, "c"), (4, "d")]}
+    consume(app_client, name, "paged", state, limit=1)
+    assert state == table_state(catalog, table) == {2: "B", 4: "d", 6: "f"}
+
+    answer = app_client.post(f"/v1/tables/{name}/consumers", json={"name": "loaded", "start": "latest", "initial_load": True})
+    assert answer.status_code == 201, answer.text
+    loaded: dict = {}
+    consume(app_client, name, "loaded", loaded, limit=2)
+    assert loaded == table_state(catalog, table), "an initial load reads the live rows only"
+
+    # A compaction folds every delete file in: no changes.
+    before = table.current_snapshot().snapshot_id
+    data, deletes = live_files(table)
+    folded = {path: [d.file_path for d in deletes if d.lower_bounds and d.lower_bounds.get(2147483546) == path.encode()] for path in data}
+    transaction = table.transaction()
+    replace_files(table, transaction, sorted(data), [parquet(table, rows((2, "B"), (4, "d"), (6, "f")))], {}, folded)
+    transaction.commit_transaction()
+    table = catalog.load_table(table.name())
+    assert live_files(table)[1] == [], "the deletes were folded in"
+    assert changes(app_client, name, from_snapshot=before) == []
+    consume(app_client, name, "paged", state, limit=1)
+    assert state == table_state(catalog, table)
 
 
 def consume(app_client, name: str, consumer: str, state: dict, limit: int) -> list[str]:  # noqa: ANN001

@@ -91,7 +91,7 @@ def main() -> None:
         encoded = sum(len(orjson.dumps(row, default=str)) for batch in batches for row in batch.to_pylist())
         t4 = time.perf_counter()
         changes = sum(batch.num_rows for batch in batches)
-        read_rows = sum(f.record_count for f in files.removed + files.added)
+        read_rows = sum(part.file.record_count for part in files.removed + files.added)
         say(f"{changes} change rows ({changes // 2} keys updated) from {read_rows} rows in {len(files.removed)}+{len(files.added)} files")
         say(f"manifests {t1 - t0:.2f} s, first pass (hash every row) {t2 - t1:.2f} s, second pass (rows out) {t3 - t2:.2f} s, "
             f"NDJSON {t4 - t3:.2f} s ({encoded >> 20} MiB)")

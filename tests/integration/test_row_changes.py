@@ -50,7 +50,7 @@ def no_delete_files(stack: Stack) -> None:
 
 
 def people(write_mode: str | None) -> dict:
-    """The people pipeline, its sink writing row changes in `write_mode` (None: the default)."""
+    """The people pipeline, its sink writing row changes in `write_mode` (None: the default, merge-on-read)."""
     if write_mode is None:
         return PEOPLE
     return {**PEOPLE, "sinks": [{**PEOPLE["sinks"][0], "write_mode": write_mode}]}
@@ -187,8 +187,8 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     """Random inserts, updates and deletes over 200 keys in many requests, written by two writers,
     with the leader killed once mid-run and a compaction: the table ends as a model applying them
     in order, with delete files as the write mode says, and pyiceberg and DuckDB read one row per
-    key. Copy-on-write: a change feed consumer that started with the table keeps a copy equal to
-    it (FeedCopy).
+    key; a change feed consumer that started with the table keeps a copy equal to it (FeedCopy),
+    in both modes.
 
     Changes apply in hand-off order across requests (two writers may hand off requests sent a
     moment apart either way round), so requests in flight together touch different keys: each
@@ -197,7 +197,6 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     stack.start("writer", name="writer-2")
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=people(write_mode)).status_code == 201
-    feeding = write_mode == "copy-on-write"
     rng = random.Random(20261122)
     model: dict[int, dict] = {}
     receipts = []
@@ -206,11 +205,11 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     feed = FeedCopy(stack, feed_port)
     with stack.client() as http:
         for wave in range(12):
-            if wave == 1 and feeding:
+            if wave == 1:
                 answer = http.post("/v1/tables/people/consumers", json={"name": "copy", "start": "earliest", "initial_load": True})
                 assert answer.status_code == 201, answer.text
                 feed.thread.start()
-            if wave == 4 and feeding:
+            if wave == 4:
                 stack.kill("api-2", signal.SIGKILL)
                 stack.start("api", name="api-2", port=feed_port)
             if wave == 8:
@@ -237,14 +236,13 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert table_rows(stack) == model
     table = stack.catalog().load_table(("demo", "people"))
     assert {row["id"]: row for row in duckdb_rows(table)} == model, "DuckDB reads what pyiceberg reads"
-    if feeding:
-        wait_until(lambda: feed.cursor == f"snap:{table.current_snapshot().snapshot_id}" or feed.problems, timeout_s=60, what="the feed caught up")
-        feed.stop.set()
-        feed.thread.join(30)
-        assert not feed.problems, feed.problems[:3]
-        assert feed.copy == model, "the consumer's copy ends equal to the table"
-        assert feed.checked >= 5, "the copy was compared at snapshot ends along the way"
-        assert feed.carryover() == []
+    wait_until(lambda: feed.cursor == f"snap:{table.current_snapshot().snapshot_id}" or feed.problems, timeout_s=60, what="the feed caught up")
+    feed.stop.set()
+    feed.thread.join(30)
+    assert not feed.problems, feed.problems[:3]
+    assert feed.copy == model, "the consumer's copy ends equal to the table"
+    assert feed.checked >= 5, "the copy was compared at snapshot ends along the way"
+    assert feed.carryover() == []
     delete_files_as_written(stack, write_mode)
     assert not stack.redis.exists(keys.applying_key("demo", "people"))
     table = stack.catalog().load_table(("demo", "people"))
@@ -290,7 +288,7 @@ def test_changes_applied_to_a_table_that_moved_meanwhile_are_applied_again(stack
     assert sorted(rows) == [i for i in range(30) if i != 15]
     assert rows[5] == {"id": 5, "name": "new", "n": 50} and all(rows[i]["name"] == "old" for i in rows if i != 5)
     assert b"applying them again" in (stack.data_dir / "committer.log").read_bytes()
-    no_delete_files(stack)
+    delete_files_as_written(stack, "merge-on-read")  # the default
 
 
 @pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
