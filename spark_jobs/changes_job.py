@@ -45,8 +45,9 @@ class Applied:
     removes: list[str] = field(default_factory=list)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # receipt -> effect -> events
     rows_written: int = 0
-    # merge-on-read: (delete file, the data file it applies to, rows, bytes)
-    deletes: list[tuple[str, str, int, int]] = field(default_factory=list)
+    # merge-on-read: (delete file, the data file it applies to, rows, bytes[, the delete files of
+    # that data file it replaces: row_delta_job.py's hold their positions too])
+    deletes: list[tuple] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # time by phase, where the way measures it
 
 

@@ -6,7 +6,11 @@ candidate files) into a table whose partition transforms direct_append.py groups
 task (`mapInArrow` over a one-row frame) reads the change files, reads only the identifier
 columns of the candidate files with their position deletes applied, folds each key's events in
 order exactly as changes_job.py does (`fold`), and writes the keys' new rows (one file per
-partition value) and one position delete file per data file holding a row of a changed key.
+partition value) and one position delete file per data file holding a row of a changed key. That
+file also holds the positions of the data file's earlier delete files that name it alone, and
+replaces them (the answer names them; the commit removes them): a data file keeps at most one
+such delete file, as Iceberg v3 keeps one deletion vector per data file, so a reader opens one
+delete file per data file however many changes it saw.
 changes_job.py's own jobs each cost a Spark job's overhead and a trip of the rows through the
 JVM; here the whole run is one task in one Python worker.
 
@@ -134,6 +138,12 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
             gone = read(path, ["file_path", "pos"])
             return pa.table([gone.column("file_path").cast(pa.string()), gone.column("pos").cast(pa.int64())], names=["file_path", "pos"])
 
+        def named_alone(delete: str, path: str) -> pa.Table | None:
+            """The delete file's positions, when it names data file `path` alone (Calve's own do;
+            another engine's may name every file of a partition)."""
+            gone = cached_read(("deletes", delete), lambda: positions_deleted(delete))
+            return gone if gone.num_rows and pc.all(pc.equal(gone.column("file_path"), path)).as_py() else None
+
         hits, hit_files = [], set()
         single = pa.concat_arrays(changed.column(keys[0]).chunks) if len(keys) == 1 and changed.num_rows else None
         for path, _deletes in candidates:
@@ -174,8 +184,26 @@ def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], tar
             write_partitioned(new_rows, root, store, schema, partition)
         deleted = []
         if hits:
-            positions = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits]).sort_by([("file_path", "ascending"), ("pos", "ascending")])
-            deleted = write_delete_files(positions.combine_chunks().to_batches(), f"{directory}-deletes", filesystem)
+            # Each data file hit: one delete file of its new and its earlier positions, replacing
+            # the earlier delete files that name it alone (they delete rows disjoint from the new).
+            new = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits])
+            still_hit = set(new.column("file_path").unique().to_pylist())  # less those whose rows were all deleted before
+            replaced: dict[str, list[str]] = {}
+            earlier = []
+            for path, deletes in candidates:
+                if path in still_hit:
+                    for delete in deletes:
+                        if (gone := named_alone(delete, path)) is not None:
+                            replaced.setdefault(path, []).append(delete)
+                            earlier.append(gone)
+            positions = pa.concat_tables([new, *earlier])
+            if earlier:  # once each, should two earlier delete files name one row
+                positions = positions.group_by(["file_path", "pos"]).aggregate([])
+            positions = positions.sort_by([("file_path", "ascending"), ("pos", "ascending")]).combine_chunks()
+            deleted = [[*written, replaced.get(written[1], [])]
+                       for written in write_delete_files(positions.to_batches(), f"{directory}-deletes", filesystem)]
+            for path, data, *_rest in deleted:  # the next run that hits `data` finds its positions here, unread
+                cached_read(("deletes", path), lambda data=data: positions.filter(pc.equal(positions.column("file_path"), data)))
         lap("write")
         answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted, "seconds": seconds}
         yield pa.RecordBatch.from_pylist([{"answer": json.dumps(answer)}], schema=ANSWER_ARROW)

@@ -35,6 +35,8 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
 
+from service.iceberg.manifests import live_entries
+
 
 def table_io(transaction: Transaction) -> FileIO:
     """The FileIO of the transaction's table. Public replacement: a `Transaction.io` property
@@ -120,24 +122,30 @@ class _AsReplace:
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
 
-class _ReplaceFiles(_AsReplace, _AddsDeleteFiles, _OverwriteFiles):
-    """Its commit checks, as an overwrite's does, that every file it deletes is live in the parent.
+class _RemovesDeleteFiles(_AddsDeleteFiles, _OverwriteFiles):
+    """An overwrite that removes delete files as well as data files, and adds both. Its commit
+    checks, as an overwrite's does, that every file it removes is live in the parent.
 
-    It also removes delete files (a compaction folds a data file's position deletes into the file
-    that replaces it, and drops delete files whose data file is gone): pyiceberg's overwrite finds
-    data files only, and rewrites a manifest it removes some files from with a data manifest
-    writer, which would turn the delete files a delete manifest keeps into data files. And it adds
-    delete files: rows of the files it rewrites deleted since it was planned, carried over to the
-    files that replace them (folding.py)."""
+    pyiceberg's overwrite finds data files only, and rewrites a manifest it removes some files from
+    with a data manifest writer, which would turn the delete files a delete manifest keeps into
+    data files. And it reads every manifest of the partitions it touches; this one reads and
+    rewrites only the manifests that hold a file it removes (manifests.live_entries knows which).
+    And it carries on manifests whose entries are all deleted ones (the manifest of what the
+    parent removed); this one leaves them out, as a fast append does, so a row delta that removes
+    delete files every run does not leave one such manifest per run behind for every reader."""
 
     _removed_delete_entries: list[ManifestEntry]
+
+    def _holds_removed(self, manifest: ManifestFile) -> bool:
+        removed = {file.file_path for file in self._deleted_data_files}
+        return any(file.file_path in removed for file in live_entries(manifest, self._io))
 
     def _deleted_entries(self) -> list[ManifestEntry]:
         entries: list[ManifestEntry] = []
         parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         evaluators: dict[int, Callable[[ManifestFile], bool]] = KeyDefaultDict(self._build_manifest_evaluator)
         for manifest in parent.manifests(self._io) if parent is not None else []:
-            if not evaluators[manifest.partition_spec_id](manifest):
+            if not evaluators[manifest.partition_spec_id](manifest) or not self._holds_removed(manifest):
                 continue
             entries += [
                 ManifestEntry.from_args(
@@ -156,7 +164,9 @@ class _ReplaceFiles(_AsReplace, _AddsDeleteFiles, _OverwriteFiles):
         evaluators: dict[int, Callable[[ManifestFile], bool]] = KeyDefaultDict(self._build_manifest_evaluator)
         snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
         for manifest in snapshot.manifests(io=self._io) if snapshot is not None else []:
-            if not evaluators[manifest.partition_spec_id](manifest):
+            if not manifest.has_added_files() and not manifest.has_existing_files():
+                continue  # its entries are all deleted ones, of the snapshot that deleted them: not carried on (as a fast append does)
+            if not evaluators[manifest.partition_spec_id](manifest) or not self._holds_removed(manifest):
                 kept.append(manifest)
                 continue
             entries = manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
@@ -190,6 +200,13 @@ class _ReplaceFiles(_AsReplace, _AddsDeleteFiles, _OverwriteFiles):
         return self.new_manifest_writer(self.spec(spec_id))
 
 
+class _ReplaceFiles(_AsReplace, _RemovesDeleteFiles):
+    """A compaction's snapshot: it folds a data file's position deletes into the file that
+    replaces it (removing both), drops delete files whose data file is gone, and adds delete
+    files: rows of the files it rewrites deleted since it was planned, carried over to the files
+    that replace them (folding.py)."""
+
+
 class _MergeManifests(_AsReplace, _MergeAppendFiles):
     """A merge append of no files that merges every manifest it can (not only past the table's
     min-count-to-merge)."""
@@ -221,8 +238,16 @@ class _RowDelta(_AddsDeleteFiles, _FastAppendFiles):
     `overwrite`, as Iceberg's RowDelta does when it adds rows and deletes some."""
 
 
-def row_delta_producer(transaction: Transaction, snapshot_properties: dict[str, str]) -> _RowDelta:
-    """A producer of one `overwrite` snapshot adding data files and position delete files.
-    Public replacement: pyiceberg's open work on merge-on-read writes (a `RowDelta`-like
-    `UpdateSnapshot` producer, or v3 deletion vectors written by `Transaction.delete`)."""
-    return _RowDelta(operation=Operation.OVERWRITE, transaction=transaction, io=table_io(transaction), snapshot_properties=snapshot_properties)
+class _RowDeltaReplacingDeletes(_RemovesDeleteFiles):
+    """A row delta that also removes the delete files its own delete files replace."""
+
+
+def row_delta_producer(
+    transaction: Transaction, snapshot_properties: dict[str, str], removes_deletes: bool = False,
+) -> _FastAppendFiles | _OverwriteFiles:
+    """A producer of one `overwrite` snapshot adding data files and position delete files (and,
+    with `removes_deletes`, removing delete files: `delete_data_file`). Public replacement:
+    pyiceberg's open work on merge-on-read writes (a `RowDelta`-like `UpdateSnapshot` producer
+    with `removeDeletes`, or v3 deletion vectors written by `Transaction.delete`)."""
+    producer = _RowDeltaReplacingDeletes if removes_deletes else _RowDelta
+    return producer(operation=Operation.OVERWRITE, transaction=transaction, io=table_io(transaction), snapshot_properties=snapshot_properties)

@@ -21,7 +21,7 @@ from pyiceberg.table.delete_file_index import PATH_FIELD_ID
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg import private
 from service.iceberg.appends import data_file, ensure_name_mapping
-from service.iceberg.folding import carry_over
+from service.iceberg.folding import carry_over, read_layouts
 from service.iceberg.manifests import live_entries
 from spark_jobs.contract import new_directory
 
@@ -111,23 +111,30 @@ def row_delta(
     table: Table, transaction: Transaction, adds: list[str], deletes: list[list], snapshot_properties: dict[str, str],
 ) -> Rewritten:
     """Stage a merge-on-read snapshot in `transaction` (opened on `table`): `adds` (new rows) in,
-    and `deletes`, position delete files ([path, the data file it applies to, rows, bytes]),
-    each in its data file's partition with file_path bounds naming that file only. FilesNotLive
-    when a data file they apply to is gone."""
-    live = live_data_files(table)
-    gone = [data for _path, data, _rows, _bytes in deletes if data not in live]
+    and `deletes`, position delete files ([path, the data file it applies to, rows, bytes, and
+    optionally the delete files of that data file it replaces]), each in its data file's partition
+    with file_path bounds naming that file only; the delete files they replace out. FilesNotLive
+    when a data file they apply to, or a delete file they replace, is gone."""
+    live, live_deletes = live_files(table)
+    gone = [data for _path, data, *_rest in deletes if data not in live]
     if gone:
         raise FilesNotLive(f"{len(gone)} of the {len(deletes)} files rows were deleted from are no longer in the table (first: {gone[0]})")
+    by_path = {file.file_path: file for file in live_deletes}
+    replaced = [path for _path, _data, _rows, _bytes, *rest in deletes for path in (rest[0] if rest else [])]
+    if missing := [path for path in replaced if path not in by_path]:
+        raise FilesNotLive(f"{len(missing)} of the delete files {len(deletes)} new ones replace are no longer in the table (first: {missing[0]})")
     ensure_name_mapping(transaction)
     added = [data_file(transaction, path) for path in adds]
-    delete_files = [position_delete_file(path, live[data], rows, size, live[data].spec_id) for path, data, rows, size in deletes]
-    with private.row_delta_producer(transaction, snapshot_properties) as snapshot:
+    delete_files = [position_delete_file(path, live[data], rows, size, live[data].spec_id) for path, data, rows, size, *_rest in deletes]
+    with private.row_delta_producer(transaction, snapshot_properties, removes_deletes=bool(replaced)) as snapshot:
+        for path in replaced:
+            snapshot.delete_data_file(by_path[path])
         for file in added:
             snapshot.append_data_file(file)
         for file in delete_files:
             snapshot.append_delete_file(file)
     return Rewritten(0, len(added) + len(delete_files), 0, sum(f.file_size_in_bytes for f in [*added, *delete_files]),
-                     sum(f.record_count for f in added))
+                     sum(f.record_count for f in added), len(replaced))
 
 
 def position_delete_file(path: str, data: DataFile, rows: int, size: int, spec_id: int) -> DataFile:
@@ -151,8 +158,9 @@ def replace_files(
     file, the delete files its rewrite applied) deleted: those delete files go too, as do delete
     files whose data file is gone. Rows of a removed file deleted since the rewrite was planned
     (delete files not among those folded) are deleted from its copy by delete files written here
-    from the copies' layouts. FilesNotLive when a file to remove is gone, or one of its folded
-    delete files, or its newer deletes cannot be carried over."""
+    from the copies' layouts (also when a row change replaced a file's folded delete files with
+    one holding their rows and its own). FilesNotLive when a file to remove is gone, or its newer
+    deletes cannot be carried over."""
     folded = folded or {}
     live, deletes = live_files(table)
     gone = [path for path in removes if path not in live]
@@ -160,11 +168,18 @@ def replace_files(
         raise FilesNotLive(f"{len(gone)} of the {len(removes)} files to replace are no longer in the table (first: {gone[0]})")
     applying = deletes_by_file({path: live[path] for path in removes}, deletes)
     newer: dict[str, list[DataFile]] = {}  # per file, delete files committed since the rewrite was planned
+    # Files whose folded delete files a row change replaced since (row_delta_job.py keeps one
+    # delete file per data file, holding the rows of those it replaces): every delete file they
+    # have now is newer; what the copy already left out is not deleted from it twice (folding.py).
+    merged = set()
     for path in removes:
         now = applying.get(path, [])
-        if not set(folded.get(path, [])) <= {file.file_path for file in now}:
-            raise FilesNotLive(f"delete files of {path} the rewrite folded in are gone (another rewrite came first)")
-        if added := [file for file in now if file.file_path not in folded.get(path, [])]:
+        if set(folded.get(path, [])) <= {file.file_path for file in now}:
+            added = [file for file in now if file.file_path not in folded.get(path, [])]
+        else:
+            added = now
+            merged.add(path)
+        if added:
             newer[path] = added
     removed_deletes = [file for path in removes for file in applying.get(path, [])]
     if any(referenced_data_file(file) is None for file in removed_deletes):  # the planner folds file-bounded deletes only
@@ -173,7 +188,11 @@ def replace_files(
     removed_deletes += [file for file in deletes if (named := referenced_data_file(file)) is not None and named not in live]
     ensure_name_mapping(transaction)
     removed, added = [live[path] for path in removes], [data_file(transaction, path) for path in adds]
-    folded_rows = sum(file.record_count for path in removes for file in applying.get(path, []) if path not in newer or file not in newer[path])
+    folded_rows = sum(file.record_count for path in removes if path not in merged for file in applying.get(path, [])
+                      if path not in newer or file not in newer[path])
+    if merged:  # the rows the copies left out, as their layouts say
+        layouts = read_layouts(table.io, adds)
+        folded_rows += sum(len(layouts[path][3]) if path in layouts else 0 for path in merged)
     rows_before = sum(file.record_count for file in removed) - folded_rows
     rows_after = sum(file.record_count for file in added)
     if rows_before != rows_after:

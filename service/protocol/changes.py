@@ -55,7 +55,8 @@ class ApplyResult:
     adds: list[str] = field(default_factory=list)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # receipt -> inserted/updated/deleted/noop
     error: str | None = None
-    # merge-on-read: [position delete file, the data file it applies to, rows, bytes]
+    # merge-on-read: [position delete file, the data file it applies to, rows, bytes, and (absent
+    # in older answers: none) the delete files of that data file it replaces, holding their rows too]
     deletes: list[list] = field(default_factory=list)
 
     @property

@@ -32,7 +32,7 @@ from sqlmodel import Session
 from service.core.db import get_engine
 from service.feeds.consumers import protected_snapshots
 from service.iceberg.catalog import open_catalog
-from service.iceberg.rewrites import live_data_files, live_files, overwrite_files, replace_files, row_delta
+from service.iceberg.rewrites import live_data_files, live_files, overwrite_files, referenced_data_file, replace_files, row_delta
 from service.iceberg.upkeep import ExpiryPolicy, expire_snapshots
 
 ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -196,18 +196,23 @@ def test_a_table_with_equality_deletes_is_refused_with_what_to_do(app_client, ca
 
 
 def delete_rows(catalog: Catalog, table: Table, positions: dict[str, list[int]], added: pa.Table | None = None,
-                deleted_from_added: list[int] = ()) -> Table:
+                deleted_from_added: list[int] = (), replacing: bool = False) -> Table:
     """One merge-on-read snapshot (as Calve's row changes commit it): a position delete file per
     data file of `positions`, and a data file of `added` whose rows `deleted_from_added` its own
-    delete file deletes."""
+    delete file deletes. With `replacing`, each delete file also holds the positions of its data
+    file's delete files so far and replaces them (as row_delta_job.py writes them)."""
     table = catalog.load_table(table.name())
     adds = [parquet(table, added)] if added is not None else []
     if deleted_from_added:
         positions = {**positions, adds[0]: list(deleted_from_added)}
     deletes = []
     for data, rows_deleted in positions.items():
+        earlier = [file.file_path for file in live_files(table)[1] if referenced_data_file(file) == data] if replacing else []
+        for path in earlier:
+            with table.io.new_input(path).open() as stream:
+                rows_deleted = sorted({*rows_deleted, *pq.read_table(stream).column("pos").to_pylist()})
         path = parquet(table, pa.table({"file_path": [data] * len(rows_deleted), "pos": pa.array(rows_deleted, pa.int64())}))
-        deletes.append([path, data, len(rows_deleted), len(table.io.new_input(path))])
+        deletes.append([path, data, len(rows_deleted), len(table.io.new_input(path)), earlier])
     transaction = table.transaction()
     if deleted_from_added:  # a delete of a file this very snapshot adds: not one row_delta names
         from service.iceberg import private
@@ -218,7 +223,7 @@ def delete_rows(catalog: Catalog, table: Table, positions: dict[str, list[int]],
         with private.row_delta_producer(transaction, {}) as snapshot:
             for file in files:
                 snapshot.append_data_file(file)
-            for path, data, count, size in deletes:
+            for path, data, count, size, _earlier in deletes:
                 snapshot.append_delete_file(position_delete_file(path, live[data], count, size, table.metadata.default_spec_id))
     else:
         row_delta(table, transaction, adds, deletes, {})
@@ -242,11 +247,12 @@ def test_a_merge_on_read_tables_position_deletes_are_its_deleted_rows(app_client
     table = delete_rows(catalog, table, {first: [1, 2, 3]}, rows((2, "B"), (4, "d"), (5, "e")))
     upsert = table.current_snapshot().snapshot_id
     (second,) = set(live_data_files(table)) - {first}
-    # 1 deleted from the first file (its earlier deletes are not deleted again), 5 from the second.
-    table = delete_rows(catalog, table, {first: [0], second: [2]})
+    # 1 deleted from the first file, by a delete file that replaces the first one's (so holds its
+    # rows too: they are not deleted again), 5 from the second.
+    table = delete_rows(catalog, table, {first: [0], second: [2]}, replacing=True)
     # A row added and deleted by one snapshot (7) is no change at all.
     table = delete_rows(catalog, table, {}, rows((6, "f"), (7, "g")), deleted_from_added=[1])
-    assert len(live_files(table)[1]) == 4, "four position delete files"
+    assert len(live_files(table)[1]) == 3, "three position delete files, one per data file with deletes"
     expected = [
         ("UPDATE_BEFORE", 2, "b"), ("DELETE", 3, "c"), ("UPDATE_AFTER", 2, "B"), ("INSERT", 5, "e"),
         *sorted([("DELETE", 1, "a"), ("DELETE", 5, "e")], key=lambda row: (first, second)[row[1] != 1]),

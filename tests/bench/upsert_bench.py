@@ -6,7 +6,9 @@ over 30 days, id order = day order) through an append pipeline into a table of i
 identifier is `id`, then lets producers POST upserts with wait=true for BENCH_SECONDS: each
 request changes 1,000 keys of the most recent 7 days (1% of the table every ten requests). It
 reports changed rows per second, wait=true p50/p99, and write amplification: rows written by the
-overwrite snapshots (new rows, rows of rewritten files, position deletes) per row changed. Then
+overwrite snapshots (new rows, rows of rewritten files, new position deletes) per row changed,
+and, apart, the earlier positions a merge-on-read run copies into the one delete file it keeps per
+data file (row_delta_job.py). Then
 it times a full read of the table by pyiceberg and by DuckDB's iceberg extension as the run left
 it, asks for a compaction by hand (which folds every delete file in), and times them again, beside
 a plain copy of the same rows (appended by pyiceberg: no deletes, unpartitioned) as the
@@ -31,6 +33,7 @@ import httpx
 import orjson
 from pyiceberg.catalog.sql import SqlCatalog
 
+from service.iceberg.rewrites import live_files
 from tests.bench.ingest_bench import TOKEN, embedded_stack, say
 
 DAYS = 30
@@ -97,6 +100,8 @@ async def upsert(port: int, rows: int, seconds: float, producers: int, name: str
                     payload = await answer.read()
                 if answer.status != 200:
                     failures += 1
+                    if failures <= 3:
+                        say(f"a request answered {answer.status}: {payload[:300]!r}")
                     continue
                 latencies.append(time.monotonic() - sent)
                 changed += orjson.loads(payload)["tables"][name]["changes"]["updated"]
@@ -106,19 +111,23 @@ async def upsert(port: int, rows: int, seconds: float, producers: int, name: str
     return changed, latencies, failures
 
 
-def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, int]:
-    """(rows written, files rewritten, delete files written) by the overwrite snapshots committed
-    since `since_ms`: rows and position deletes both count as rows written."""
+def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, int, int]:
+    """(rows written, files rewritten, delete files written, earlier positions copied) by the
+    overwrite snapshots committed since `since_ms`: rows and new position deletes both count as
+    rows written; the positions of the delete files a run replaces, which its own delete file
+    holds again, are counted apart."""
     catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
     table = catalog.load_table(("demo", name))
-    written = rewritten = delete_files = 0
+    written = rewritten = delete_files = copied = 0
     for snapshot in table.snapshots():
         if snapshot.timestamp_ms >= since_ms and snapshot.summary and snapshot.summary.operation.value == "overwrite":
             summary = snapshot.summary.additional_properties
-            written += int(summary.get("added-records", 0)) + int(summary.get("added-position-deletes", 0))
+            again = int(summary.get("removed-position-deletes", 0))
+            written += int(summary.get("added-records", 0)) + int(summary.get("added-position-deletes", 0)) - again
+            copied += again
             rewritten += int(summary.get("deleted-data-files", 0))
             delete_files += int(summary.get("added-position-delete-files", 0))
-    return written, rewritten, delete_files
+    return written, rewritten, delete_files, copied
 
 
 def read_seconds(table) -> tuple[float, float, int]:  # noqa: ANN001 - a pyiceberg Table
@@ -138,10 +147,18 @@ def read_seconds(table) -> tuple[float, float, int]:  # noqa: ANN001 - a pyicebe
     return py, duck, rows
 
 
+def shape_of(table) -> dict:  # noqa: ANN001 - a pyiceberg Table
+    """What a full read opens: data files, delete files, manifests."""
+    data, deletes = live_files(table)
+    return {"data_files": len(data), "delete_files": len(deletes), "manifests": len(table.current_snapshot().manifests(table.io))}
+
+
 def reads(data_dir: Path, port: int, name: str) -> dict:
     """Full-read times before and after a compaction by hand, and of a plain copy of the rows."""
     catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
-    before = read_seconds(catalog.load_table(("demo", name)))
+    left = catalog.load_table(("demo", name))
+    before = read_seconds(left)
+    shape = {"before": shape_of(left)}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=900) as http:
         asked = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
         assert asked.status_code == 200, f"the compaction by hand answered {asked.status_code}: {asked.text[:300]}"
@@ -149,6 +166,7 @@ def reads(data_dir: Path, port: int, name: str) -> dict:
         health = http.get(f"/v1/tables/{name}").json()["health"]
     table = catalog.load_table(("demo", name))
     after = read_seconds(table)
+    shape["after"] = shape_of(table)
     catalog.create_namespace_if_not_exists("bench")
     # Unpartitioned: pyiceberg writes partitioned tables only with pyiceberg-core, which Calve does not install.
     plain = catalog.create_table(("bench", f"{name}_plain"), table.schema(), properties={"format-version": "2"})
@@ -156,7 +174,7 @@ def reads(data_dir: Path, port: int, name: str) -> dict:
     baseline = read_seconds(plain)
     assert before[2] == after[2] == baseline[2], (before, after, baseline)
     return {
-        "compaction": answer["tasks"]["compact"].get("outcome"), "delete_files_after": health["delete_files"],
+        "compaction": answer["tasks"]["compact"].get("outcome"), "delete_files_after": health["delete_files"], "shape": shape,
         "pyiceberg_s": {"before": round(before[0], 3), "after": round(after[0], 3), "plain": round(baseline[0], 3)},
         "duckdb_s": {"before": round(before[1], 3), "after": round(after[1], 3), "plain": round(baseline[1], 3)},
     }
@@ -177,21 +195,23 @@ def main() -> None:
                 f"{seconds:.0f} s")
             since_ms = int(time.time() * 1000)
             changed, latencies, failures = asyncio.run(upsert(port, rows, seconds, producers, table_name(write_mode)))
-            written, files, delete_files = amplification(data_dir, table_name(write_mode), since_ms)
+            written, files, delete_files, copied = amplification(data_dir, table_name(write_mode), since_ms)
             p50 = statistics.median(latencies) if latencies else float("nan")
             p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
             say(f"{write_mode}: {changed / seconds:,.0f} changed rows/s; wait=true p50 {p50:.2f}s p99 {p99:.2f}s; "
-                f"{written:,} rows written for {changed:,} changed ({files} files rewritten, {delete_files} delete files); "
+                f"{written:,} rows written for {changed:,} changed ({files} files rewritten, {delete_files} delete files, "
+                f"{copied:,} earlier positions copied into them); "
                 f"{failures} non-200 answers")
             results[write_mode] = {
                 "changed_rows_per_s": round(changed / seconds, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3),
                 "write_amplification": round(written / changed, 2) if changed else None, "files_rewritten": files,
-                "delete_files": delete_files, "non_200": failures,
+                "delete_files": delete_files, "positions_copied_per_row_changed": round(copied / changed, 2) if changed else None,
+                "non_200": failures,
             }
             results[write_mode]["reads"] = timed = reads(data_dir, port, table_name(write_mode))
             say(f"{write_mode}: full read, pyiceberg / DuckDB: {timed['pyiceberg_s']['before']:.2f} / {timed['duckdb_s']['before']:.2f} s "
-                f"as left, {timed['pyiceberg_s']['after']:.2f} / {timed['duckdb_s']['after']:.2f} s after compaction "
-                f"({timed['compaction']}, {timed['delete_files_after']} delete files left), "
+                f"as left ({timed['shape']['before']}), {timed['pyiceberg_s']['after']:.2f} / {timed['duckdb_s']['after']:.2f} s after compaction "
+                f"({timed['compaction']}, {timed['shape']['after']}), "
                 f"{timed['pyiceberg_s']['plain']:.2f} / {timed['duckdb_s']['plain']:.2f} s for a plain copy")
     print(orjson.dumps({"table_rows": rows, **results}).decode(), flush=True)
 

@@ -58,7 +58,7 @@ def people(write_mode: str | None) -> dict:
 
 def delete_files_as_written(stack: Stack, write_mode: str) -> None:
     """Copy-on-write: no delete file. Merge-on-read: position delete files only, each naming one
-    data file of the table, DuckDB reads the rows pyiceberg reads (a local table), and the
+    data file of the table, at most one per data file, DuckDB reads the rows pyiceberg reads (a local table), and the
     table's health counts them."""
     if write_mode == "copy-on-write":
         no_delete_files(stack)
@@ -68,11 +68,14 @@ def delete_files_as_written(stack: Stack, write_mode: str) -> None:
     contents = files.column("content").to_pylist()
     assert 1 in contents and 2 not in contents, f"position deletes only, some: {contents}"
     data = set(live_data_files(table))
+    named = []
     for row in files.to_pylist():
         if row["content"] == 1:
             with table.io.new_input(row["file_path"]).open() as stream:  # a local file or an object store's
                 (referenced,) = set(pq.read_table(stream).column("file_path").to_pylist())
             assert referenced in data and row["file_path"].endswith(".parquet")
+            named.append(referenced)
+    assert len(named) == len(set(named)), "one delete file per data file: a change merges a file's earlier ones into its own"
     if table.location().startswith("file:"):  # DuckDB reaches an object store only through its httpfs extension (not here)
         assert {row["id"]: row for row in duckdb_rows(table)} == table_rows(stack), "DuckDB reads what pyiceberg reads"
     for log in stack.data_dir.glob("writer*.log"):  # the one-task way applied them: its fallback would hide its bugs

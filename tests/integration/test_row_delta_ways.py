@@ -64,15 +64,27 @@ def change_entries(rng: random.Random, where: Path) -> list[list[str]]:
     return entries
 
 
-def answer(applied, directory: str) -> tuple:  # noqa: ANN001 - an Applied
-    """What a way answered, in a form both ways share: counts, the new rows, the positions deleted."""
+def positions(path: str) -> list[int]:
+    return pq.read_table(path.removeprefix("file://")).column("pos").to_pylist()
+
+
+def answer(applied, directory: str, candidates: list[tuple[str, list[str]]]) -> tuple:  # noqa: ANN001 - an Applied
+    """What a way answered, in a form both ways share: counts, the new rows, the positions newly
+    deleted. A delete file that replaces its data file's earlier ones (the one-task way's) must
+    hold their positions too, and replace exactly the ones the data file had."""
     rows = Counter(tuple(sorted(row.items())) for path in list_data_files(directory) for row in pq.read_table(path.removeprefix("file://")).to_pylist())
     deleted = Counter()
-    for path, data_file, count, size in applied.deletes:
+    earlier = dict(candidates)
+    for path, data_file, count, size, *replaced in applied.deletes:
         table = pq.read_table(path.removeprefix("file://"))
         assert set(table.column("file_path").to_pylist()) == {data_file} and table.num_rows == count and size > 0
         assert table.column("pos").to_pylist() == sorted(table.column("pos").to_pylist()), "positions in order"
-        deleted.update((data_file, pos) for pos in table.column("pos").to_pylist())
+        before = set()
+        if replaced:
+            assert sorted(replaced[0]) == sorted(earlier[data_file]), "the data file's earlier delete files, all replaced"
+            before = {pos for delete in replaced[0] for pos in positions(delete)}
+            assert before <= set(table.column("pos").to_pylist()), "their positions kept"
+        deleted.update((data_file, pos) for pos in table.column("pos").to_pylist() if pos not in before)
     return applied.counts, applied.rows_written, rows, deleted
 
 
@@ -93,7 +105,7 @@ def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(
                 applied = apply_in_one_task(fresh_spark, entries, candidates, target, ["id"], upsert)
             else:
                 applied = apply_changes(fresh_spark, entries, candidates, target, ["id"], upsert, merge_on_read=True)
-            answers.append(answer(applied, directory))
+            answers.append(answer(applied, directory, candidates))
         assert answers[0] == answers[1], f"seed {seed}"
         assert answers[0][3], f"seed {seed}: some row was deleted"
         if partition:  # one partition value (the name's first two characters) per file of new rows

@@ -31,14 +31,19 @@ def data_paths(table) -> list[str]:  # noqa: ANN001
     return sorted(data, key=lambda path: data[path].lower_bounds[1])
 
 
-def delete_rows(table, tmp_path: Path, positions: dict[str, list[int]]):  # noqa: ANN001, ANN201
+def delete_rows(table, tmp_path: Path, positions: dict[str, list[int]], replacing: bool = False):  # noqa: ANN001, ANN201
     """One merge-on-read commit deleting `positions` of each data file (a delete file each, all in
-    one delete manifest); the table refreshed and the delete files' paths by data file."""
+    one delete manifest); the table refreshed and the delete files' paths by data file. With
+    `replacing`, as row_delta_job.py writes them: each delete file also holds the positions of its
+    data file's delete files so far, and replaces them."""
     deletes, written = [], {}
+    _data, live_deletes = live_files(table)
     for number, (data, rows) in enumerate(positions.items()):
+        earlier = [file.file_path for file in live_deletes if referenced_data_file(file) == data] if replacing else []
+        rows = sorted({*rows, *(pos for path in earlier for pos in pq.read_table(path.removeprefix("file://")).column("pos").to_pylist())})
         path = str(tmp_path / f"deletes-{len(list(tmp_path.iterdir()))}-{number}.parquet")
         pq.write_table(pa.table({"file_path": [data] * len(rows), "pos": pa.array(rows, pa.int64())}), path)
-        deletes.append([path, data, len(rows), Path(path).stat().st_size])
+        deletes.append([path, data, len(rows), Path(path).stat().st_size, earlier])
         written[data] = path
     with table.transaction() as transaction:
         row_delta(table, transaction, [], deletes, {})
@@ -56,9 +61,13 @@ def rewrite(table, tmp_path: Path, name: str, paths: list[str]) -> str:  # noqa:
 
 def ids(table) -> list[int]:  # noqa: ANN001
     """The table's ids as pyiceberg reads them, once DuckDB's iceberg extension is seen to read the
-    same, and every manifest is seen to hold files of its own content only."""
+    same, every manifest is seen to hold files of its own content only, and none that only
+    records an earlier snapshot's deletions is carried on."""
     table = table.refresh()
-    for manifest in table.current_snapshot().manifests(table.io):
+    current = table.current_snapshot()
+    for manifest in current.manifests(table.io):
+        assert manifest.has_added_files() or manifest.has_existing_files() or manifest.added_snapshot_id == current.snapshot_id, \
+            "a manifest of an earlier snapshot's deleted entries only is carried on"
         contents = {entry.data_file.content for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)}
         expected = {DataFileContent.DATA} if manifest.content == ManifestContent.DATA else {DataFileContent.POSITION_DELETES}
         assert contents <= expected, f"a {manifest.content.name} manifest holds {contents}"
@@ -141,6 +150,37 @@ def test_rows_deleted_while_the_rewrite_ran_are_deleted_from_its_copy(table, tmp
     table, _later = delete_rows(table, tmp_path, {copy: [2]})
     with pytest.raises(FilesNotLive, match="no layout"), table.transaction() as transaction:
         replace_files(table, transaction, [copy], [plain.as_uri()], {}, again.deletes)
+
+
+def test_a_change_replacing_a_files_delete_files_leaves_it_one_and_a_compaction_planned_before_still_commits(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """Change runs that merge a data file's delete files into one of their own (row_delta_job.py)
+    leave each data file one delete file, read back the same by pyiceberg and DuckDB; a compaction
+    planned before them folded delete files they replaced, and still commits: every row they
+    deleted that the copy holds is deleted from the copy, the rows folded in are not deleted twice."""
+    from pyarrow import fs as pafs
+
+    first, _second, third = data_paths(table)
+    table, _written = delete_rows(table, tmp_path, {first: [3, 4, 50]})
+    (group,) = plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=2, max_bytes=1 << 30))
+    sources = [file.file_path for file in group.files]
+    copier = _copier(str(tmp_path / "copy"), pafs.LocalFileSystem(), table.schema().as_arrow(), group.deletes)
+    (answer,) = [row for batch in copier(iter([pa.record_batch({"index": [0], "paths": ["\n".join(sources)]})])) for row in batch.to_pylist()]
+    copy = Path(answer["path"]).as_uri()
+    table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]}, replacing=True)
+    table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]}, replacing=True)
+    data, deletes = live_files(table)
+    assert sorted(referenced_data_file(file) for file in deletes) == sorted([first, third]), "one delete file per data file"
+    assert [file.record_count for file in deletes if referenced_data_file(file) == first] == [8]
+    expected = [i for i in range(300) if i not in {3, 4, 50, 0, 5, 51, 99, 98, 200, 299}]
+    assert ids(table) == expected
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, sources, [copy], {}, group.deletes)
+    assert done.delete_files_removed == 2
+    table = table.refresh()
+    data, deletes = live_files(table)
+    assert list(data) == [copy] and [referenced_data_file(file) for file in deletes] == [copy]
+    assert sum(file.record_count for file in deletes) == 7, "the three rows folded in are not deleted again"
+    assert ids(table) == expected
 
 
 def test_a_delete_file_whose_data_file_is_gone_goes_with_the_next_replace(table, tmp_path: Path) -> None:  # noqa: ANN001
