@@ -81,10 +81,13 @@ class TableCommits:
                 table = self.reload(tenant, table_name)
             if segment.changes:
                 done = self.changes.commit(tenant, table_name, table, segment, lease)
-                if done is None:
-                    break  # being applied: the entries after it wait their turn (order is the point)
-                committed |= done
-                continue
+                if done is not None:
+                    committed |= done
+                # Being applied, or committed now (its answer may cover only the entries queued
+                # when it was asked: the segment read since holds more), or to be applied again:
+                # the entries after it wait for the next round, planned from the new watermark.
+                # Going on would commit them past row changes not yet in the table.
+                break
             if segment.rewrite is None:
                 committed |= self.apply(tenant, table_name, table, segment, lease)
                 continue

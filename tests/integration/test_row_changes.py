@@ -252,6 +252,48 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert all("changes-" not in path for path in live_data_files(table)), "change files are never data files"
 
 
+def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied(stack_factory) -> None:  # noqa: ANN001
+    """A change run answers for the entries queued when it was asked; a change queued after the
+    ask, and an append to the same table queued after that, wait for it: the append's commit must
+    not carry the table's watermark past the second change (which would then never be applied).
+    The leader runs in this process, one commit round at a time."""
+    from service.committer.leases import TableLease
+    from service.committer.loop import Committer
+
+    stack = stack_factory(roles=("api", "writer"))
+    log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+    leader = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
+    lease = TableLease(stack.redis, "demo", "people", "leader", lease_ms=120_000)
+    assert lease.acquire()
+
+    def written(receipt: str) -> bool:
+        return stack.redis.hget(keys.receipt_key("demo", receipt), "status") in (b"written", b"committed")
+
+    first = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: written(first), what="the first change handed off")
+    assert leader.commits.commit_table("demo", "people", lease) is False, "the change is asked for, not committed yet"
+    wait_until(lambda: stack.redis.hexists(keys.applying_key("demo", "people"), "result"), what="the first change applied")
+    second = send(stack, [{"op": "u", "id": 1, "name": "b", "n": 2}], wait=False)["receipt"]
+    wait_until(lambda: written(second), what="the second change handed off")
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=log).status_code == 201
+        answer = http.post("/people_log", content=orjson.dumps({"id": 50, "name": "appended", "n": 0}),
+                           headers={"Content-Type": "application/x-ndjson"})
+    assert answer.status_code == 202, answer.text
+    appended = answer.json()["receipt"]
+    wait_until(lambda: written(appended), what="the append handed off")
+
+    def committed() -> bool:
+        leader.commits.commit_table("demo", "people", lease)
+        return all(stack.redis.hget(keys.receipt_key("demo", r), "status") == b"committed" for r in (first, second, appended))
+
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="every request committed, the second change included")
+    rows = table_rows(stack)
+    assert rows[1]["name"] == "b" and rows[50]["name"] == "appended", rows
+
+
 def test_changes_applied_to_a_table_that_moved_meanwhile_are_applied_again(stack_factory) -> None:  # noqa: ANN001
     """A compaction by another engine rewrites the table's files while a writer applies a change
     against the snapshot before it: the answer is not committed over the compaction; the change
