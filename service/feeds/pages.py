@@ -31,11 +31,18 @@ _PLANS_LOCK = threading.Lock()
 Differ = Callable[[Changelog, SnapshotFiles], "SnapshotChanges | None"]
 
 
+def _key(changelog: Changelog, snapshot_id: int) -> tuple:
+    return str(changelog.table.metadata.table_uuid), snapshot_id, changelog.schema.schema_id
+
+
+def _cached(changelog: Changelog, snapshot_id: int) -> SnapshotChanges | None:
+    with _PLANS_LOCK:
+        return _PLANS.get(_key(changelog, snapshot_id))
+
+
 def _plan(changelog: Changelog, snapshot_id: int, differ: Differ | None) -> SnapshotChanges:
     table = changelog.table
-    key = (str(table.metadata.table_uuid), snapshot_id, changelog.schema.schema_id)
-    with _PLANS_LOCK:
-        plan = _PLANS.get(key)
+    plan = _cached(changelog, snapshot_id)
     if plan is None:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
@@ -43,7 +50,7 @@ def _plan(changelog: Changelog, snapshot_id: int, differ: Differ | None) -> Snap
         files = snapshot_files(table, snapshot)
         plan = (differ(changelog, files) if differ is not None else None) or changelog.plan(files)
         with _PLANS_LOCK:
-            _PLANS[key] = plan
+            _PLANS[_key(changelog, snapshot_id)] = plan
     return plan
 
 
@@ -86,8 +93,9 @@ def stream(table: Table, cursor: Cursor, to_id: int | None = None, differ: Diffe
     else:
         first, after = iter(()), cursor.snapshot_id
     snapshots = lineage(table, after, to_id)
-    for snapshot in snapshots:
-        snapshot_files(table, snapshot)  # refuses equality delete files before anything is sent
+    for snapshot in snapshots:  # refuses equality delete files before anything is sent (a planned one has none)
+        if _cached(changelog, snapshot.snapshot_id) is None:
+            snapshot_files(table, snapshot)
     yield from first
     for snapshot in snapshots:
         yield from _snapshot_rows(changelog, snapshot.snapshot_id, 0, differ)

@@ -53,14 +53,16 @@ def read_layouts(io: FileIO, copies: list[str]) -> dict[str, tuple[str, int, int
     return layouts
 
 
-def carry_over(io: FileIO, directory: str, new_deletes: dict[str, list[DataFile]], copies: list[str]) -> list[tuple[str, str, int, int]]:
-    """Position delete files under `directory` deleting from `copies` the rows `new_deletes` (per
-    source file, delete files committed after its copy was planned) delete from their sources;
-    each as (path, the copy it applies to, rows, bytes)."""
+def carry_over(
+    io: FileIO, directory: str, new_deletes: dict[str, list[DataFile]], layouts: dict[str, tuple[str, int, int, np.ndarray]],
+) -> list[tuple[str, str, int, int]]:
+    """Position delete files under `directory` deleting from the copies the rows `new_deletes` (per
+    source file, delete files committed after its copy was planned) delete from their sources,
+    placed by the copies' `layouts` (read_layouts); each as (path, the copy it applies to, rows,
+    bytes)."""
     count = sum(map(len, new_deletes.values()))
     if count > MAX_CARRIED_DELETE_FILES:
         raise FilesNotLive(f"rows of the files rewritten were deleted meanwhile by {count} delete files, more than are carried over at commit")
-    layouts = read_layouts(io, copies)
     mapped: dict[str, list[np.ndarray]] = {}
     for source, deletes in new_deletes.items():
         if source not in layouts:

@@ -137,7 +137,7 @@ class _RemovesDeleteFiles(_AddsDeleteFiles, _OverwriteFiles):
     _removed_delete_entries: list[ManifestEntry]
 
     def _holds_removed(self, manifest: ManifestFile) -> bool:
-        removed = {file.file_path for file in self._deleted_data_files}
+        removed = {file.file_path for file in self._deleted_data_files}  # a few files; asked once per manifest
         return any(file.file_path in removed for file in live_entries(manifest, self._io))
 
     def _deleted_entries(self) -> list[ManifestEntry]:

@@ -188,11 +188,11 @@ def replace_files(
     removed_deletes += [file for file in deletes if (named := referenced_data_file(file)) is not None and named not in live]
     ensure_name_mapping(transaction)
     removed, added = [live[path] for path in removes], [data_file(transaction, path) for path in adds]
-    folded_rows = sum(file.record_count for path in removes if path not in merged for file in applying.get(path, [])
-                      if path not in newer or file not in newer[path])
-    if merged:  # the rows the copies left out, as their layouts say
-        layouts = read_layouts(table.io, adds)
-        folded_rows += sum(len(layouts[path][3]) if path in layouts else 0 for path in merged)
+    # The rows the folded delete files delete; of a merged file, the rows its copy left out.
+    layouts = read_layouts(table.io, adds) if merged else {}  # read once: the carry-over below needs them too
+    folded_rows = sum(file.record_count for path in removes if path not in merged
+                      for file in applying.get(path, []) if file.file_path in folded.get(path, []))
+    folded_rows += sum(len(layouts[path][3]) if path in layouts else 0 for path in merged)
     rows_before = sum(file.record_count for file in removed) - folded_rows
     rows_after = sum(file.record_count for file in added)
     if rows_before != rows_after:
@@ -201,7 +201,7 @@ def replace_files(
     by_path = {file.file_path: file for file in added}
     carried = [
         position_delete_file(path, by_path[copy], rows, size, transaction.table_metadata.default_spec_id)
-        for path, copy, rows, size in carry_over(table.io, new_directory(table.location(), "carried"), newer, adds)
+        for path, copy, rows, size in carry_over(table.io, new_directory(table.location(), "carried"), newer, layouts or read_layouts(table.io, adds))
     ] if newer else []
     producer = private.replace_producer(transaction, snapshot_properties)
     for file in carried:

@@ -88,7 +88,31 @@ class Sent:
     waited: bool = False  # sent with wait=true
 
 
-class Load:
+class Producers:
+    """`count` producer threads running `_produce(index)` until stopped."""
+
+    join_s = 120.0
+
+    def __init__(self, count: int) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._produce, args=(p,), daemon=True) for p in range(count)]
+
+    def _produce(self, producer: int) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Producers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.join_s)
+
+
+class Load(Producers):
     """Producers in threads: the even ones wait for the commit (wait=true), the odd ones do not,
     so the load keeps arriving while commits are stuck.
 
@@ -108,19 +132,7 @@ class Load:
         self.pause_s = pause_s
         self.drop_responses = drop_responses
         self.sent: list[Sent] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._produce, args=(p,), daemon=True) for p in range(producers)]
-
-    def start(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(120)
+        super().__init__(producers)
 
     @staticmethod
     def event_id(producer: int, seq: int, index: int) -> str:
@@ -690,7 +702,7 @@ ACCOUNTS_TABLE = ("demo", "accounts")
 CHANGE_PRODUCERS, KEYS_PER_PRODUCER, CHANGES_PER_REQUEST = 4, 60, 25
 
 
-class ChangeLoad:
+class ChangeLoad(Producers):
     """Producers of row changes, each over keys of its own (key % CHANGE_PRODUCERS), each request
     sent with wait=true only after the last was committed (so a producer's changes to a key apply
     in order, as the README asks), keeping a model of what the table must hold. A request without
@@ -698,24 +710,14 @@ class ChangeLoad:
     Idempotency-Key until one comes, or its receipt is followed until committed: the model takes
     a request once, when it is known to be committed."""
 
+    join_s = 180.0  # longer than Load's: a change request is followed until committed
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.model: dict[int, dict] = {}
         self.sent_events = self.committed_events = self.requests = 0
         self.problems: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._produce, args=(p,), daemon=True) for p in range(CHANGE_PRODUCERS)]
-
-    def start(self) -> ChangeLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(180)
+        super().__init__(CHANGE_PRODUCERS)
 
     def _produce(self, producer: int) -> None:
         rng = random.Random(producer)

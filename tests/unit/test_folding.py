@@ -116,19 +116,26 @@ def test_a_replace_folds_deletes_in_and_keeps_the_other_delete_files_as_delete_f
     assert table.current_snapshot().summary["total-records"] == str(len(expected) + 1)
 
 
-def test_rows_deleted_while_the_rewrite_ran_are_deleted_from_its_copy(table, tmp_path: Path) -> None:  # noqa: ANN001
-    """A change stream adds delete files to the files a compaction is rewriting while it runs: at
-    commit those rows are deleted from the copy too (mapped through the copy's layout, past the
-    positions folded in), instead of the compaction being dropped."""
+def compaction_copied(table, tmp_path: Path, first: str):  # noqa: ANN001, ANN201
+    """Rows 3, 4 and 50 of the first file deleted, a compaction of every file planned (folding
+    those deletes), and its copy written by the real compaction copier: (table, group, copy)."""
     from pyarrow import fs as pafs
 
-    first, _second, third = data_paths(table)
     table, _written = delete_rows(table, tmp_path, {first: [3, 4, 50]})
     (group,) = plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=2, max_bytes=1 << 30))
     sources = [file.file_path for file in group.files]
     copier = _copier(str(tmp_path / "copy"), pafs.LocalFileSystem(), table.schema().as_arrow(), group.deletes)
     (answer,) = [row for batch in copier(iter([pa.record_batch({"index": [0], "paths": ["\n".join(sources)]})])) for row in batch.to_pylist()]
-    copy = Path(answer["path"]).as_uri()
+    return table, group, Path(answer["path"]).as_uri()
+
+
+def test_rows_deleted_while_the_rewrite_ran_are_deleted_from_its_copy(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """A change stream adds delete files to the files a compaction is rewriting while it runs: at
+    commit those rows are deleted from the copy too (mapped through the copy's layout, past the
+    positions folded in), instead of the compaction being dropped."""
+    first, third = data_paths(table)[0::2]
+    table, group, copy = compaction_copied(table, tmp_path, first)
+    sources = [file.file_path for file in group.files]
     # Meanwhile: change runs delete rows of the first file (before, between and after those folded) and of the third.
     table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]})
     table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]})
@@ -157,15 +164,9 @@ def test_a_change_replacing_a_files_delete_files_leaves_it_one_and_a_compaction_
     leave each data file one delete file, read back the same by pyiceberg and DuckDB; a compaction
     planned before them folded delete files they replaced, and still commits: every row they
     deleted that the copy holds is deleted from the copy, the rows folded in are not deleted twice."""
-    from pyarrow import fs as pafs
-
-    first, _second, third = data_paths(table)
-    table, _written = delete_rows(table, tmp_path, {first: [3, 4, 50]})
-    (group,) = plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=2, max_bytes=1 << 30))
+    first, third = data_paths(table)[0::2]
+    table, group, copy = compaction_copied(table, tmp_path, first)
     sources = [file.file_path for file in group.files]
-    copier = _copier(str(tmp_path / "copy"), pafs.LocalFileSystem(), table.schema().as_arrow(), group.deletes)
-    (answer,) = [row for batch in copier(iter([pa.record_batch({"index": [0], "paths": ["\n".join(sources)]})])) for row in batch.to_pylist()]
-    copy = Path(answer["path"]).as_uri()
     table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]}, replacing=True)
     table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]}, replacing=True)
     data, deletes = live_files(table)
