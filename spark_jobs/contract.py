@@ -13,6 +13,10 @@ import pyarrow as pa
 # names a definition may not use.
 INTERNAL_PREFIX = "_calve"
 
+# The field of an input stream entry holding its request's events, NDJSON (service/protocol/
+# input_entry.py); Spark's tasks read it there themselves (stream_bodies.py).
+ENTRY_BODY = "body"
+
 # An event the api set aside for the DLQ, one line of a buffered body:
 # SET_ASIDE_MARK + {"reason": ..., "event": <the event's original text>}
 SET_ASIDE_MARK = "!"

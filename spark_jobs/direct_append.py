@@ -6,7 +6,9 @@ dates (and its extra_fields map), partitioned by nothing or by identity, year, m
 a string's truncate: its events need no inference and no expressions. For such a batch each Spark
 task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`), which parses the
 NDJSON with the table's schema and writes one Parquet file per partition value: about a tenth of
-the CPU of parsing with Spark's JSON functions and converting column by column.
+the CPU of parsing with Spark's JSON functions and converting column by column. The tasks read
+the bodies from the input stream themselves when given its entries (stream_bodies.py), so that
+none crosses Spark's JVM.
 
 Timestamps and dates are read as the README's conversion rules read them (coerce.py), for the
 forms both ways surely read alike (`times`): ISO 8601 as `2024-05-01T10:11:12.123Z` spells it (T
@@ -47,6 +49,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, write_runs
+from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -185,7 +188,7 @@ def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Sch
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
-    partition: list[tuple[str, str]] | tuple = (), changes: bool = False,
+    partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
 ) -> tuple[dict[str, int] | None, str | None]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None), or
     (None, why not) with nothing left behind. extra_fields: the table's map column for the fields
@@ -193,19 +196,22 @@ def append_directly(
     fields, one file per partition value (parse_schema said it handles them). changes: the events
     change rows (a sink with identifier columns and no operation expression: each inserts, or
     upserts): they are kept as the Spark job keeps them, unpartitioned, each with its operation,
-    its place in the batch and its receipt (spark_jobs/changes_job.py applies them later)."""
+    its place in the batch and its receipt (spark_jobs/changes_job.py applies them later).
+    entries: where the tasks read the bodies themselves (stream_bodies.py; `bodies` are not
+    shipped); when they cannot, the answer's reason starts with UNREACHABLE."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
         filesystem = pafs.LocalFileSystem()
     frame = spark.createDataFrame(pa.table({
-        "receipt": pa.array(receipts, pa.string()), "body": pa.array(bodies, pa.large_binary()),
+        "receipt": pa.array(receipts, pa.string()),
+        "body": pa.array(bodies, pa.large_binary()) if entries is None else pa.array(entries.ids, pa.string()),
         "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
     }))
     if changes:
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes)
+    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -337,7 +343,8 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
-              extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False):
+              extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
+              entries: StreamEntries | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
@@ -386,7 +393,14 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         epoch_order = [False, True]
         tables, counts, places = [], {}, []
         for batch in batches:
-            for receipt, body, seq in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()):
+            bodies = batch.column(1).to_pylist()
+            if entries is not None:  # the column holds entry ids: the task reads their bodies
+                try:
+                    bodies = read_bodies(entries.url, entries.cluster, entries.stream, bodies)
+                except Exception as exc:  # noqa: BLE001 - whatever it is, shipping the bodies does without it
+                    yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
+                    return
+            for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
                 try:
                     table, every_line, epoch = parse(body)
                     if kinds:

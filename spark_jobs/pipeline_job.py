@@ -48,6 +48,7 @@ from spark_jobs.processors import (
     with_path,
 )
 from spark_jobs.schemas import narrowed
+from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries
 from spark_jobs.targets import MAX_DROPPED_NAMES, JobResult, Output, Resolver, Target
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
 DIRECT_OFF_S = 300  # the short way, once it could not run, is off this long (one try per spell of a lasting cause)
 _direct_off_until = 0.0
+_pointers_off_until = 0.0  # Spark's tasks read the bodies from Redis again after this (stream_bodies.py)
 
 
 @dataclass
@@ -75,19 +77,21 @@ class PipelineJob:
     def __post_init__(self) -> None:
         self.dead_letters = DeadLetters(self.pipeline, self.version, self.dlq_directory, self.dlq_filesystem)
 
-    def run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
-        result = self._append_directly(receipts, bodies)
+    def run(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None = None) -> JobResult:
+        """The batch's requests (`bodies`, and `entries`, where Spark's tasks may read them
+        themselves: stream_bodies.py) through the pipeline."""
+        result = self._append_directly(receipts, bodies, entries)
         if result is not None and result.direct == "written":
             return result
-        direct = result.direct if result is not None else None
+        tried = result or JobResult()
         result = self._run(receipts, bodies)
-        result.direct = direct
+        result.direct, result.bodies = tried.direct, tried.bodies
         return result
 
-    def _append_directly(self, receipts: list[str], bodies: list[bytes]) -> JobResult | None:
+    def _append_directly(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None) -> JobResult | None:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
-        global _direct_off_until  # noqa: PLW0603 - one switch for the process's jobs
+        global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
         if self.known_schema is None or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
@@ -103,11 +107,24 @@ class PipelineJob:
         parsing = parse_schema(target.schema, target.extra_fields, partition)
         if parsing is None:
             return None
-        try:
-            counts, _refused = append_directly(
+        if time.monotonic() < _pointers_off_until:
+            entries = None
+
+        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None]:
+            return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
-                partition, changes=target.changes is not None,
+                partition, changes=target.changes is not None, entries=entries,
             )
+
+        try:
+            counts, refused = append(entries)
+            if counts is None and entries is not None and refused.startswith(UNREACHABLE):
+                # Spark's executors cannot reach Redis (or an entry was gone): ship the bodies.
+                _pointers_off_until = time.monotonic() + DIRECT_OFF_S
+                log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
+                            refused, DIRECT_OFF_S)
+                entries = None
+                counts, refused = append(None)
         except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
             # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the
             # Spark job then meets too. Off for a while, so that a lasting cause costs one try per spell.
@@ -115,10 +132,11 @@ class PipelineJob:
             log.warning("the short way failed (%s: %s); the Spark job writes batches for the next %d s",
                         exc.__class__.__name__, str(exc)[:300], DIRECT_OFF_S)
             return JobResult(direct="failed")
+        way = "shipped" if entries is None else "redis"
         if counts is None:
-            return JobResult(direct="refused")
+            return JobResult(direct="refused", bodies=way)
         good = {receipt: n for receipt, n in counts.items() if n}
-        return JobResult(tables={target.name: Output(target.directory, good, target.changes)} if good else {}, direct="written")
+        return JobResult(tables={target.name: Output(target.directory, good, target.changes)} if good else {}, direct="written", bodies=way)
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)

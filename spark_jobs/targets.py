@@ -59,6 +59,9 @@ class JobResult:
     # Spark job, which wrote it), "failed" (it could not run: the Spark job wrote it), None (the
     # batch could not take it)
     direct: str | None = None
+    # Where the short way's tasks got the bodies: "redis" (they read them: stream_bodies.py) or
+    # "shipped" (with the job); None when it did not run
+    bodies: str | None = None
 
 
 # resolve(table name, the sink's definition, the rows bound for it) -> Target, a reason to send

@@ -43,6 +43,13 @@ class Settings(BaseSettings):
     spark_worker_cores: int = Field(default=1, ge=1)
     spark_worker_memory: str = "2g"
     spark_ui_port: int = 0  # the Connect server's web UI and REST API, in cluster mode (0: pick a free port)
+    # The short way's Spark tasks read the requests' bodies from Redis themselves (only entry ids
+    # travel with the job, not the bodies through Spark's JVM): at redis_url, or at
+    # spark_redis_url where Spark's executors reach Redis by another address. Where they cannot
+    # reach it, a batch's try turns this off for 5 minutes (logged) and ships the bodies; false:
+    # always ship them (a managed Spark outside Redis's network).
+    spark_reads_redis: bool = True
+    spark_redis_url: str | None = None
 
     # Ingest limits.
     max_body_bytes: int = 10 * 1024 * 1024

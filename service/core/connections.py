@@ -17,7 +17,7 @@ What makes Calve safe on a cluster (and is kept so by tests/integration/test_red
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import redis
 import redis.asyncio as aioredis
@@ -62,6 +62,18 @@ class SentinelURL:
 def redis_client(settings: Settings, **options: object) -> redis.Redis:
     """A synchronous client of `settings.redis_url` (any node of it, for a cluster)."""
     return client_for_url(settings.redis_url, cluster=settings.redis_cluster, **options)
+
+
+def tasks_redis_url(settings: Settings) -> str:
+    """The URL Spark's tasks reach Redis at (spark_jobs/stream_bodies.py): spark_redis_url, or
+    redis_url; behind Sentinel, the master it names now, as a plain URL."""
+    url = settings.spark_redis_url or settings.redis_url
+    if not url.startswith(SENTINEL_SCHEME):
+        return url
+    named = SentinelURL.parse(url)
+    host, port = Sentinel(list(named.sentinels), socket_timeout=SENTINEL_TIMEOUT_S).discover_master(named.master)
+    auth = f"{quote(named.username or '', safe='')}:{quote(named.password, safe='')}@" if named.password else ""
+    return f"redis://{auth}{host}:{port}/{named.db}"
 
 
 def client_for_url(url: str, cluster: bool = False, **options: object) -> redis.Redis:

@@ -47,6 +47,11 @@ DIRECT_BATCHES = Counter(
     "tasks), refused (a value needs the full Spark job, which wrote the batch), failed (it could not run: off for 5 minutes)",
     ["tenant", "pipeline", "outcome"],
 )
+DIRECT_BODIES = Counter(
+    "calve_direct_bodies", "Batches the short way ran, by where its Spark tasks got the requests' bodies: redis (they read them "
+    "there themselves) or shipped (with the job, through Spark's JVM: CALVE_SPARK_READS_REDIS=false, or Redis unreachable from them)",
+    ["tenant", "pipeline", "way"],
+)
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 import orjson
 
 from service.protocol.stream_ids import text
+from spark_jobs.contract import ENTRY_BODY
 
 # Field names of the stream entry; the api's buffering script takes them from here.
 RECEIPT = "receipt"
 EVENTS = "events"
-BODY = "body"  # NDJSON: one event per line (a line starting with "!" is an event set aside)
+BODY = ENTRY_BODY  # NDJSON: one event per line (a line starting with "!" is an event set aside)
 REPLAYS = "replays"  # JSON list of dlq_ids a DLQ replay re-runs (absent otherwise)
 
 

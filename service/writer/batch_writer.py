@@ -13,6 +13,7 @@ from sqlmodel import Session
 
 from service.core import faults, keys, metrics
 from service.core.config import Settings
+from service.core.connections import tasks_redis_url
 from service.core.db import get_engine
 from service.core.exceptions import NotFound
 from service.core.faults import fault_point
@@ -29,6 +30,7 @@ from service.writer.tables import TableResolver
 from spark_jobs.dlq import dead_letter_requests
 from spark_jobs.pipeline_job import PipelineJob
 from spark_jobs.session import spark_session
+from spark_jobs.stream_bodies import StreamEntries
 from spark_jobs.targets import JobResult, new_directory
 
 log = logging.getLogger(__name__)
@@ -61,10 +63,12 @@ class BatchWriter:
             max_columns=self.settings.max_table_columns,
         )
         started = time.perf_counter()
-        result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries])
+        result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries], self._entries(batch))
         metrics.SPARK_JOB_SECONDS.labels(batch.tenant, batch.pipeline).observe(time.perf_counter() - started)
         if result.direct is not None:
             metrics.DIRECT_BATCHES.labels(batch.tenant, batch.pipeline, result.direct).inc()
+        if result.bodies is not None:
+            metrics.DIRECT_BODIES.labels(batch.tenant, batch.pipeline, result.bodies).inc()
         outcome = self._outcome(batch, record.definition, result)
         fault_point(faults.WRITER_AFTER_SPARK_JOB)
         if self.hand_off(batch, outcome):
@@ -73,6 +77,18 @@ class BatchWriter:
             if outcome.dropped_events:
                 metrics.EVENTS_WITH_DROPPED_FIELDS.labels(batch.tenant, batch.pipeline).inc(outcome.dropped_events)
         return outcome
+
+    def _entries(self, batch: Batch) -> StreamEntries | None:
+        """Where Spark's tasks may read the batch's bodies themselves (None: ship them)."""
+        if not self.settings.spark_reads_redis:
+            return None
+        try:
+            url = tasks_redis_url(self.settings)
+        except redis.RedisError as exc:  # the sentinels cannot name the master now
+            log.warning("writer: no Redis address for Spark's tasks (%s); the bodies are shipped", exc)
+            return None
+        stream = keys.input_stream_key(batch.tenant, batch.pipeline)
+        return StreamEntries(url, self.settings.redis_cluster, stream, tuple(entry.id for entry in batch.entries))
 
     def _outcome(self, batch: Batch, definition: PipelineDefinition, result: JobResult) -> BatchOutcome:
         outcome = BatchOutcome()

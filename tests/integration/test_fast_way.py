@@ -17,6 +17,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,9 @@ from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
 from spark_jobs import pipeline_job
 from spark_jobs.columns import RECEIPT, SEQ
+from spark_jobs.contract import ENTRY_BODY
 from spark_jobs.pipeline_job import PipelineJob
+from spark_jobs.stream_bodies import StreamEntries
 from spark_jobs.targets import ChangeSpec, Target
 from tests.unit.test_direct_append import TABLE  # the short way's own tests' table: every plain type and _extra
 from tests.unit.test_direct_append import TIMED as TIMED_COLUMNS
@@ -110,12 +113,15 @@ def written(result, name: str = "events") -> list[dict]:  # noqa: ANN001
 
 
 def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, str]], batches: st.SearchStrategy,  # noqa: ANN001
-                 examples: int, least_written: int, check_file=None, changes: bool = False) -> None:  # noqa: ANN001
+                 examples: int, least_written: int, check_file=None, changes: bool = False, redis_url: str | None = None) -> None:  # noqa: ANN001
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
     rows, no DLQ entry, the same counts, no dropped field), each of its files passing `check_file`.
     Both kinds of batch must be drawn: at least `least_written` written the fast way, one refused.
-    changes: the events upsert rows by id (change files, in the events' order, are compared)."""
+    changes: the events upsert rows by id (change files, in the events' order, are compared).
+    redis_url: the fast way's tasks read the bodies from entries of a stream there, as a writer's
+    do (spark_jobs/stream_bodies.py), instead of their being shipped with the job."""
+    client = redis.Redis.from_url(redis_url) if redis_url else None
     directories = iter(range(10**6))
 
     def resolve(name, sink, rows):  # noqa: ANN001, ANN202
@@ -135,7 +141,12 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
     def same_rows(bodies: list[bytes]) -> None:
         receipts = [f"r{i}" for i in range(len(bodies))]
         pipeline_job._direct_off_until = 0.0
-        fast = job().run(receipts, bodies)
+        entries = None
+        if client is not None:
+            ids = tuple(client.xadd("fast-way-bodies", {ENTRY_BODY: body}).decode() for body in bodies)
+            entries = StreamEntries(redis_url, False, "fast-way-bodies", ids)
+        fast = job().run(receipts, bodies, entries)
+        assert entries is None or fast.bodies != "shipped", "the tasks could not read the bodies from Redis"
         pipeline_job._direct_off_until = float("inf")  # the full job only
         full = job().run(receipts, bodies)
         ways[fast.direct] = ways.get(fast.direct, 0) + 1
@@ -154,12 +165,15 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         same_rows()
     finally:
         pipeline_job._direct_off_until = 0.0
+        if client is not None:
+            client.delete("fast-way-bodies")
+            client.close()
     assert ways["written"] >= least_written and ways["refused"] >= 1, ways
 
 
 @pytest.mark.timeout(600)
-def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
-    compare_ways(fresh_spark, tmp_path, TABLE, [], batch(), examples=20, least_written=6)
+def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path, redis_url) -> None:  # noqa: ANN001
+    compare_ways(fresh_spark, tmp_path, TABLE, [], batch(), examples=24, least_written=6, redis_url=redis_url)
 
 
 @pytest.mark.timeout(600)

@@ -114,11 +114,34 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     text = stack.metrics()
     assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 2.0' in text
     assert 'calve_direct_batches_total{outcome="refused",pipeline="logs",tenant="demo"} 1.0' in text
+    # Its tasks read the bodies from Redis themselves (spark_jobs/stream_bodies.py).
+    assert 'calve_direct_bodies_total{pipeline="logs",tenant="demo",way="redis"} 3.0' in text
     rows = sorted(stack.rows(), key=lambda row: row["id"])
     assert [(row["id"], row["msg"], row["n"], row["_extra"]) for row in rows] == [
         (1, "creates the table", 1, None), (2, "fits", 2, None), (3, None, 3, None), (4, "and more", 4, [("level", "warn")]),
         (5, "a number as text", 5, None),
     ]
+
+
+def test_when_sparks_tasks_cannot_reach_redis_the_bodies_are_shipped_and_nothing_is_lost(stack_factory) -> None:  # noqa: ANN001
+    """Spark's tasks read the short way's bodies from Redis at CALVE_SPARK_REDIS_URL, where
+    nothing listens here (as for executors outside Redis's network): the batch is written all the
+    same with its bodies shipped in the job, the writer says why and what to set, and the next
+    batches ship theirs without trying (off for a while)."""
+    from service.cli.processes import free_port
+
+    stack = stack_factory(CALVE_SPARK_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    with stack.client() as http:
+        for n in range(3):
+            answer = http.post("/logs?wait=true&timeout=60", json={"id": n, "msg": f"event {n}"})
+            assert answer.status_code == 200 and answer.json()["status"] == "committed", answer.text
+    assert sorted(row["id"] for row in stack.rows()) == [0, 1, 2]
+    text = stack.metrics()
+    assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 2.0' in text  # the first creates the table
+    assert 'calve_direct_bodies_total{pipeline="logs",tenant="demo",way="shipped"} 2.0' in text
+    assert "way=\"redis\"" not in text
+    log = (stack.data_dir / "writer.log").read_text()
+    assert log.count("could not read the bodies from Redis") == 1 and "CALVE_SPARK_READS_REDIS=false" in log, log
 
 
 def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_stays_off_a_while(fresh_spark, tmp_path) -> None:  # noqa: ANN001
