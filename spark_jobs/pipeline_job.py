@@ -48,7 +48,7 @@ from spark_jobs.processors import (
     with_path,
 )
 from spark_jobs.schemas import narrowed
-from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries
+from spark_jobs.stream_bodies import GONE, UNREACHABLE, StreamEntries
 from spark_jobs.targets import MAX_DROPPED_NAMES, JobResult, Output, Resolver, Target
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,12 @@ class PipelineJob:
         try:
             counts, refused = append(entries)
             if counts is None and entries is not None and refused.startswith(UNREACHABLE):
-                # Spark's executors cannot reach Redis (or an entry was gone): ship the bodies.
-                _pointers_off_until = time.monotonic() + DIRECT_OFF_S
-                log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
-                            refused, DIRECT_OFF_S)
+                if GONE in refused:  # taken over: shipped, its hand-off finds it is no longer this writer's
+                    log.info("%s; this batch's bodies are shipped", refused)
+                else:  # Spark's executors cannot reach Redis: ship the bodies a while
+                    _pointers_off_until = time.monotonic() + DIRECT_OFF_S
+                    log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
+                                refused, DIRECT_OFF_S)
                 entries = None
                 counts, refused = append(None)
         except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost

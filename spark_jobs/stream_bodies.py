@@ -26,6 +26,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Why a task could not read its bodies: the batch is written with its bodies shipped instead.
 UNREACHABLE = "Spark's tasks could not read the bodies from Redis"
+# Of those, an entry no longer in the stream: another writer took the batch over (its writer
+# looked dead) and handed it off. Redis answers; nothing is turned off for it.
+GONE = "an entry of the input stream is gone"
 CONNECT_TIMEOUT_S = 2.0  # an executor that cannot reach Redis says so within this
 
 
@@ -65,7 +68,7 @@ def read_bodies(url: str, cluster: bool, stream: str, ids: list[str]) -> list[by
     bodies = []
     for entry_id, entries in zip(ids, found):
         if not entries:
-            raise BodiesUnreachable(f"entry {entry_id} of the input stream is gone")
+            raise BodiesUnreachable(f"{GONE}: {entry_id}")
         bodies.append(entries[0][1][ENTRY_BODY.encode()])
     return bodies
 

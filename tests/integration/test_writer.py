@@ -144,6 +144,43 @@ def test_when_sparks_tasks_cannot_reach_redis_the_bodies_are_shipped_and_nothing
     assert log.count("could not read the bodies from Redis") == 1 and "CALVE_SPARK_READS_REDIS=false" in log, log
 
 
+def test_a_batch_whose_entry_is_gone_from_the_stream_ships_its_bodies_and_turns_nothing_off(fresh_spark, tmp_path, redis_url) -> None:  # noqa: ANN001
+    """An entry no longer in the input stream (another writer took the batch over and handed it
+    off) is no sign that Spark cannot reach Redis: that batch's bodies are shipped and the next
+    batch's tasks read theirs from Redis again."""
+    import pyarrow as pa
+    import redis
+
+    from service.pipelines.spec import PipelineDefinition
+    from spark_jobs import pipeline_job
+    from spark_jobs.contract import ENTRY_BODY
+    from spark_jobs.pipeline_job import PipelineJob
+    from spark_jobs.stream_bodies import StreamEntries
+    from spark_jobs.targets import Target
+
+    schema = pa.schema([pa.field("msg", pa.string())])
+    directories = iter(range(100))
+    definition = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}]})
+    job = PipelineJob(fresh_spark, "events", 1, definition, dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=schema,
+                      resolve=lambda name, sink, rows: Target(name=name, schema=schema, required=frozenset(), partition=[],
+                                                              directory=(tmp_path / f"batch-{next(directories)}").as_uri()))
+    client = redis.Redis.from_url(redis_url)
+    kept = client.xadd("gone-test", {ENTRY_BODY: b'{"msg": "b"}'}).decode()
+    gone = client.xadd("gone-test", {ENTRY_BODY: b'{"msg": "a"}'}).decode()
+    client.xdel("gone-test", gone)
+    pipeline_job._pointers_off_until = 0.0
+    try:
+        result = job.run(["r1"], [b'{"msg": "a"}'], StreamEntries(redis_url, False, "gone-test", (gone,)))
+        assert (result.direct, result.bodies, result.tables["events"].rows_by_receipt) == ("written", "shipped", {"r1": 1})
+        assert pipeline_job._pointers_off_until == 0.0
+        result = job.run(["r2"], [b'{"msg": "b"}'], StreamEntries(redis_url, False, "gone-test", (kept,)))
+        assert (result.direct, result.bodies, result.tables["events"].rows_by_receipt) == ("written", "redis", {"r2": 1})
+    finally:
+        pipeline_job._pointers_off_until = 0.0
+        client.delete("gone-test")
+        client.close()
+
+
 def test_when_the_short_way_cannot_run_the_spark_job_writes_the_batch_and_it_stays_off_a_while(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     """A real failure inside Spark's Python workers (the short way's storage cannot be reached: an
     S3 endpoint where nothing listens) is no failure of the batch: the short way is switched off
