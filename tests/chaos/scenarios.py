@@ -540,8 +540,15 @@ def spark_comes_back(stack: Stack, spark_server: SparkServer, token: str, eviden
     try:
         wait_until(lambda: supervisor.check() or (supervisor.processes() and spark_server.process.poll() is None),
                    timeout_s=120, interval_s=0.5, what="Spark Connect started again by the supervisor")
+        deadline = time.monotonic() + 120
         with stack.client(token) as http:
-            answer = http.post("/logs?wait=true&timeout=120", json={"id": "after-spark", "msg": "after"})
+            # As a producer does: a refusal for the tenant's backlog (what was accepted while Spark
+            # was down, not yet committed) is sent again after its Retry-After, until the deadline.
+            while True:
+                answer = http.post("/logs?wait=true&timeout=120", json={"id": "after-spark", "msg": "after"})
+                if answer.status_code not in (429, 503) or time.monotonic() > deadline:
+                    break
+                time.sleep(float(answer.headers.get("Retry-After", "1")))
     except (AssertionError, httpx.HTTPError) as exc:
         return [f"after Spark Connect was killed: {exc}"]
     evidence.append(f"Spark Connect killed, started again and a request committed {time.monotonic() - killed:.0f} s later")
