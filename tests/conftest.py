@@ -35,7 +35,8 @@ from tests.harness import (  # noqa: F401 - re-exported for the test modules
 # xdist's default order puts the files with the most tests first, the slow few-test files last):
 # a long file started last keeps the run waiting on one worker. Seconds on a 2-core machine.
 LONGEST_FIRST = (
-    "tests/chaos/test_chaos.py",  # 280
+    "tests/chaos/test_chaos_tenants.py",  # 240
+    "tests/chaos/test_chaos.py",  # 230
     "tests/integration/test_row_changes.py",  # 150
     "tests/integration/test_pipelines.py",  # 105
     "tests/integration/test_redis_cluster.py",  # 90

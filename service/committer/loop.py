@@ -42,7 +42,7 @@ class Committer:
         self.client = client
         self.catalog = catalog
         self.name = name or consumer_name()
-        self.schedule = CommitSchedule(settings.commit_interval_s)
+        self.schedule = CommitSchedule(settings.commit_interval_s, settings.commit_min_interval_s)
         self.upkeep_schedule = UpkeepSchedule(settings.upkeep_interval_s)
         self.orphan_schedule = UpkeepSchedule(settings.orphan_interval_s)
         self.feed_schedule = UpkeepSchedule(FEED_INTERVAL_S)
@@ -99,15 +99,22 @@ class Committer:
             if self.feed_schedule.is_upkeep_due(member, now):
                 self.pump_feeds(tenant, table)
                 self.feed_schedule.record_upkeep(member, now)
-            if self.schedule.is_commit_due(member, now):
+            # Only a table with entries in its commit stream (files handed off, row changes, or
+            # entries committed but not yet announced) is loaded from the catalog.
+            if (self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)) and self.client.xlen(
+                keys.commit_stream_key(tenant, table)
+            ):
                 self.commit(member, lease, now)
 
     def commit(self, member: str, lease: TableLease, now: float) -> None:
         """The table's commit, its failure counted and backed off: a failure that does not pass
         (commit_max_failures in a row) has its entries committed one by one, and the bad one parked."""
         tenant, table = keys.split_member(member)
+        started = time.monotonic()
         try:
-            if self.commits.commit_table(tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s)):
+            committed = self.commits.commit_table(tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s))
+            self.schedule.record_work(member, started, time.monotonic(), committed)
+            if committed:
                 # Row changes count their interval from when their run was asked for: the time a
                 # writer spends applying them is not added to it.
                 self.schedule.record_commit(member, min(now, self.commits.changes.asked_at.pop(member, now)))

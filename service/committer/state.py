@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from service.protocol.changes import ApplyResult
@@ -106,12 +107,25 @@ class CommitPlan:
 
 @dataclass
 class CommitSchedule:
-    """Commits at most once per interval per table; after a quiet spell the next is immediate."""
+    """When a table's leader commits it. A table with files pending is committed at the latest
+    one interval after its last commit (after a quiet spell, at once); sooner when its leader is
+    idle: at least `min_interval_s` and its own last commit's duration after that commit, while
+    the leader spent less than half of its recent time committing. So under load a hand-off waits
+    for the next free moment, not for the interval, and a leader of many busy tables falls back
+    to one commit per table per interval. A table whose pipeline sets its own interval keeps it
+    as its schedule (whoever set it wanted that few snapshots)."""
 
     interval_s: float
+    min_interval_s: float = 0.0  # 0 or >= interval_s: once per interval, never sooner
     last_commit: dict[str, float] = field(default_factory=dict)
     intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
     failures: dict[str, int] = field(default_factory=dict)  # commits failed in a row, not for a passing cause
+    took: dict[str, float] = field(default_factory=dict)  # each table's last commit's duration
+    busy: float = 0.0  # the leader's recent time spent committing, decayed by BUSY_WINDOW_S
+    busy_at: float = 0.0
+
+    BUSY_WINDOW_S = 5.0
+    BUSY_SHARE = 0.5
 
     def record_failure(self, table: str) -> int:
         self.failures[table] = self.failures.get(table, 0) + 1
@@ -121,7 +135,19 @@ class CommitSchedule:
         self.failures.pop(table, None)
 
     def is_commit_due(self, table: str, now: float) -> bool:
+        """Whether the table's interval is up (it is committed if anything is pending)."""
         return now - self.last_commit.get(table, float("-inf")) >= self.intervals.get(table, self.interval_s)
+
+    def may_commit_early(self, table: str, now: float) -> bool:
+        """Whether the table may be committed before its interval is up, if files are pending."""
+        if table in self.intervals or not 0 < self.min_interval_s < self.interval_s:
+            return False
+        since = now - self.last_commit.get(table, float("-inf"))
+        return since >= max(self.min_interval_s, self.took.get(table, 0.0)) and self.busy_share(now) < self.BUSY_SHARE
+
+    def busy_share(self, now: float) -> float:
+        """The share of the last BUSY_WINDOW_S or so that the leader spent committing."""
+        return self._decayed(now) / self.BUSY_WINDOW_S
 
     def set_interval(self, table: str, interval_s: float | None) -> None:
         if interval_s:
@@ -131,6 +157,17 @@ class CommitSchedule:
 
     def record_commit(self, table: str, now: float) -> None:
         self.last_commit[table] = now
+
+    def record_work(self, table: str, started: float, now: float, committed: bool) -> None:
+        """Time spent on one commit of `table`, made or not (nothing pending): it counts towards
+        being busy; a commit made is the table's least spacing for early commits."""
+        if committed:
+            self.took[table] = now - started
+        self.busy = self._decayed(now) + (now - started)
+        self.busy_at = now
+
+    def _decayed(self, now: float) -> float:
+        return self.busy * math.exp(-(now - self.busy_at) / self.BUSY_WINDOW_S) if self.busy else 0.0
 
 
 @dataclass

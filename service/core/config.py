@@ -87,7 +87,11 @@ class Settings(BaseSettings):
     writer_claim_idle_s: float = 60.0
 
     # Committer.
+    # A table's handed-off files wait at most commit_interval_s for their commit; while its leader
+    # is idle they are committed sooner, at least commit_min_interval_s (and the last commit's
+    # duration) after the table's last commit. Equal to commit_interval_s: once per interval.
     commit_interval_s: float = Field(default=1.0, gt=0)
+    commit_min_interval_s: float = Field(default=0.2, ge=0)
     commit_max_entries: int = 500
     commit_retries: int = 8
     # A table whose commits fail this many times in a row (not for an unreachable catalog or a

@@ -16,6 +16,7 @@ What makes Calve safe on a cluster (and is kept so by tests/integration/test_red
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -71,9 +72,16 @@ def tasks_redis_url(settings: Settings) -> str:
     if not url.startswith(SENTINEL_SCHEME):
         return url
     named = SentinelURL.parse(url)
-    host, port = Sentinel(list(named.sentinels), socket_timeout=SENTINEL_TIMEOUT_S).discover_master(named.master)
+    host, port = _sentinel(named.sentinels).discover_master(named.master)
     auth = f"{quote(named.username or '', safe='')}:{quote(named.password, safe='')}@" if named.password else ""
     return f"redis://{auth}{host}:{port}/{named.db}"
+
+
+@functools.lru_cache(maxsize=4)
+def _sentinel(sentinels: tuple[tuple[str, int], ...]) -> Sentinel:
+    """The sentinels asked for the master before each batch (tasks_redis_url): kept, with their
+    connections, so a batch costs one question, not new connections too."""
+    return Sentinel(list(sentinels), socket_timeout=SENTINEL_TIMEOUT_S)
 
 
 def client_for_url(url: str, cluster: bool = False, **options: object) -> redis.Redis:

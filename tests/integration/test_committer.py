@@ -57,6 +57,19 @@ def test_two_committers_never_commit_the_same_files(stack_factory) -> None:  # n
     assert fences == sorted(fences), "a snapshot carries an older fence than the one before it"
 
 
+def test_an_idle_leader_commits_handed_off_files_before_its_interval_is_up(stack_factory) -> None:  # noqa: ANN001
+    """The commit interval is the longest a hand-off waits, not the schedule: with an interval
+    of a minute, requests one after another are each committed at the leader's next idle moment."""
+    stack = stack_factory(CALVE_COMMIT_INTERVAL_S="60", CALVE_COMMIT_MIN_INTERVAL_S="0.2")
+    with stack.client() as http:
+        for number in range(3):  # the first commits at once (no commit before it), the others early
+            answer = http.post("/logs?wait=true&timeout=40", json={"id": f"idle-{number}", "msg": "m"})
+            assert answer.status_code == 200 and answer.json()["status"] == "committed", answer.text
+    table = stack.catalog().load_table(("demo", "logs"))
+    assert len(table.snapshots()) == 3
+    assert_exactly_once(stack, expected=3)
+
+
 def written_but_uncommitted(stack_factory, batches: int = 3):  # noqa: ANN001, ANN201
     """A stack with no committer, and files from `batches` requests waiting on the commit stream."""
     stack = stack_factory(roles=("api", "writer"))

@@ -45,6 +45,31 @@ def test_schedule_commits_at_most_once_per_interval() -> None:
     assert schedule.is_commit_due("other", now=100.5)
 
 
+def test_an_idle_leader_commits_before_the_interval_a_busy_one_once_per_interval() -> None:
+    schedule = CommitSchedule(interval_s=1.0, min_interval_s=0.2)
+    schedule.record_work("t", started=100.0, now=100.1, committed=True)
+    schedule.record_commit("t", now=100.0)
+    assert not schedule.may_commit_early("t", now=100.15), "not sooner than the least interval"
+    assert schedule.may_commit_early("t", now=100.2) and not schedule.is_commit_due("t", now=100.2)
+    schedule.record_work("slow", started=100.0, now=100.5, committed=True)
+    schedule.record_commit("slow", now=100.0)
+    assert not schedule.may_commit_early("slow", now=100.3), "not sooner than its own last commit took"
+    assert schedule.may_commit_early("slow", now=100.5)
+
+    busy = CommitSchedule(interval_s=1.0, min_interval_s=0.2)
+    for second in range(10):  # 0.6 s of every second spent committing
+        busy.record_work("t", started=100.0 + second, now=100.6 + second, committed=True)
+        busy.record_commit("t", now=100.0 + second)
+    assert busy.busy_share(110.0) > 0.5
+    assert not busy.may_commit_early("t", now=109.9) and busy.is_commit_due("t", now=110.0), "busy: once per interval"
+    assert busy.may_commit_early("t", now=120.0), "idle again once the busy spell is past"
+
+    schedule.set_interval("t", 5.0)
+    assert not schedule.may_commit_early("t", now=100.5), "a table's own interval is its schedule"
+    assert not CommitSchedule(interval_s=1.0, min_interval_s=1.0).may_commit_early("t", now=100.0), "least = interval: never sooner"
+    assert not CommitSchedule(interval_s=1.0).may_commit_early("t", now=100.0)
+
+
 def test_next_id_is_the_smallest_id_after() -> None:
     assert next_id("17-3") == "17-4"
 
