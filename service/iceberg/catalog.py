@@ -40,6 +40,7 @@ from tenacity import (
 from service.core.config import Settings
 from service.core.db import share_sqlite
 from service.core.keys import RESERVED_TABLE_PREFIX
+from service.iceberg import private
 from service.iceberg.conflicts import retry_on_conflict
 
 CATALOG_NAME = "calve"
@@ -98,6 +99,7 @@ def get_catalog(
     wait=wait_incrementing(start=0.2, increment=0.2), reraise=True,
 )
 def _load(config: dict[str, str]) -> Catalog:
+    private.cache_transaction_metadata()
     return load_catalog(CATALOG_NAME, **config)
 
 

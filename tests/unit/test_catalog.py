@@ -101,3 +101,26 @@ def test_the_sql_catalog_opens_through_load_catalog_on_sqlite_and_postgresql(cat
     reloaded = load_table(open_catalog(settings), "acme", "events")
     assert sorted(reloaded.scan().to_arrow().column("id").to_pylist()) == ["a", "b"]
     assert watermark(reloaded) == "5-0"
+
+
+def test_a_transactions_metadata_is_computed_once_per_state_and_follows_each_change(tmp_path: Path) -> None:
+    """private.cache_transaction_metadata, applied when a catalog is opened: reads of an unchanged
+    transaction return the same metadata (pyiceberg 0.12 deep-copies it at each read), a staged
+    update or a landed commit is seen at the next read, and appends commit as before."""
+    import pyarrow as pa
+
+    catalog = get_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
+    catalog.create_namespace("demo")
+    table = catalog.create_table(("demo", "logs"), pa.schema([("id", pa.int64())]))
+    transaction = table.transaction()
+    first = transaction.table_metadata
+    assert transaction.table_metadata is first
+    transaction.set_properties(owner="calve")
+    staged = transaction.table_metadata
+    assert staged is not first and staged.properties["owner"] == "calve" and "owner" not in first.properties
+    transaction.commit_transaction()
+    table.append(pa.table({"id": [1, 2]}))
+    table.append(pa.table({"id": [3]}))
+    after = table.transaction().table_metadata
+    assert after.properties["owner"] == "calve" and len(after.snapshots) == 2
+    assert sorted(catalog.load_table(("demo", "logs")).scan().to_arrow().column("id").to_pylist()) == [1, 2, 3]
