@@ -237,7 +237,8 @@ def test_sigterm_drains_the_api_and_the_committer_commits_what_it_has(stack_fact
     import signal
     import threading
 
-    stack = stack_factory(CALVE_COMMIT_INTERVAL_S="60", CALVE_SHUTDOWN_GRACE_S="30")
+    # Once per minute, never sooner (an idle leader would commit at once): files stay pending.
+    stack = stack_factory(CALVE_COMMIT_INTERVAL_S="60", CALVE_COMMIT_MIN_INTERVAL_S="60", CALVE_SHUTDOWN_GRACE_S="30")
     with stack.client() as http:
         assert http.post("/logs?wait=true", json={"id": "first"}).status_code == 200  # first commit: at once
         pending = http.post("/logs", json={"id": "second"}).json()["receipt"]  # next one: 60 s away
