@@ -129,24 +129,31 @@ def compaction_copied(table, tmp_path: Path, first: str):  # noqa: ANN001, ANN20
     return table, group, Path(answer["path"]).as_uri()
 
 
+def commit_copy(table, group, copy: str):  # noqa: ANN001, ANN201
+    """The compaction's copy committed in place of its group: (the table after, the replace's
+    outcome, the delete files left), once the copy is seen to be the only data file left and
+    every delete file left to point at it."""
+    with table.transaction() as transaction:
+        done = replace_files(table, transaction, [file.file_path for file in group.files], [copy], {}, group.deletes)
+    table = table.refresh()
+    data, deletes = live_files(table)
+    assert list(data) == [copy] and [referenced_data_file(file) for file in deletes] == [copy]
+    return table, done, deletes
+
+
 def test_rows_deleted_while_the_rewrite_ran_are_deleted_from_its_copy(table, tmp_path: Path) -> None:  # noqa: ANN001
     """A change stream adds delete files to the files a compaction is rewriting while it runs: at
     commit those rows are deleted from the copy too (mapped through the copy's layout, past the
     positions folded in), instead of the compaction being dropped."""
     first, third = data_paths(table)[0::2]
     table, group, copy = compaction_copied(table, tmp_path, first)
-    sources = [file.file_path for file in group.files]
     # Meanwhile: change runs delete rows of the first file (before, between and after those folded) and of the third.
     table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]})
     table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]})
     expected = [i for i in range(300) if i not in {3, 4, 50, 0, 5, 51, 99, 98, 200, 299}]
     assert ids(table) == expected
-    with table.transaction() as transaction:
-        done = replace_files(table, transaction, sources, [copy], {}, group.deletes)
+    table, done, deletes = commit_copy(table, group, copy)
     assert done.delete_files_removed == 4
-    table = table.refresh()
-    data, deletes = live_files(table)
-    assert list(data) == [copy] and [referenced_data_file(file) for file in deletes] == [copy]
     assert sum(file.record_count for file in deletes) == 7
     assert ids(table) == expected, "the rows deleted meanwhile stay deleted, and no other row is"
     # Without a layout (Spark's fallback writer wrote the copy) the newer deletes cannot be carried: dropped.
@@ -166,7 +173,6 @@ def test_a_change_replacing_a_files_delete_files_leaves_it_one_and_a_compaction_
     deleted that the copy holds is deleted from the copy, the rows folded in are not deleted twice."""
     first, third = data_paths(table)[0::2]
     table, group, copy = compaction_copied(table, tmp_path, first)
-    sources = [file.file_path for file in group.files]
     table, _later = delete_rows(table, tmp_path, {first: [0, 5, 51, 99]}, replacing=True)
     table, _later = delete_rows(table, tmp_path, {third: [0, 99], first: [98]}, replacing=True)
     data, deletes = live_files(table)
@@ -174,12 +180,8 @@ def test_a_change_replacing_a_files_delete_files_leaves_it_one_and_a_compaction_
     assert [file.record_count for file in deletes if referenced_data_file(file) == first] == [8]
     expected = [i for i in range(300) if i not in {3, 4, 50, 0, 5, 51, 99, 98, 200, 299}]
     assert ids(table) == expected
-    with table.transaction() as transaction:
-        done = replace_files(table, transaction, sources, [copy], {}, group.deletes)
+    table, done, deletes = commit_copy(table, group, copy)
     assert done.delete_files_removed == 2
-    table = table.refresh()
-    data, deletes = live_files(table)
-    assert list(data) == [copy] and [referenced_data_file(file) for file in deletes] == [copy]
     assert sum(file.record_count for file in deletes) == 7, "the three rows folded in are not deleted again"
     assert ids(table) == expected
 
