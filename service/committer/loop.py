@@ -113,7 +113,8 @@ class Committer:
         started = time.monotonic()
         try:
             committed = self.commits.commit_table(tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s))
-            self.schedule.record_work(member, started, time.monotonic(), committed)
+            changes = member in self.commits.changes.asked_at  # a run of row changes asked for, or committed now
+            self.schedule.record_work(member, started, time.monotonic(), committed, changes)
             if committed:
                 # Row changes count their interval from when their run was asked for: the time a
                 # writer spends applying them is not added to it.

@@ -113,7 +113,9 @@ class CommitSchedule:
     the leader spent less than half of its recent time committing. So under load a hand-off waits
     for the next free moment, not for the interval, and a leader of many busy tables falls back
     to one commit per table per interval. A table whose pipeline sets its own interval keeps it
-    as its schedule (whoever set it wanted that few snapshots)."""
+    as its schedule (whoever set it wanted that few snapshots), and so does a table taking row
+    changes: a run applies every change queued when it is asked for, and runs asked for one
+    request at a time changed fewer rows a second (make bench-upsert: 2,400 against 2,833)."""
 
     interval_s: float
     min_interval_s: float = 0.0  # 0 or >= interval_s: once per interval, never sooner
@@ -121,6 +123,7 @@ class CommitSchedule:
     intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
     failures: dict[str, int] = field(default_factory=dict)  # commits failed in a row, not for a passing cause
     took: dict[str, float] = field(default_factory=dict)  # each table's last commit's duration
+    changing: set[str] = field(default_factory=set)  # tables whose last commit asked for or made a run of row changes
     busy: float = 0.0  # the leader's recent time spent committing, decayed by BUSY_WINDOW_S
     busy_at: float = 0.0
 
@@ -140,7 +143,7 @@ class CommitSchedule:
 
     def may_commit_early(self, table: str, now: float) -> bool:
         """Whether the table may be committed before its interval is up, if files are pending."""
-        if table in self.intervals or not 0 < self.min_interval_s < self.interval_s:
+        if table in self.intervals or table in self.changing or not 0 < self.min_interval_s < self.interval_s:
             return False
         since = now - self.last_commit.get(table, float("-inf"))
         return since >= max(self.min_interval_s, self.took.get(table, 0.0)) and self.busy_share(now) < self.BUSY_SHARE
@@ -158,9 +161,14 @@ class CommitSchedule:
     def record_commit(self, table: str, now: float) -> None:
         self.last_commit[table] = now
 
-    def record_work(self, table: str, started: float, now: float, committed: bool) -> None:
+    def record_work(self, table: str, started: float, now: float, committed: bool, changes: bool = False) -> None:
         """Time spent on one commit of `table`, made or not (nothing pending): it counts towards
-        being busy; a commit made is the table's least spacing for early commits."""
+        being busy; a commit made is the table's least spacing for early commits. `changes`: it
+        asked for or committed a run of row changes (the table keeps its interval until one without)."""
+        if changes:
+            self.changing.add(table)
+        else:
+            self.changing.discard(table)
         if committed:
             self.took[table] = now - started
         self.busy = self._decayed(now) + (now - started)

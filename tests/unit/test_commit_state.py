@@ -64,6 +64,10 @@ def test_an_idle_leader_commits_before_the_interval_a_busy_one_once_per_interval
     assert not busy.may_commit_early("t", now=109.9) and busy.is_commit_due("t", now=110.0), "busy: once per interval"
     assert busy.may_commit_early("t", now=120.0), "idle again once the busy spell is past"
 
+    schedule.record_work("t", started=100.3, now=100.35, committed=False, changes=True)
+    assert not schedule.may_commit_early("t", now=100.5), "a table taking row changes keeps its interval"
+    schedule.record_work("t", started=100.4, now=100.45, committed=False)
+    assert schedule.may_commit_early("t", now=100.5), "until a commit without row changes"
     schedule.set_interval("t", 5.0)
     assert not schedule.may_commit_early("t", now=100.5), "a table's own interval is its schedule"
     assert not CommitSchedule(interval_s=1.0, min_interval_s=1.0).may_commit_early("t", now=100.0), "least = interval: never sooner"
