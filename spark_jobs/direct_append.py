@@ -1,8 +1,8 @@
 """The short way for the commonest batch: events that fit their table as they are.
 
 A pipeline with no processors or routes, one static sink into an existing table that only
-appends, whose columns are strings, integers, floating point numbers, booleans, timestamps and
-dates (and its extra_fields map), partitioned by nothing or by identity, year, month, day, hour or
+appends, whose columns are strings, integers, floating point numbers, booleans, timestamps,
+dates and maps of strings to strings (and its extra_fields map), partitioned by nothing or by identity, year, month, day, hour or
 a string's truncate: its events need no inference and no expressions. For such a batch each Spark
 task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`), which parses the
 NDJSON with the table's schema and writes one Parquet file per partition value: about a tenth of
@@ -16,6 +16,11 @@ or a space, up to six fractional digits, Z or an offset to the minute; no offset
 without zone; a date alone) from 1900 on, and epoch milliseconds (days for a date columns) as JSON
 integers. Any other spelling, a day that does not exist or a column sent both ways in one request
 refuses the batch.
+
+A map of strings (the shippers' labels and attributes) is inferred by pyarrow as a struct, which
+says which events have one; those events' lines are read again by orjson for each object's
+entries in its order, as Spark's JSON functions read a map. A value other than an object of
+strings (a null, a number, a nested object) refuses the batch.
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically); only
@@ -85,13 +90,19 @@ RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("cou
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string())])
 
 
+def is_text_map(data_type: pa.DataType) -> bool:
+    """A map of strings to strings: the one map type this path reads (`text_maps`)."""
+    texts = (pa.types.is_string, pa.types.is_large_string)
+    return pa.types.is_map(data_type) and any(is_text(data_type.key_type) for is_text in texts) and any(is_text(data_type.item_type) for is_text in texts)
+
+
 def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tuple[str, str]] | tuple = ()) -> pa.Schema | None:
-    """The schema pyarrow parses with (the table's, without its extra_fields column and field
-    metadata; time columns as text, converted after: `times`); None when a column's type or a
-    partition transform is not one this path handles."""
+    """The schema pyarrow parses with (the table's, without its extra_fields column, its maps of
+    strings (read after: `text_maps`) and field metadata; time columns as text, converted after:
+    `times`); None when a column's type or a partition transform is not one this path handles."""
     fields = []
     for f in schema:
-        if f.name == extra_fields:
+        if f.name == extra_fields or is_text_map(f.type):
             continue
         if any(check(f.type) for check in _PLAIN_TYPES):
             fields.append(pa.field(f.name, f.type))
@@ -229,6 +240,66 @@ def append_directly(
     return counts, None
 
 
+def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table:
+    """`table` (parsed from `lines`, the columns `names` inferred: an object as a struct) with those
+    columns as maps of strings, each event's entries in its object's order, as the Spark job reads
+    them: NULL where the event has none or null. Raises Refused for a value that is not an object
+    of strings (a number, a null, a nested object: the Spark job says what those become)."""
+    import orjson
+
+    present, rows, events = [], [], []
+    for name in names:
+        if name not in table.column_names or table.column(name).null_count == table.num_rows:
+            continue
+        column_type = table.column(name).type
+        if not pa.types.is_struct(column_type) or not all(pa.types.is_string(f.type) for f in column_type):
+            raise Refused(f"{name!r}: a value other than an object of strings")
+        present.append(name)
+    if present:
+        import pyarrow.compute as pc
+
+        rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(table.column(name)) for name in present])).to_pylist()
+        for row in rows:
+            try:
+                events.append(orjson.loads(lines[row]))
+            except orjson.JSONDecodeError as exc:  # a text pyarrow read and orjson does not (a lone surrogate)
+                raise Refused(f"event {row}: {exc}") from None
+    for name in names:
+        converted = _map_column(name, rows, events, table.num_rows) if name in present else pa.nulls(table.num_rows, TEXT_MAP)
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, converted) if index >= 0 else table.append_column(name, converted)
+    return table
+
+
+def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
+    """Column `name` of `count` events as a map of strings: events[i] (an event's object, from
+    orjson) is row rows[i]'s; any other row has none. Built from flat lists of keys and values."""
+    offsets, keys, values, missing = [0], [], [], [True] * count
+    at = 0
+    for row, event in zip(rows, events):
+        while at < row:  # rows without an object: none
+            offsets.append(len(keys))
+            at += 1
+        value = event.get(name)
+        if value is not None:
+            if type(value) is not dict:
+                raise Refused(f"{name!r}: a value other than an object of strings")
+            keys.extend(value)
+            values.extend(value.values())
+            missing[row] = False
+        offsets.append(len(keys))
+        at += 1
+    offsets.extend([len(keys)] * (count - at))
+    try:
+        items = pa.array(values, pa.string())
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        raise Refused(f"{name!r}: a value other than an object of strings") from None
+    if items.null_count:  # a null inside the object: the Spark job says what it becomes
+        raise Refused(f"{name!r}: a null inside an object of strings")
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), items, type=TEXT_MAP,
+                                   mask=pa.array(missing, pa.bool_()))
+
+
 class Unspellable(ValueError):
     """A value whose text in the extra_fields map this path cannot be sure to spell as Spark does."""
 
@@ -346,6 +417,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
+    maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
 
@@ -366,10 +438,11 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
             """(the body's table, whether every line must be read for the fields the table lacks)."""
             try:
-                # Fields the table lacks inferred as columns: which events have any.
-                return read(body, "infer" if extra_fields else "error", epoch), False
+                # Fields the table lacks inferred as columns: which events have any (and the maps
+                # of strings as structs: which events have one).
+                return read(body, "infer" if extra_fields or maps else "error", epoch), False
             except pa.ArrowInvalid:
-                if not extra_fields:
+                if not extra_fields or maps:
                     raise
                 # Such a field of changing type cannot be inferred: every line is looked at.
                 return read(body, "ignore", epoch), True
@@ -389,7 +462,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 return table, every_line, epoch
             raise failed
 
-        known = parsing.names
+        known = [*parsing.names, *maps]
         epoch_order = [False, True]
         tables, counts, places = [], {}, []
         for batch in batches:
@@ -413,6 +486,15 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 if table.num_rows != events:
                     yield answer(refused=f"{events} events read as {table.num_rows} rows")
                     return
+                if maps:
+                    try:
+                        table = text_maps(table, lines, maps)
+                    except Refused as exc:
+                        yield answer(refused=str(exc)[:300])
+                        return
+                    if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
+                        yield answer(refused=f"a field the table lacks: {other[:200]!r}")
+                        return
                 if extra_fields:
                     try:
                         extras = extra_maps(table, lines, known, every_line)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -55,7 +56,7 @@ _AS_DIGITS = _table(b"0123456789-", b"0000000000-")
 _TWENTY_DIGITS, _NEGATIVE_19 = b"0" * 20, b"-" + b"0" * 19
 
 
-def _long_integers(text: bytes) -> bool:
+def may_hold_long_integers(text: bytes) -> bool:
     """Whether `text` may hold an integer orjson cannot keep (then it is read again exactly)."""
     digits = text.translate(_AS_DIGITS)
     return _TWENTY_DIGITS in digits or _NEGATIVE_19 in digits
@@ -148,7 +149,7 @@ def loads_exact(text: bytes, parsed: object) -> object:
     """`parsed` (orjson's reading of `text`), or the standard library's when `text` may hold an
     integer beyond 64 bits that orjson turned into a float. orjson read it first, so the text is
     valid JSON without infinities or lone surrogates, which the standard library would let through."""
-    if not _long_integers(text):
+    if not may_hold_long_integers(text):
         return parsed
     return json.loads(text)
 
@@ -165,15 +166,16 @@ def dumps_exact(value: dict) -> bytes | None:
         return None
 
 
-def event_lines(value: dict, text: bytes | None = None) -> list[bytes]:
+def event_lines(value: dict, text: bytes | None = None, shallow: bool = False) -> list[bytes]:
     """The lines the writer gets for one event object (`text`: its original JSON, when known):
     the event, or the event set aside; or, when some of its field names are too long to be
-    columns, the event without them and those fields set aside."""
+    columns, the event without them and those fields set aside. shallow: the caller knows the
+    event cannot nest deeper than MAX_DEPTH (shallow_body)."""
     line = dumps_exact(value)
     # Only an event longer than the longest name can have one: most are never walked.
     if (line is None or len(line) > MAX_FIELD_NAME) and _has_long_name(value):
         return _split_long_names(*_without_long_names(value), text, value)
-    if line is None or (may_be_deep(line) and deeper_than(value, MAX_DEPTH)):
+    if line is None or (not shallow and may_be_deep(line) and deeper_than(value, MAX_DEPTH)):
         return [set_aside_line(f"the event nests objects or arrays more than {MAX_DEPTH} levels deep; "
                                "flatten it or send deep parts as JSON text", _original_text(value, text))]
     return [line]
@@ -204,6 +206,14 @@ def _split_long_names(kept: dict, long_named: dict, text: bytes | None, value: d
     return [*event_lines(kept), set_aside_line(f"{reason}; the event's other fields were written without them", _original_text(long_named, None))]
 
 
+def shallow_body(body: bytes, events: int) -> bool:
+    """Whether no event of `body` (`events` JSON objects, with whatever else it holds) can nest
+    deeper than MAX_DEPTH: each event has one bracket of its own, so one has at most 1 + the
+    body's brackets beyond one per event (encoded again, it has no more). Most bodies' events are
+    flat: one count per body instead of one per event."""
+    return 1 + body.count(b"{") + body.count(b"[") - events <= MAX_DEPTH
+
+
 def may_be_deep(text: bytes) -> bool:
     # Counting brackets is cheap and never under-counts nesting; only a suspect event is walked.
     return text.count(b"{") + text.count(b"[") > MAX_DEPTH
@@ -230,7 +240,8 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
     than JSON parsing allows is set aside, anything else that is not a JSON object refuses the
     request, saying where (`where` formatted with the text's number, counted from `first`)."""
     lines: list[bytes] = []
-    long_numbers = _long_integers(body)  # once per body: only then is each event's text looked at
+    long_numbers = may_hold_long_integers(body)  # once per body: only then is each event's text looked at
+    shallow = shallow_body(body, sum(1 for text in texts if text))
     for number, text in enumerate(texts, start=first):
         if not text:
             continue
@@ -244,13 +255,33 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
         else:
             if not isinstance(value, dict):
                 raise BadRequestBody(f"{where.format(number)}: expected a JSON object, got {type(value).__name__}")
-            event = event_lines(loads_exact(text, value) if long_numbers else value, text)
+            event = event_lines(loads_exact(text, value) if long_numbers else value, text, shallow)
         lines.extend(event)
         if len(lines) > max_events:
             raise BodyTooLarge(f"more than {max_events} events in one request; split it")
     if not lines:
         raise BadRequestBody("the body holds no events")
-    return ParsedBody(ndjson=b"\n".join(lines), events=len(lines), set_aside=_set_aside(lines))
+    return parsed_body(lines)
+
+
+def parsed_body(lines: list[bytes]) -> ParsedBody:
+    """The writer's lines as a request's events, counting those set aside only when there are any."""
+    ndjson = b"\n".join(lines)
+    any_aside = ndjson.startswith(SET_ASIDE_MARK) or b"\n" + SET_ASIDE_MARK in ndjson
+    return ParsedBody(ndjson=ndjson, events=len(lines), set_aside=set_aside(lines) if any_aside else 0)
+
+
+def made_events(events: Iterable[dict], max_events: int) -> ParsedBody | None:
+    """Events Calve made itself (a shipper's request decoded) as the writer's lines, each checked as
+    a request's event is (event_lines), without encoding them to be parsed again; None for none."""
+    lines: list[bytes] = []
+    for event in events:
+        lines.extend(event_lines(event))
+        if len(lines) > max_events:
+            raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+    if not lines:
+        return None
+    return parsed_body(lines)
 
 
 def _parse_json(body: bytes, max_events: int) -> ParsedBody:
@@ -279,7 +310,7 @@ def _parse_json(body: bytes, max_events: int) -> ParsedBody:
         if not isinstance(event, dict):
             raise BadRequestBody(f"element {index}: expected a JSON object, got {type(event).__name__}")
     lines = [line for event in events for line in event_lines(event)]
-    return ParsedBody(ndjson=b"\n".join(lines), events=len(lines), set_aside=_set_aside(lines))
+    return parsed_body(lines)
 
 
 # A JSON string (with its escapes) or one of the characters that shape an array: what splitting
@@ -347,8 +378,9 @@ def normalize_events(lines: list[bytes]) -> ParsedBody:
             out.append(set_aside_line(f"expected a JSON object, got {type(value).__name__}", text.decode(errors="replace")))
             continue
         out.extend(event_lines(loads_exact(text, value), text))
-    return ParsedBody(ndjson=b"\n".join(out), events=len(out), set_aside=_set_aside(out))
+    return parsed_body(out)
 
 
-def _set_aside(lines: list[bytes]) -> int:
+def set_aside(lines: list[bytes]) -> int:
+    """How many of the writer's lines are events set aside for the DLQ."""
     return sum(line.startswith(SET_ASIDE_MARK) for line in lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import lru_cache
 
 
 def iso_from_unix_nanos(nanos: int) -> str:
@@ -10,7 +11,12 @@ def iso_from_unix_nanos(nanos: int) -> str:
     ValueError for a time no calendar holds."""
     seconds, micros = divmod(nanos // 1000, 1_000_000)
     try:
-        moment = datetime.fromtimestamp(seconds, tz=timezone.utc).replace(microsecond=micros)
+        return f"{_second(seconds)}.{micros:06d}Z"
     except (OverflowError, ValueError, OSError):
         raise ValueError(f"time {nanos} ns since 1970 is out of range") from None
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    """A second since 1970 as UTC's date and time to the second: a shipper's batch holds few of them."""
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")

@@ -8,14 +8,23 @@ writers, committer, Spark JVM, redis-server, the load generator itself) and per 
 events, and the mean Spark job and commit times from Calve's metrics (tests/bench/profile.py).
 The last line of output is one JSON object.
 
-Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default
-`plain,extra,declared,processors`): `plain`, every event with exactly the table's fields (the
-built-in `logs`); `extra`, the same with 2% of events carrying one field the table lacks (kept in
-its `_extra` map); `declared`, the same fields with `ts` as ISO 8601 text into a declared schema
-(`ts timestamptz`) partitioned by day(ts); `processors`, that with two processors (where, set),
-which the full Spark job runs. Each shape is
-reported with its ratio to `plain` of the same run; the first is warmed up BENCH_WARMUP_S, the
-others BENCH_SHAPE_WARMUP_S (20).
+Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all of them):
+`plain`, every event with exactly the table's fields (the built-in `logs`); `extra`, the same with
+2% of events carrying one field the table lacks (kept in its `_extra` map); `declared`, the same
+fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
+`processors`, that with two processors (where, set), which the full Spark job runs. The shippers'
+protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
+per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
+JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
+and `_bulk` answer once buffered: their events/s is what the stack's metrics say it committed in
+the window, and their latency the metrics' mean from acceptance to commit. Each shape is reported
+with its ratio to `plain` of the same run; the first is warmed up BENCH_WARMUP_S, the others
+BENCH_SHAPE_WARMUP_S (20), each after the last one's backlog is committed.
+
+Then the open loop: plain events at fixed arrival rates (BENCH_OPEN_RATES, events/s, default
+20,000 to 300,000 in steps of 20,000; BENCH_OPEN_STEP_S each, default 30), each request sent on
+its schedule whatever the answers before it. The capacity is the highest rate held: p99 at most
+2 s and a backlog that grows by at most half a second of arrivals over the step's second half. BENCH_OPEN_RATES= skips it.
 
 Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60);
 BENCH_WAREHOUSE=seaweedfs starts SeaweedFS and runs the stack on its REST catalog with the
@@ -47,9 +56,10 @@ import pyarrow.json as pajson
 from pyiceberg.catalog.sql import SqlCatalog
 
 from service.cli.processes import free_port
-from tests.bench.profile import Sample, breakdown, sample, table
+from tests.bench.profile import Sample, breakdown, committed_between, sample, table
 
 EVENTS_PER_REQUEST = 1000
+OPEN_LOOP_P99_S = 2.0
 TOKEN = "calve_bench-token-0123456789abcdefghijklmnopqrstuv"
 LEVELS = ["debug", "info", "info", "info", "warn", "error"]
 SERVICES = ["checkout", "search", "auth", "payments", "catalog"]
@@ -89,7 +99,10 @@ def with_days(i: int) -> dict:
     return with_iso_time(make_event(i * 20))
 
 
-SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "declared": with_days, "processors": with_days}
+SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "declared": with_days, "processors": with_days,
+          # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
+          # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
+          "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
 # The pipeline each shape posts to (none: the built-in `logs`): a declared schema with the time as
 # timestamptz and the table partitioned by day(ts); the same with two processors.
 DECLARED_COLUMNS = [
@@ -110,15 +123,66 @@ PIPELINES = {
 }
 
 
+SEVERITY = {"debug": 5, "info": 9, "warn": 13, "error": 17}
+
+
+def _otlp_export(events: list[dict]) -> dict:
+    """The events as an OTLP/JSON ExportLogsServiceRequest: a resource per service, the rest of
+    each event as its record's time, severity, body and attributes."""
+    by_service: dict[str, list[dict]] = {}
+    for event in events:
+        by_service.setdefault(event["service"], []).append({
+            "timeUnixNano": str(event["ts"] * 1_000_000), "severityNumber": SEVERITY[event["level"]], "severityText": event["level"],
+            "body": {"stringValue": event["msg"]},
+            "attributes": [{"key": "host", "value": {"stringValue": event["host"]}}, {"key": "http.status", "value": {"intValue": str(event["status"])}},
+                           {"key": "latency_ms", "value": {"doubleValue": event["latency_ms"]}}],
+        })
+    return {"resourceLogs": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+        "scopeLogs": [{"scope": {"name": "bench", "version": "1"}, "logRecords": records}],
+    } for service, records in by_service.items()]}
+
+
+def _encode(shape: str, events: list[dict]) -> bytes:
+    """One request's body of `events` in the shape's protocol."""
+    if shape == "otlp":
+        return orjson.dumps(_otlp_export(events))
+    if shape == "otlp-proto":
+        from google.protobuf import json_format
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+        return json_format.ParseDict(_otlp_export(events), ExportLogsServiceRequest()).SerializeToString()
+    if shape == "loki":  # a stream per service and level, the rest of the event in its line
+        streams: dict[tuple[str, str], list[list[str]]] = {}
+        for event in events:
+            line = f"host={event['host']} status={event['status']} latency_ms={event['latency_ms']} {event['msg']}"
+            streams.setdefault((event["service"], event["level"]), []).append([str(event["ts"] * 1_000_000), line])
+        return orjson.dumps({"streams": [{"stream": {"service": service, "level": level}, "values": values}
+                                         for (service, level), values in streams.items()]})
+    if shape == "bulk":
+        return b"\n".join(b'{"index":{"_index":"logs"}}\n' + orjson.dumps(event) for event in events) + b"\n"
+    return b"\n".join(orjson.dumps(event) for event in events)
+
+
 def make_bodies(count: int, shape: str = "plain") -> list[bytes]:
-    bodies = []
-    for b in range(count):
-        bodies.append(b"\n".join(orjson.dumps(SHAPES[shape](b * EVENTS_PER_REQUEST + i)) for i in range(EVENTS_PER_REQUEST)))
-    return bodies
+    return [_encode(shape, [SHAPES[shape](b * EVENTS_PER_REQUEST + i) for i in range(EVENTS_PER_REQUEST)]) for b in range(count)]
+
+
+# The protocols' endpoints: (path, Content-Type, whether it can answer once committed). Loki's push
+# and _bulk answer once buffered: their events/s is what Calve's metrics say it committed, and
+# their latency from acceptance to commit is the metrics' mean (calve_accept_to_commit_seconds).
+PROTOCOLS = {
+    "otlp": ("/otlp/v1/logs", "application/json", True),
+    "otlp-proto": ("/otlp/v1/logs", "application/x-protobuf", True),
+    "loki": ("/loki/api/v1/push", "application/json", False),
+    "bulk": ("/_bulk", "application/x-ndjson", False),
+}
 
 
 def shape_path(port: int, shape: str) -> str:
     """The path the shape's events go to, its pipeline created first where it has one."""
+    if shape in PROTOCOLS:
+        return PROTOCOLS[shape][0]
     pipeline = PIPELINES.get(shape)
     if pipeline is None:
         return "/logs"
@@ -126,6 +190,19 @@ def shape_path(port: int, shape: str) -> str:
     if answer.status_code != 201:
         raise SystemExit(f"creating the {shape} pipeline: {answer.status_code} {answer.text}")
     return pipeline["source"]["http"]["path"]
+
+
+def drain(take_sample: Callable[[], Sample], timeout_s: float = 300) -> None:
+    """Wait until nothing is committed for 3 s: what was accepted before is committed (or in the DLQ)."""
+    deadline = time.monotonic() + timeout_s
+    last = take_sample().committed
+    while time.monotonic() < deadline:
+        time.sleep(3)
+        now = take_sample().committed
+        if now == last:
+            return
+        last = now
+    say(f"  (still committing an earlier backlog after {timeout_s:.0f}s; measuring anyway)")
 
 
 def say(message: str) -> None:
@@ -179,25 +256,27 @@ def operator_token(data_dir: Path) -> str:
 
 
 async def produce(
-    port: int, path: str, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
-) -> tuple[int, list[float], int, Sample, Sample]:
-    """Run producers; returns (events acknowledged as committed in the window, latencies, failures,
-    and the stack's CPU and metrics sampled as the window opened and closed).
+    port: int, shape: str, path: str, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
+) -> tuple[int, list[float], int, int, Sample, Sample]:
+    """Run producers; returns (events acknowledged in the window: as committed, where the shape's
+    answer counts them; latencies, failures, and the stack's CPU and metrics sampled as the window
+    opened and closed). A 429 or 503 is waited out for its Retry-After, as shippers do.
 
     aiohttp rather than httpx: with hundreds of connections httpx's pool costs the load generator
     most of a core, which on this machine is taken from the system under test.
     """
     latencies: list[float] = []
-    committed = 0
-    failures = 0
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
-    url = f"http://127.0.0.1:{port}{path}?wait=true&timeout=60"
+    committed = failures = refusals = 0
+    _path, content_type, waits = PROTOCOLS.get(shape, (None, "application/x-ndjson", True))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": content_type}
+    url = f"http://127.0.0.1:{port}{path}" + ("?wait=true&timeout=60" if waits else "")
+    counted = shape not in PROTOCOLS  # the answer says how many events were committed
     connector = aiohttp.TCPConnector(limit=producers, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as client:
 
         async def one(index: int, counted_from: float, until: float) -> None:
-            nonlocal committed, failures
+            nonlocal committed, failures, refusals
             k = index
             while time.monotonic() < until:
                 body = bodies[k % len(bodies)]
@@ -207,16 +286,21 @@ async def produce(
                     async with client.post(url, data=body) as answer:
                         status = answer.status
                         payload = await answer.read()
+                        retry_after = answer.headers.get("Retry-After")
                 except aiohttp.ClientError:
                     failures += 1
                     continue
                 done = time.monotonic()
-                if status != 200:
+                if status in (429, 503) and retry_after:
+                    refusals += 1
+                    await asyncio.sleep(float(retry_after))
+                    continue
+                if status not in (200, 204):
                     failures += 1
                     continue
                 if sent >= counted_from and done <= until:
                     latencies.append(done - sent)
-                    committed += orjson.loads(payload)["events"]
+                    committed += orjson.loads(payload)["events"] if counted else EVENTS_PER_REQUEST
 
         # Warm-up at full load: table creation and the JVM's JIT compilation of the job's hot
         # paths take the first minute; the figures below are for the steady state after it.
@@ -233,7 +317,7 @@ async def produce(
         await asyncio.gather(*(one(i, start, end) for i in range(producers)))
         progress.cancel()
         closed = await asyncio.to_thread(take_sample)
-    return committed, latencies, failures, opened, closed
+    return committed, latencies, failures, refusals, opened, closed
 
 
 async def report_progress(count, start: float, end: float) -> None:  # noqa: ANN001
@@ -241,6 +325,60 @@ async def report_progress(count, start: float, end: float) -> None:  # noqa: ANN
         await asyncio.sleep(10)
         elapsed = time.monotonic() - start
         say(f"  {elapsed:5.0f}s / {end - start:.0f}s: {count():,} events committed ({count() / elapsed:,.0f}/s)")
+
+
+async def open_loop(port: int, bodies: list[bytes], rates: list[int], step_s: float, take_sample: Callable[[], Sample]) -> list[dict]:
+    """Plain events at fixed arrival rates, step by step, each request sent on its schedule whatever
+    the answers before it (wait=true): a rate is held when the step's requests' p99 is at most
+    OPEN_LOOP_P99_S and the backlog (events accepted, not yet committed) at the step's end is not
+    above its level halfway by more than half a second of arrivals (a Spark job's batch is about
+    that; more means arrivals outrun commits); both over the step's second half,
+    the first bringing the backlog to its level for the rate. Stops at the first rate not held."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
+    url = f"http://127.0.0.1:{port}/logs?wait=true&timeout=60"
+    steps: list[dict] = []
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as client:
+
+        async def one(body: bytes) -> float | None:
+            sent = time.monotonic()
+            try:
+                async with client.post(url, data=body) as answer:
+                    await answer.read()
+                    return time.monotonic() - sent if answer.status == 200 else None
+            except aiohttp.ClientError:
+                return None
+
+        for rate in rates:
+            interval = EVENTS_PER_REQUEST / rate
+            start = time.monotonic()
+            half = start + step_s / 2  # the first half brings the backlog to its level for this rate
+            opened: asyncio.Task | None = None
+            sent: list[asyncio.Task] = []
+            while (now := time.monotonic()) < start + step_s:
+                due = start + len(sent) * interval
+                if due > now:
+                    await asyncio.sleep(due - now)
+                if opened is None and due >= half:
+                    opened = asyncio.create_task(asyncio.to_thread(take_sample))
+                    counted_from = len(sent)
+                sent.append(asyncio.create_task(one(bodies[len(sent) % len(bodies)])))
+            closed = await asyncio.to_thread(take_sample)
+            opened_sample = await opened
+            answers = (await asyncio.gather(*sent))[counted_from:]
+            failed = sum(1 for latency in answers if latency is None)
+            latencies = sorted(latency for latency in answers if latency is not None)
+            p50 = statistics.median(latencies) if latencies else float("nan")
+            p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
+            growth = closed.backlog - opened_sample.backlog
+            held = not failed and p99 <= OPEN_LOOP_P99_S and growth <= rate / 2
+            steps.append({"events_per_s": rate, "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3), "failed": failed,
+                          "backlog_growth_events": round(growth), "held": held})
+            say(f"  open loop {rate:>8,} events/s offered: p50 {p50:.2f}s p99 {p99:.2f}s, backlog {growth:+,.0f} events over the step, "
+                f"{failed} failed: {'held' if held else 'NOT held'}")
+            if not held:
+                break
+    return steps
 
 
 def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
@@ -261,31 +399,43 @@ def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
 
 
 def measure(shape: str, port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample) -> dict:  # noqa: ANN001
-    size = statistics.mean(len(line) for line in bodies[0].split(b"\n"))
     path = shape_path(port, shape)
-    say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event NDJSON requests of ~{size:.0f}-byte events to {path}, wait=true, "
-        f"{seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
-    committed, latencies, failures, opened, closed = asyncio.run(produce(port, path, bodies, seconds, producers, warmup_s, take_sample))
+    waits = PROTOCOLS.get(shape, (None, None, True))[2]
+    say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event requests of ~{statistics.mean(map(len, bodies)) / EVENTS_PER_REQUEST:.0f} "
+        f"bytes an event to {path}{', wait=true' if waits else ' (answered once buffered)'}, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
+    answered, latencies, failures, refusals, opened, closed = asyncio.run(produce(port, shape, path, bodies, seconds, producers, warmup_s, take_sample))
+    committed, accept_to_commit = committed_between(opened, closed)
+    if shape not in PROTOCOLS:
+        committed = answered  # as committed, by the answers within the window
     rate = committed / seconds
     p50 = statistics.median(latencies) if latencies else float("nan")
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
-    say(f"calve, {shape}: {rate:,.0f} events/s committed; wait=true ack p50 {p50:.2f}s p99 {p99:.2f}s; {failures} non-200 answers")
+    said = "wait=true ack" if waits else "answer (once buffered)"
+    say(f"calve, {shape}: {rate:,.0f} events/s committed; {said} p50 {p50:.2f}s p99 {p99:.2f}s; mean acceptance to commit "
+        f"{accept_to_commit or float('nan'):.2f}s; {failures} failed answers, {refusals} refused with Retry-After")
     profile = breakdown(opened, closed, committed)
     say("where the cores went in the measured window:\n" + table(profile))
-    return {"events_per_s": round(rate, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3), "failures": failures, **profile}
+    return {"events_per_s": round(rate, 1), "ack_p50_s": round(p50, 3), "ack_p99_s": round(p99, 3), "answers_wait_for_commit": waits,
+            "mean_accept_to_commit_s": round(accept_to_commit, 3) if accept_to_commit else None, "failures": failures,
+            "refused_with_retry_after": refusals, **profile}
 
 
 def main() -> None:
+    # A benchmark stopped by SIGTERM (kill, a CI timeout) still stops the stack it started.
+    signal.signal(signal.SIGTERM, lambda _signal, _frame: sys.exit(143))
     seconds = float(os.environ.get("BENCH_SECONDS", "60"))
     producers = int(os.environ.get("BENCH_PRODUCERS", "150"))
     warmup_s = float(os.environ.get("BENCH_WARMUP_S", "60"))
     shape_warmup_s = float(os.environ.get("BENCH_SHAPE_WARMUP_S", "20"))
-    shapes = [name.strip() for name in os.environ.get("BENCH_SHAPES", "plain,extra,declared,processors").split(",") if name.strip()]
+    shapes = [name.strip() for name in os.environ.get("BENCH_SHAPES", ",".join(SHAPES)).split(",") if name.strip()]
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:
         raise SystemExit(f"BENCH_SHAPES: no shape {unknown}; the shapes are {', '.join(SHAPES)}")
     bodies = {shape: make_bodies(200, shape) for shape in shapes}
     results: dict[str, dict] = {}
+    rates = [int(rate) for rate in os.environ.get("BENCH_OPEN_RATES", ",".join(str(r) for r in range(20_000, 300_001, 20_000))).split(",") if rate.strip()]
+    step_s = float(os.environ.get("BENCH_OPEN_STEP_S", "30"))
+    steps: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:
         work = Path(tmp)
         port = free_port()
@@ -303,16 +453,22 @@ def main() -> None:
         stack = start_stack(data_dir, port)
         operator = operator_token(data_dir)
         try:
+            take_sample = lambda: sample(stack.pid, port, operator)  # noqa: E731
             for index, shape in enumerate(shapes):
-                results[shape] = measure(shape, port, bodies[shape], seconds, producers, warmup_s if index == 0 else shape_warmup_s,
-                                         lambda: sample(stack.pid, port, operator))
+                drain(take_sample)  # the last shape's backlog (answered once buffered) is not this one's
+                results[shape] = measure(shape, port, bodies[shape], seconds, producers, warmup_s if index == 0 else shape_warmup_s, take_sample)
+            if rates:
+                drain(take_sample)
+                say(f"open loop: plain events at fixed arrival rates, {step_s:.0f}s a step, wait=true; held: p99 <= {OPEN_LOOP_P99_S}s "
+                    "and a flat backlog")
+                steps = asyncio.run(open_loop(port, bodies.get("plain") or make_bodies(200), rates, step_s, take_sample))
         finally:
             stack.send_signal(signal.SIGTERM)
             stack.wait(120)
             if seaweed is not None:
                 seaweed.stop()
         say("baseline: pyarrow parse + Parquet + pyiceberg append, one process ...")
-        base = baseline(bodies[shapes[0]], work, batches=20)
+        base = baseline(bodies.get("plain") or make_bodies(200), work, batches=20)
         say(f"baseline: {base:,.0f} events/s")
     first = results[shapes[0]]
     reference = results.get("plain", first)["events_per_s"]
@@ -320,8 +476,14 @@ def main() -> None:
         result["vs_plain"] = round(result["events_per_s"] / reference, 3) if reference else None
         say(f"  {shape:<8} {result['events_per_s']:>10,.0f} events/s  {result['vs_plain']:.2f}x plain  p50 {result['ack_p50_s']:.2f}s p99 {result['ack_p99_s']:.2f}s  "
             f"{result['cpu_s_per_100k_all_roles']} CPU-s/100k (all roles)")
+    held = [step["events_per_s"] for step in steps if step["held"]]
+    capacity = max(held) if held else None
+    if rates:
+        say(f"  open-loop capacity: {capacity or 0:,} events/s held (p99 <= {OPEN_LOOP_P99_S}s, flat backlog)"
+            + (f", {capacity / base:.3f} of the baseline" if capacity and base else ""))
     print(orjson.dumps({
         **first,
+        "open_loop": {"capacity_events_per_s": capacity, "steps": steps},
         "baseline_events_per_s": round(base, 1),
         "ratio": round(first["events_per_s"] / base, 3) if base else None,
         "shapes": results,

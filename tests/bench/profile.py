@@ -16,7 +16,9 @@ import httpx
 import psutil
 
 ROLE_ORDER = ("api", "writer", "committer", "spark", "spark python", "spark executors", "spark cluster", "redis", "supervisor", "load generator")
-METRIC = re.compile(r"^(calve_(?:spark_job|commit)_duration_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+METRIC = re.compile(r"^(calve_(?:spark_job_duration|commit_duration|accept_to_commit)_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+COMMITTED = re.compile(r"^calve_events_committed_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+RECEIVED = re.compile(r"^calve_events_received_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
 def role_of(process: psutil.Process) -> str | None:
@@ -47,6 +49,13 @@ class Sample:
     cpu: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (role, user + system seconds)
     rss: dict[str, int] = field(default_factory=dict)  # role -> resident bytes, its processes together
     metrics: dict[tuple[str, str], float] = field(default_factory=dict)  # (metric, sum|count) -> value, summed over labels
+    committed: float = 0.0  # events committed, every table
+    received: float = 0.0  # events accepted into Redis, every pipeline
+
+    @property
+    def backlog(self) -> float:
+        """Events accepted and not yet committed (or sent to the DLQ: they count as neither)."""
+        return self.received - self.committed
 
 
 def sample(stack_pid: int, port: int, token: str) -> Sample:
@@ -67,7 +76,16 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
     for name, kind, value in METRIC.findall(text):
         taken.metrics[(name, kind)] = taken.metrics.get((name, kind), 0.0) + float(value)
+    taken.committed = sum(float(value) for value in COMMITTED.findall(text))
+    taken.received = sum(float(value) for value in RECEIVED.findall(text))
     return taken
+
+
+def committed_between(start: Sample, end: Sample) -> tuple[int, float | None]:
+    """(events committed between the samples, their mean time from acceptance to commit, seconds)."""
+    count = end.metrics.get(("calve_accept_to_commit_seconds", "count"), 0.0) - start.metrics.get(("calve_accept_to_commit_seconds", "count"), 0.0)
+    total = end.metrics.get(("calve_accept_to_commit_seconds", "sum"), 0.0) - start.metrics.get(("calve_accept_to_commit_seconds", "sum"), 0.0)
+    return round(end.committed - start.committed), (total / count if count else None)
 
 
 def breakdown(start: Sample, end: Sample, events: int) -> dict:

@@ -129,7 +129,9 @@ def test_java_doubles_beyond_the_certain_range_are_unspellable() -> None:
 
 def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> None:
     assert parse_schema(TABLE, "_extra").names == ["id", "msg", "n", "x", "ok"]
-    assert parse_schema(TABLE, None) is None  # a map column pyarrow cannot read from JSON
+    assert parse_schema(TABLE, None).names == ["id", "msg", "n", "x", "ok"]  # a map of strings: read after the parse (text_maps)
+    with_int_map = Schema(NestedField(1, "id", LongType()), NestedField(2, "m", MapType(3, StringType(), 4, LongType()))).as_arrow()
+    assert parse_schema(with_int_map, None) is None  # a map of numbers: the Spark job's conversion
     assert [parse_schema(TIMED, None, [("ts", "day")]).field(name).type for name in ("ts", "local", "d")] == [pa.string()] * 3  # time as text
     assert parse_schema(TIMED, None, [("msg", "truncate[2]"), ("d", "month"), ("id", "identity")]) is not None
     assert parse_schema(TIMED, None, [("id", "bucket[4]")]) is None  # the Spark job's murmur3
@@ -209,3 +211,21 @@ def test_truncate_and_identity_partitions_group_rows_by_their_values(tmp_path) -
                         [("msg", "truncate[2]"), ("id", "identity")])
     groups = sorted(sorted((row["id"], row["msg"]) for row in pq.read_table(answer["path"]).to_pylist()) for answer in answers)
     assert groups == [[(1, "ab")], [(1, "日本語")], [(2, "日本x")], [(3, None)]]
+
+
+LABELLED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "labels", MapType(3, StringType(), 4, StringType())),
+).as_arrow()
+
+
+def test_maps_of_strings_keep_each_events_entries_in_its_order_and_anything_else_refuses(tmp_path) -> None:  # noqa: ANN001
+    (answer,) = answers(tmp_path / "plain", {"r1": b'{"id": 1, "labels": {"b": "2", "a": "1"}}\n{"id": 2, "labels": {"a": "x", "c": ""}}\n'
+                                                   b'{"id": 3}\n{"id": 4, "labels": null}\n{"id": 5, "labels": {}}'}, LABELLED, None, [])
+    assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 5}
+    assert pq.read_table(answer["path"]).column("labels").to_pylist() == [[("b", "2"), ("a", "1")], [("a", "x"), ("c", "")], None, None, []]
+    for odd in (b'{"a": null}', b'{"a": 1}', b'{"a": {"b": "c"}}', b'"text"', b'{"a": "x", "a": "y"}', b"[]"):
+        (refused,) = answers(tmp_path / "odd", {"r1": b'{"id": 1, "labels": {"a": "x"}}\n{"id": 2, "labels": ' + odd + b"}"}, LABELLED, None, [])
+        assert refused["refused"] and refused["path"] is None, odd
+    (unknown,) = answers(tmp_path / "unknown", {"r1": b'{"id": 1, "labels": {"a": "x"}, "other": 1}'}, LABELLED, None, [])
+    assert "a field the table lacks" in unknown["refused"]

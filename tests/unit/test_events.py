@@ -154,3 +154,17 @@ def test_fields_named_too_long_to_be_columns_are_set_aside_and_the_rest_kept() -
         assert orjson.loads(aside["event"]) == {f"user.{long_name}": 2} and "(2,053 characters)" in aside["reason"]  # its dotted path
     short = {"k" * MAX_FIELD_NAME: 1, "msg": "y" * 5000}
     assert parse_events(orjson.dumps(short), "application/x-ndjson", 10).ndjson == orjson.dumps(short), "a name of the limit is a name"
+
+
+def test_one_event_past_the_depth_limit_among_many_flat_ones_is_still_set_aside() -> None:
+    """Flat bodies skip the per-event depth check (shallow_body): one bracket past the limit in a
+    whole body of flat events is enough to look at each."""
+    from service.api.events import MAX_DEPTH, shallow_body
+
+    flat = [b'{"n":%d,"s":"x"}' % i for i in range(500)]
+    assert shallow_body(b"\n".join([*flat, _deep(MAX_DEPTH)]), 501)
+    body = b"\n".join([*flat[:250], _deep(MAX_DEPTH + 1), *flat[250:]])
+    assert not shallow_body(body, 501)
+    parsed = parse_events(body, "application/x-ndjson", 1000)
+    assert parsed.events == 501 and parsed.set_aside == 1
+    assert parsed.ndjson.split(b"\n")[250].startswith(b"!")

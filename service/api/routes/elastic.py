@@ -17,6 +17,7 @@ deleted, 4xx with an error); refused items leave the others accepted. Every answ
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -40,11 +41,11 @@ from service.api.deps import (
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.api.events import ParsedBody, decode_body, dumps_exact, loads_exact, parse_events
+from service.api.events import ParsedBody, decode_body, dumps_exact, event_lines, loads_exact, may_hold_long_integers, parsed_body
 from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining
 from service.core import metrics
 from service.core.config import Settings
-from service.core.exceptions import BadRequestBody, NotFound
+from service.core.exceptions import BadRequestBody, BodyTooLarge, NotFound
 from service.pipelines.store import PipelineRecord, get_pipeline
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import Principal
@@ -96,7 +97,7 @@ class _Target:
     record: PipelineRecord
     operation: str | None  # the field a row-changing sink reads its operation from
     identifier: str | None
-    lines: list[bytes] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)  # the writer's lines (event_lines), as parse_events makes them
     items: list[int] = field(default_factory=list)  # positions in the answer
 
 
@@ -108,14 +109,35 @@ def _row_changes(record: PipelineRecord) -> tuple[str | None, str | None]:
     return None, None
 
 
+SHARDS = {"total": 1, "successful": 1, "failed": 0}  # every accepted item's, shared (the answer is only encoded)
+
+
 def _item(action: str, index: str, doc_id: str, status_code: int, error: str | None = None, kind: str = "illegal_argument_exception") -> dict:
     body: dict = {"_index": index, "_id": doc_id, "status": status_code}
     if error is None:
-        body |= {"_version": 1, "result": "deleted" if action == "delete" else "created",
-                 "_shards": {"total": 1, "successful": 1, "failed": 0}}
+        body |= {"_version": 1, "result": "deleted" if action == "delete" else "created", "_shards": SHARDS}
     else:
         body["error"] = {"type": kind, "reason": error}
     return {action: body}
+
+
+def _action(text: bytes, number: int, seen: dict[bytes, tuple[str, dict]]) -> tuple[str, dict]:
+    """An action line's (action, metadata), checked (BadRequestBody naming line `number`), kept in `seen`."""
+    try:
+        action_line = loads_exact(text, orjson.loads(text))  # an _id beyond 64 bits too
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestBody(f"bulk line {number} is not JSON: {exc}") from None
+    if not isinstance(action_line, dict) or len(action_line) != 1 or next(iter(action_line)) not in ACTIONS:
+        raise BadRequestBody(f"bulk line {number}: an action is one of {list(ACTIONS)} with its metadata, e.g. {{\"index\": {{}}}}")
+    action, meta = next(iter(action_line.items()))
+    if not isinstance(meta, dict):
+        raise BadRequestBody(f"bulk line {number}: the {action} action's metadata is an object, e.g. {{\"_index\": \"logs\"}}")
+    if unknown := sorted(set(meta) - METADATA):
+        raise BadRequestBody(f"bulk line {number}: unknown action metadata {unknown[:5]}; Calve reads _index and _id")
+    if not isinstance(meta.get("_index", ""), str) or not isinstance(meta.get("_id", ""), (str, int)) or isinstance(meta.get("_id"), bool):
+        raise BadRequestBody(f"bulk line {number}: _index is a string, _id a string or an integer")
+    seen[text] = action, meta
+    return action, meta
 
 
 def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dict[str, _Target]]:  # noqa: ANN001 - name -> PipelineRecord
@@ -125,33 +147,26 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
         raise BadRequestBody("the bulk body is empty: send an action line, then the document, per item")
     items: list[dict] = []
     targets: dict[str, _Target] = {}
+    actions: dict[bytes, tuple[str, dict]] = {}  # a shipper repeats the same action line: each text is read once
+    long_numbers = may_hold_long_integers(body)  # once per body: only then is each document read again exactly
+    ids = os.urandom(12).hex()  # documents without an _id: this, then the item's place (unique across requests)
     position = 0
     while position < len(lines):
-        try:
-            action_line = loads_exact(lines[position], orjson.loads(lines[position]))  # an _id beyond 64 bits too
-        except orjson.JSONDecodeError as exc:
-            raise BadRequestBody(f"bulk line {position + 1} is not JSON: {exc}") from None
+        action, meta = actions.get(lines[position]) or _action(lines[position], position + 1, actions)
         position += 1
-        if not isinstance(action_line, dict) or len(action_line) != 1 or next(iter(action_line)) not in ACTIONS:
-            raise BadRequestBody(f"bulk line {position}: an action is one of {list(ACTIONS)} with its metadata, e.g. {{\"index\": {{}}}}")
-        action, meta = next(iter(action_line.items()))
-        if not isinstance(meta, dict):
-            raise BadRequestBody(f"bulk line {position}: the {action} action's metadata is an object, e.g. {{\"_index\": \"logs\"}}")
-        if unknown := sorted(set(meta) - METADATA):
-            raise BadRequestBody(f"bulk line {position}: unknown action metadata {unknown[:5]}; Calve reads _index and _id")
-        if not isinstance(meta.get("_index", ""), str) or not isinstance(meta.get("_id", ""), (str, int)) or isinstance(meta.get("_id"), bool):
-            raise BadRequestBody(f"bulk line {position}: _index is a string, _id a string or an integer")
         document = None
         if action != "delete":
             if position >= len(lines):
                 raise BadRequestBody(f"bulk line {position}: the {action} action has no document line after it")
             try:
-                document = loads_exact(lines[position], orjson.loads(lines[position]))
+                document = orjson.loads(lines[position])
+                if long_numbers:
+                    document = loads_exact(lines[position], document)
             except orjson.JSONDecodeError:
                 document = None
             position += 1
         index = str(meta.get("_index") or default_index or "")
-        doc_id = str(meta["_id"]) if meta.get("_id") is not None else uuid.uuid4().hex
+        doc_id = str(meta["_id"]) if meta.get("_id") is not None else f"{ids}{len(items):08x}"
         if not index:
             items.append(_item(action, index, doc_id, 400, "no index: name one in the action or the path (/{index}/_bulk)"))
             continue
@@ -178,27 +193,26 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
                 continue
             event = document
             if target.operation is None:
-                # As sent: an event too deeply nested to encode again is set aside for the DLQ
-                # by parse_events, with its original text, as on /logs.
-                target.lines.append(lines[position - 1])
+                # As on /logs: an event too deeply nested to encode again is set aside for the
+                # DLQ, with its original text.
+                target.lines.extend(event_lines(document, lines[position - 1]))
                 target.items.append(len(items))
                 items.append(_item(action, index, doc_id, 201))
                 continue
             event.setdefault(target.identifier, doc_id)
             event[target.operation] = "insert"
-        line = dumps_exact(event)
-        if line is None:
+        if dumps_exact(event) is None:
             items.append(_item(action, index, doc_id, 400, "the document nests too deeply to change a row by; flatten it",
                                "mapper_parsing_exception"))
             continue
-        target.lines.append(line)
+        target.lines.extend(event_lines(event))
         target.items.append(len(items))
         items.append(_item(action, index, doc_id, 200 if action == "delete" else 201))
     return items, targets
 
 
 async def bulk(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
-               index: str | None) -> JSONResponse:
+               index: str | None) -> Response:
     """Every item is checked and every target's events parsed before anything is buffered, and the
     tenant's limits are charged once for the whole request: a refusal (400, 413, 429, 503) leaves
     nothing of the request accepted, so the shipper's retry of the whole body duplicates nothing."""
@@ -208,7 +222,8 @@ async def bulk(request: Request, principal: Principal, settings: Settings, buffe
     body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
     items = await _accept_items(request, principal, settings, buffer, limits, body, index)
     errors = any("error" in next(iter(item.values())) for item in items)
-    return JSONResponse({"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}, headers=PRODUCT)
+    answer = {"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}
+    return Response(orjson.dumps(answer), media_type="application/json", headers=PRODUCT)
 
 
 async def _accept_items(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
@@ -232,8 +247,9 @@ async def _accept_items(request: Request, principal: Principal, settings: Settin
                 items[position] = _item(action, name, items[position][action]["_id"], 403,
                                         f"this token may not ingest into pipeline {name!r}", "security_exception")
             continue
-        batches.append((name, await run_in_threadpool(parse_events, b"\n".join(target.lines), "application/x-ndjson",
-                                                      settings.max_events_per_request)))
+        if len(target.lines) > settings.max_events_per_request:
+            raise BodyTooLarge(f"more than {settings.max_events_per_request} events in one request; split it")
+        batches.append((name, parsed_body(target.lines)))
     try:
         with in_flight(request):
             if batches:

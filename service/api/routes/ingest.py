@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 
 import redis.asyncio as aioredis
@@ -26,7 +26,7 @@ from service.api.deps import (
     WaiterDep,
 )
 from service.api.errors import AUTH_ERRORS, error_responses, method_not_allowed
-from service.api.events import ParsedBody, decode_body, parse_events
+from service.api.events import ParsedBody, decode_body, made_events, parse_events
 from service.api.waiter import ReceiptWaiter
 from service.core import metrics
 from service.core.config import Settings
@@ -160,11 +160,11 @@ async def _ingest(
 
 async def accept_converted(
     request: Request, principal: Principal, buffer: RequestBuffer, limits: TenantLimits, settings: Settings, pipeline: str,
-    convert: Callable[[bytes], bytes],
+    convert: Callable[[bytes], Iterable[dict]],
 ) -> str | None:
-    """A shipper's protocol request: its body (within the limits, gunzipped) turned into NDJSON
-    events by `convert` (off the event loop; BadRequestBody when it cannot), then buffered as one
-    request of `pipeline` like a POST to its path. Its receipt; None if it held no event."""
+    """A shipper's protocol request: its body (within the limits, gunzipped) turned into events by
+    `convert` (off the event loop; BadRequestBody when it cannot), then buffered as one request of
+    `pipeline` like a POST to its path. Its receipt; None if it held no event."""
     refuse_while_draining(request)
     tenant = principal.tenant
     if not principal.may_ingest_into(pipeline):
@@ -172,10 +172,9 @@ async def accept_converted(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        lines = await run_in_threadpool(convert, body)
-        if not lines:
+        parsed = await run_in_threadpool(lambda: made_events(convert(body), settings.max_events_per_request))
+        if parsed is None:
             return None
-        parsed = await run_in_threadpool(parse_events, lines, "application/x-ndjson", settings.max_events_per_request)
     except Exception as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
         raise

@@ -10,7 +10,6 @@ Loki answers.
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request, status
 from fastapi.responses import Response
 
@@ -55,11 +54,11 @@ async def push(request: Request, principal: IngestPrincipal, buffer: BufferDep, 
         raise BadRequestBody(f"unsupported Content-Type {kind!r}: Loki's push API takes {JSON} or snappy-compressed {PROTOBUF}")
     protobuf = kind == PROTOBUF
 
-    def lines(body: bytes) -> bytes:
+    def events(body: bytes) -> list[dict]:
         try:
-            return b"\n".join(orjson.dumps(event) for event in loki.events(body, protobuf, settings.max_decompressed_bytes))
+            return list(loki.events(body, protobuf, settings.max_decompressed_bytes))
         except LokiError as exc:
             raise BadRequestBody(str(exc)) from None
 
-    await accept_converted(request, principal, buffer, limits, settings, LOKI_LOGS_PIPELINE, lines)
+    await accept_converted(request, principal, buffer, limits, settings, LOKI_LOGS_PIPELINE, events)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

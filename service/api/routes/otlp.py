@@ -73,7 +73,7 @@ async def export_logs(
     received_ns = time.time_ns()
     refused: list[str] = []
     receipt_id = await accept_converted(request, principal, buffer, limits, settings, OTEL_LOGS_PIPELINE,
-                                        lambda body: _event_lines(body, json, received_ns, refused))
+                                        lambda body: _events(body, json, received_ns, refused))
     answer = ExportLogsServiceResponse()
     if refused:
         # Records Calve could not read are rejected now, whatever becomes of the others.
@@ -99,17 +99,25 @@ async def export_logs(
     return _encode(answer, json)
 
 
-def _event_lines(body: bytes, json: bool, received_ns: int, refused: list[str]) -> bytes:
-    """The export's records as NDJSON events; why each record left out was refused, in `refused`
-    (all of them refused: the export is a 400 saying why)."""
+def _events(body: bytes, json: bool, received_ns: int, refused: list[str]) -> list[dict]:
+    """The export's records as events; why each record left out was refused, in `refused` (all of
+    them refused: the export is a 400 saying why). JSON as exporters write it is read directly
+    (otel.json_events); anything else through protobuf's classes."""
     try:
+        if json:
+            try:
+                document = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise OtlpError(f"the body is not JSON: {exc}") from None
+            if isinstance(document, dict) and (direct := otel.json_events(document, received_ns)) is not None:
+                return direct
         request, refused[:] = otel.parse_request(body, json)
-        lines = b"\n".join(orjson.dumps(event) for event in otel.events(request, received_ns, refused))
+        events = list(otel.events(request, received_ns, refused))
     except OtlpError as exc:
         raise BadRequestBody(str(exc)) from None
-    if refused and not lines:
+    if refused and not events:
         raise BadRequestBody(f"no log record of the export could be read: {_listed(refused)}")
-    return lines
+    return events
 
 
 def _listed(refused: list[str]) -> str:
