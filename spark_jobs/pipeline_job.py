@@ -48,6 +48,7 @@ from spark_jobs.processors import (
     with_path,
 )
 from spark_jobs.schemas import narrowed
+from spark_jobs.spark_errors import is_spark_outage
 from spark_jobs.stream_bodies import GONE, UNREACHABLE, StreamEntries
 from spark_jobs.targets import MAX_DROPPED_NAMES, JobResult, Output, Resolver, Target
 
@@ -127,9 +128,11 @@ class PipelineJob:
                                 refused, DIRECT_OFF_S)
                 entries = None
                 counts, refused = append(None)
-        except Exception as exc:  # noqa: BLE001 - the Spark job writes the batch: only speed is lost
-            # A Spark whose Python workers cannot run it (no pyarrow there, say), or an outage the
-            # Spark job then meets too. Off for a while, so that a lasting cause costs one try per spell.
+        except Exception as exc:
+            if is_spark_outage(exc):  # the writer waits it out and tries again, this way first
+                raise
+            # A Spark whose Python workers cannot run it (no pyarrow there, say): off for a while,
+            # so that a lasting cause costs one try per spell.
             _direct_off_until = time.monotonic() + DIRECT_OFF_S
             log.warning("the short way failed (%s: %s); the Spark job writes batches for the next %d s",
                         exc.__class__.__name__, str(exc)[:300], DIRECT_OFF_S)

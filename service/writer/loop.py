@@ -35,11 +35,11 @@ from service.writer.compaction import Compactor
 from service.writer.diffs import FeedDiffer
 from service.writer.lanes import Lanes, keep_pending, kept_pending
 from service.writer.retries import NextStep, after_job_failure, retry_budget_s
-from service.writer.spark_errors import (
+from spark_jobs.session import close_sessions, reset_session, spark_session
+from spark_jobs.spark_errors import (
     is_spark_outage,
     is_transport_error,
 )
-from spark_jobs.session import close_sessions, reset_session, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Writer:
         self._retries: deque[Batch] = deque()  # failed batches still to retry or halve, oldest first
         self.lanes = Lanes(client, self.name)
         self._set_aside: list[Batch] = []  # heavy batches whose tenant's lane another writer held
+        self._writing: list[Batch] = []  # the batch whose job runs now (out of every list above meanwhile)
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
         self.compactor = Compactor(client, catalog, settings.spark_remote, self.name)
@@ -210,7 +211,12 @@ class Writer:
         waiting, self._set_aside = self._set_aside, []
         self._retries.extendleft(reversed([batch for batch in waiting if batch.failures]))
         batches = sorted([*[batch for batch in waiting if not batch.failures], *batches], key=self.lanes.expected_s)
-        held = lambda: [*batches, *self._retries, *self._set_aside]  # noqa: E731
+        # The batch being written too: a retry is popped off _retries for its job, which may take
+        # long (the Spark Connect client retries a stopped server for tens of seconds, and so may
+        # the probe after it). Left out, its entries went idle, the other writer reclaimed them,
+        # each reclaim counted a delivery, and after MAX_DELIVERIES the request went to the DLQ
+        # though nothing was wrong with it (make test's spark_stopped lost a request so, once).
+        held = lambda: [*batches, *self._retries, *self._set_aside, *self._writing]  # noqa: E731
         with kept_pending(self.client, self.name, held, self.settings.writer_claim_idle_s / 3):
             self._write_round(batches, stop)
 
@@ -244,9 +250,11 @@ class Writer:
                 keep_pending(self.client, batch, self.name)
                 return
             started = time.monotonic()
+            self._writing.append(batch)
             try:
                 self._write_batch(batch, stop)
             finally:
+                self._writing.remove(batch)
                 self.lanes.ran(batch, time.monotonic() - started)
 
     def _write_batch(self, batch: Batch, stop: threading.Event) -> None:

@@ -20,7 +20,7 @@ import redis
 from pyiceberg.catalog import Catalog
 
 from service.iceberg.files import catalog_io, delete_files, list_data_files
-from service.writer.spark_errors import is_spark_outage
+from spark_jobs.spark_errors import is_spark_outage
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import Enum
 
 from service.writer.batches import Batch
-from service.writer.spark_errors import is_deterministic
+from spark_jobs.spark_errors import is_deterministic
 
 # A request that fails its job this many times alone goes to the DLQ (the second attempt rules out
 # a passing fault, such as an executor lost mid-job).

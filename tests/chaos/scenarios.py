@@ -245,6 +245,24 @@ def tally(load: Load, table_ids: list[str]) -> Figures:
     return figures
 
 
+def where_lost(stack: Stack, load: Load, table_ids: list[str]) -> str:
+    """Where the acknowledged events missing from the table went: the DLQ's reasons for them, so
+    a failure says whether a writer gave up on them or they vanished."""
+    found = set(table_ids)
+    lost = {load.event_id(sent.producer, sent.seq, i) for sent in load.sent if sent.outcome in ("200", "202")
+            for i in range(sent.events)} - found
+    catalog = stack.catalog()
+    reasons: collections.Counter[str] = collections.Counter()
+    if catalog.table_exists((TABLE[0], keys.DLQ_TABLE)):
+        dead = catalog.load_table((TABLE[0], keys.DLQ_TABLE)).scan(selected_fields=("event", "reason")).to_arrow().to_pylist()
+        for row in dead:
+            if orjson.loads(row["event"]).get("id") in lost:
+                reasons[row["reason"][:300]] += 1
+    in_dlq = sum(reasons.values())
+    return (f"{len(lost)} acknowledged events missing (e.g. {sorted(lost)[:3]}); {in_dlq} of them in the DLQ"
+            + "".join(f"; {n} for: {reason}" for reason, n in reasons.most_common(3)))
+
+
 # -- the scenarios --------------------------------------------------------------------------
 
 
@@ -948,10 +966,12 @@ def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server:
             chaos.problems.append(f"processes died: {dead}")
         table = stack.catalog().load_table(TABLE)
         ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        figures = tally(chaos.load, ids)
+        if figures.lost_202 or figures.lost_200:
+            chaos.problems.append(where_lost(stack, chaos.load, ids))
     finally:
         stack.stop()
         client.close()
-    figures = tally(chaos.load, ids)
     figures.evidence = "; ".join(chaos.evidence)
     figures.problems = chaos.problems
     figures.seconds = round(time.monotonic() - started, 1)

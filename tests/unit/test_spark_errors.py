@@ -10,7 +10,7 @@ import grpc
 from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
-from service.writer.spark_errors import (
+from spark_jobs.spark_errors import (
     is_deterministic,
     is_spark_outage,
     is_transport_error,
