@@ -53,6 +53,7 @@ from pyiceberg.types import (
 
 from service.core.exceptions import DefinitionInvalid, SpecError
 from service.core.keys import DLQ_TABLE, RESERVED_TABLE_PREFIX
+from service.iceberg.rewrites import MERGE_ON_READ, WRITE_MODE_PROPERTIES
 from service.pipelines.expressions import MAX_DEFINITION_EXPRESSIONS, Expression, check_expression, is_stored
 from service.pipelines.table_schema import Strict, TableSchema, column_name
 from service.pipelines.types import EXTRA_FIELDS_TYPE, is_extra_fields_type
@@ -185,6 +186,12 @@ class Sink(Strict):
     def resolved_write_mode(self) -> str | None:
         """How the sink's row changes are written: its write_mode, else merge-on-read (None: appends only)."""
         return self.write_mode or ("merge-on-read" if self.row_changes else None)
+
+    def switches_to_merge_on_read(self, properties: dict[str, str]) -> bool:
+        """Whether writing this sink's row changes turns a table with `properties` from
+        copy-on-write (its write mode property says so, or it has none: Iceberg's default) to
+        merge-on-read, for want of a write_mode: readers that cannot apply deletes would notice."""
+        return self.write_mode is None and self.row_changes and properties.get(WRITE_MODE_PROPERTIES[0]) != MERGE_ON_READ
 
     @field_validator("table")
     @classmethod

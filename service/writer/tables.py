@@ -128,6 +128,9 @@ class TableResolver:
             if table.schema().schema_id != before:
                 log.info("evolved %s.%s to schema %d (%d columns)", tenant, name, table.schema().schema_id, len(table.schema().fields))
         table, extra_fields = self._extra_fields_column(table, sink)
+        if sink.switches_to_merge_on_read(table.properties):
+            log.warning("table %s.%s switches from copy-on-write to merge-on-read: its sink changes rows and sets no write_mode "
+                        "(readers that cannot apply position deletes now see replaced rows; write_mode: copy-on-write keeps it)", tenant, name)
         # Upkeep (planned by the table's leader) reads the sink's settings from the table.
         table = set_table_properties(self.catalog, table, sink_properties(
             sink.target_file_size, sink.snapshot_max_age, sink.snapshot_max_count, sink.resolved_write_mode,

@@ -172,3 +172,32 @@ def test_only_admins_change_pipelines(api: Stack) -> None:
         assert http.post("/v1/pipelines", json=definition()).status_code == 403
         assert http.get("/v1/pipelines").status_code == 200
     assert TEST_TOKEN
+
+
+def test_a_sink_that_would_switch_a_copy_on_write_table_to_merge_on_read_is_answered_with_a_warning(app_client) -> None:  # noqa: ANN001
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from service.iceberg.catalog import open_catalog
+
+    catalog = open_catalog(app_client.app.state.settings)
+    catalog.create_namespace_if_not_exists("demo")
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType()), identifier_field_ids=[1])
+    catalog.create_table(("demo", "accounts_cow"), schema, properties={"write.delete.mode": "copy-on-write"})
+    catalog.create_table(("demo", "accounts_mor"), schema, properties={"write.delete.mode": "merge-on-read"})
+
+    def upserts(name: str, table: str, **sink: str) -> dict:
+        return {"name": name, "source": {"http": {"path": f"/{name}"}},
+                "sinks": [{"table": table, "mode": "upsert", "identifier_columns": ["id"], **sink}]}
+
+    switched = app_client.post("/v1/pipelines", json=upserts("upsert_cow", "accounts_cow"))
+    assert switched.status_code == 201, switched.text
+    (warning,) = switched.json()["warnings"]
+    assert "'accounts_cow' is copy-on-write" in warning and "write_mode: copy-on-write" in warning
+    replaced = app_client.put("/v1/pipelines/upsert_cow", json=upserts("upsert_cow", "accounts_cow", write_mode="copy-on-write"))
+    assert replaced.status_code == 200 and "warnings" not in replaced.json(), "the mode is said: nothing to warn of"
+    kept = app_client.post("/v1/pipelines", json=upserts("upsert_mor", "accounts_mor"))
+    assert kept.status_code == 201 and "warnings" not in kept.json(), "already merge-on-read: nothing switches"
+    appends = app_client.post("/v1/pipelines", json={"name": "appends", "source": {"http": {"path": "/appends"}},
+                                                     "sinks": [{"table": "accounts_cow"}]})
+    assert appends.status_code == 201 and "warnings" not in appends.json(), "appends write no deletes"

@@ -90,18 +90,27 @@ def _parse(raw: bytes, is_yaml: bool) -> PipelineDefinition:
         raise BadRequestBody("the definition nests too deeply to be a pipeline definition") from None
 
 
-def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefinition) -> None:
-    """A static sink that may not create its table needs the table to exist now."""
-    errors = [
-        SpecError(f"sinks[{index}].table", f"table {sink.table!r} does not exist and auto_create is false; create it or set auto_create: true")
-        for index, sink in enumerate(definition.sinks)
-        if not sink.dynamic and not sink.auto_create and load_table(catalog, tenant, sink.table) is None
-    ]
+def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefinition) -> list[str]:
+    """A static sink that may not create its table needs the table to exist now. Returns warnings:
+    a sink whose existing copy-on-write table the merge-on-read default will switch."""
+    errors, warnings = [], []
+    for index, sink in enumerate(definition.sinks):
+        table = None if sink.dynamic else load_table(catalog, tenant, sink.table)
+        if not sink.dynamic and not sink.auto_create and table is None:
+            errors.append(SpecError(f"sinks[{index}].table",
+                                    f"table {sink.table!r} does not exist and auto_create is false; create it or set auto_create: true"))
+        if table is not None and sink.switches_to_merge_on_read(table.properties):
+            warnings.append(
+                f"sinks[{index}]: table {sink.table!r} is copy-on-write and this sink sets no write_mode, so its next change switches "
+                "it to merge-on-read (the default): readers that cannot apply position deletes would see replaced and deleted rows. "
+                "Set write_mode: copy-on-write to keep it, or merge-on-read to say so."
+            )
     source = definition.source.table
     if source is not None and load_table(catalog, tenant, source) is None:
         errors.insert(0, SpecError("source.table", f"table {source!r} does not exist; a pipeline can read the changes of an existing table"))
     if errors:
         raise DefinitionInvalid(errors)
+    return warnings
 
 
 async def _announce(client: RedisDep, tenant: str, definition: PipelineDefinition) -> None:
@@ -116,10 +125,10 @@ async def create(
     request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep, settings: SettingsDep,
 ) -> dict:
     definition = await _definition(request)
-    await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
+    warnings = await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition, settings.max_pipelines_per_tenant)
     await _announce(client, principal.tenant, definition)
-    return record.public()
+    return record.public() | ({"warnings": warnings} if warnings else {})
 
 
 @router.put("/{name}", openapi_extra=DEFINITION_BODY, responses=error_responses(400, 404, 409, 413, 422))
@@ -127,10 +136,10 @@ async def replace(
     name: TableName, request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep
 ) -> dict:
     definition = await _definition(request)
-    await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
+    warnings = await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(replace_pipeline, session, principal.tenant, name, definition)
     await _announce(client, principal.tenant, definition)
-    return record.public()
+    return record.public() | ({"warnings": warnings} if warnings else {})
 
 
 @router.get("")
