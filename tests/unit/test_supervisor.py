@@ -60,4 +60,6 @@ def test_a_process_that_keeps_failing_is_tried_again_less_and_less_often() -> No
     wait_until(lambda: supervisor.check() or len(starts) >= 4, timeout_s=30, interval_s=0.05, what="four starts")
     pauses = [b - a for a, b in zip(starts, starts[1:])]
     # Dead after 1 s pause; failed to start: 2 s; failed again: 4 s (each at least, never less).
-    assert [round(p) for p in pauses] == [1, 2, 4], pauses
+    # The first pause also holds the time a loaded machine takes to start a Python that exits
+    # (CI once saw 1.55 s): each pause may be a little longer, never shorter.
+    assert all(want <= pause < want + 1.5 for pause, want in zip(pauses, [1, 2, 4], strict=True)), pauses
