@@ -112,6 +112,11 @@ def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkServ
         return
     server = SparkServer(tmp_path_factory.mktemp("spark")).start()
     yield server
+    # This process's sessions are closed first: their clients' exit hooks would otherwise ask the
+    # stopped server to release them, retrying for minutes after the last test.
+    from spark_jobs.session import close_sessions
+
+    close_sessions()
     server.stop()
 
 

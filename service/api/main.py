@@ -17,6 +17,7 @@ from service.api.bodies import BodyGuard
 from service.api.buffer import RequestBuffer
 from service.api.deps import authenticated
 from service.api.errors import install_error_handlers
+from service.api.footers import FooterReaders
 from service.api.routes import (
     changes,
     dlq,
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.waiter = ReceiptWaiter(app.state.redis)
         app.state.limits = TenantLimits(app.state.redis, settings.rate_burst_s)
         app.state.buffer = RequestBuffer(app.state.redis, settings)
+        app.state.footers = FooterReaders(settings.registration_processes, settings.registration_max_footer_bytes)
         await app.state.waiter.start()
         followers = [
             asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals)),
@@ -105,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.waiter.stop()
             await app.state.redis.aclose()
             app.state.sync_redis.close()
+            app.state.footers.close()
 
     app = FastAPI(title="Calve", version="0.1.0", lifespan=lifespan)
 

@@ -142,6 +142,8 @@ class Settings(BaseSettings):
     # itself stops a second registration (a file it still lists). Tenants register from their
     # table's own data location and from the landing prefixes granted here (JSON: tenant -> URIs).
     registration_max_files: int = Field(default=1000, ge=1)
+    # Processes the api checks registered files' footers in (service/api/footers.py), niced.
+    registration_processes: int = Field(default=2, ge=1, le=64)
     registration_max_footer_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     registration_dedup_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
     landing_prefixes: dict[str, list[str]] = Field(default_factory=dict)

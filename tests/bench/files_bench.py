@@ -8,12 +8,17 @@ pyarrow, then registers them two ways:
   visible is its receipt's commit time less its creation time;
 - lists: BENCH_PER_CALL files per call from the same number of callers, with `wait=true` (the
   answer comes once the files are committed, i.e. visible to readers).
+- burst: BENCH_BURST_FILES files in calls of the most a call may hold (1,000), all at once,
+  answered once durable: the most one tenant can hand the table's leader in a moment.
 Reports files registered per second (until the last file is visible), notification-to-visible
 p50/p99, and how many snapshots the registrations took (one per commit interval, not one per
-file); the last line is one JSON object.
+file). Meanwhile a bystander, another tenant, sends BYSTANDER_EVENTS events to its `logs` with
+`wait=true` from BYSTANDER_THREADS producers: its latency p50/p99 calm (before the first registration) and
+during each way says whether one tenant's registrations hold up the others' commits. The last
+line is one JSON object.
 
 Knobs (environment): BENCH_FILES (2000 per way), BENCH_ROWS_PER_FILE (100), BENCH_PRODUCERS (50),
-BENCH_PER_CALL (100).
+BENCH_PER_CALL (100), BENCH_BURST_FILES (8000; 0 skips the burst).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -40,6 +46,10 @@ FILES = int(os.environ.get("BENCH_FILES", "2000"))
 ROWS_PER_FILE = int(os.environ.get("BENCH_ROWS_PER_FILE", "100"))
 PRODUCERS = int(os.environ.get("BENCH_PRODUCERS", "50"))
 PER_CALL = int(os.environ.get("BENCH_PER_CALL", "100"))
+BURST_FILES = int(os.environ.get("BENCH_BURST_FILES", "8000"))
+BURST_PER_CALL = 1000  # Settings.registration_max_files' default
+BYSTANDER_EVENTS, BYSTANDER_PAUSE_S, BYSTANDER_THREADS = 100, 0.2, 4
+WARM_S, CALM_S = 10.0, 20.0  # the bystander's first answers (its table created) are not counted as calm
 PIPELINE = {
     "name": "landed", "source": {"http": {"path": "/landed"}},
     "sinks": [{"table": "landed", "auto_create": True, "schema": {
@@ -121,6 +131,56 @@ async def register(port: int, paths: list[str], per_call: int, wait: bool) -> tu
         return last - started, latencies, failures
 
 
+class Bystander:
+    """Another tenant's producers (BYSTANDER_THREADS): BYSTANDER_EVENTS events with wait=true, each
+    BYSTANDER_PAUSE_S after its last answer; each answer's (time sent, seconds to it) kept."""
+
+    def __init__(self, port: int, data_dir: Path) -> None:
+        from sqlmodel import Session
+
+        from service.core.db import get_engine
+        from service.tenancy.tenants import create_tenant, issue_token
+
+        with Session(get_engine(Settings(data_dir=data_dir).resolved_database_url())) as session:
+            self.token = issue_token(session, create_tenant(session, "bystander"))[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.answers: list[tuple[float, float]] = []
+        self.failed = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(BYSTANDER_THREADS)]
+
+    def _run(self) -> None:
+        body = b"\n".join(orjson.dumps({"ts": 1_764_000_000_000 + i, "level": "INFO", "service": "bystander", "message": "m"})
+                          for i in range(BYSTANDER_EVENTS))
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/x-ndjson"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=120) as http:
+            while not self._stop.is_set():
+                sent = time.time()
+                answer = http.post("/logs", content=body, params={"wait": "true", "timeout": "60"})
+                if answer.status_code == 200:
+                    self.answers.append((sent, time.time() - sent))
+                else:
+                    self.failed += 1
+                self._stop.wait(BYSTANDER_PAUSE_S)
+
+    def start(self) -> Bystander:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(130)
+
+    def between(self, start: float, end: float) -> dict:
+        latencies = sorted(latency for sent, latency in self.answers if start <= sent < end)
+        if not latencies:
+            return {"requests": 0}
+        return {"requests": len(latencies), "p50_s": round(statistics.median(latencies), 3),
+                "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+
+
 def snapshots_since(data_dir: Path, since_ms: int) -> tuple[int, int]:
     """Snapshots of the table since `since_ms` that added registered files, and those files."""
     table = open_catalog(Settings(data_dir=data_dir)).load_table(("demo", "landed"))
@@ -130,21 +190,35 @@ def snapshots_since(data_dir: Path, since_ms: int) -> tuple[int, int]:
 
 def main() -> None:
     results = {}
+    ways = [("notifications", FILES, 1, False), ("lists", FILES, PER_CALL, True)]
+    if BURST_FILES:
+        ways.append(("burst", BURST_FILES, BURST_PER_CALL, False))
     with embedded_stack("calve-files-") as (data_dir, port):
         location = setup(port)
-        for way, per_call, wait in (("notifications", 1, False), ("lists", PER_CALL, True)):
-            paths = write_files(location, way, FILES)
+        bystander = Bystander(port, data_dir).start()
+        time.sleep(WARM_S)
+        calm_from = time.time()
+        time.sleep(CALM_S)
+        calm = bystander.between(calm_from, time.time())
+        say(f"bystander calm: {calm}")
+        for way, count, per_call, wait in ways:
+            paths = write_files(location, way, count)
             since_ms = int(time.time() * 1000)
             seconds, latencies, failures = asyncio.run(register(port, paths, per_call, wait))
             snapshots, counted = snapshots_since(data_dir, since_ms)
             p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98] if len(latencies) > 1 else latencies[0]
-            say(f"{way} ({per_call} per call, {PRODUCERS} callers): {FILES / seconds:,.0f} files/s; notification to visible "
-                f"p50 {p50:.2f}s p99 {p99:.2f}s; {snapshots} snapshots for {counted:,} files; {failures} failed calls")
+            during = bystander.between(since_ms / 1000, since_ms / 1000 + seconds)
+            say(f"{way} ({per_call} per call, {min(PRODUCERS, -(-count // per_call))} callers): {count / seconds:,.0f} files/s; "
+                f"notification to visible p50 {p50:.2f}s p99 {p99:.2f}s; {snapshots} snapshots for {counted:,} files; "
+                f"{failures} failed calls; bystander meanwhile {during}")
             results[way] = {
-                "files_per_s": round(FILES / seconds, 1), "visible_p50_s": round(p50, 3), "visible_p99_s": round(p99, 3),
-                "snapshots": snapshots, "files_committed": counted, "failed_calls": failures,
+                "files": count, "files_per_s": round(count / seconds, 1), "visible_p50_s": round(p50, 3), "visible_p99_s": round(p99, 3),
+                "snapshots": snapshots, "files_committed": counted, "failed_calls": failures, "bystander": during,
             }
-    print(orjson.dumps({"files_per_way": FILES, "rows_per_file": ROWS_PER_FILE, **results}).decode(), flush=True)
+        bystander.stop()
+    results["bystander_calm"] = calm
+    results["bystander_failed"] = bystander.failed
+    print(orjson.dumps({"rows_per_file": ROWS_PER_FILE, **results}).decode(), flush=True)
 
 
 if __name__ == "__main__":

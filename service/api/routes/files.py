@@ -13,17 +13,15 @@ skips a file the table lists.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 from urllib.parse import unquote_plus
 
 import orjson
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,9 +29,10 @@ from pyiceberg.table import Table
 
 from service.api.deps import CatalogDep, ReadPrincipal, RedisDep, SettingsDep, TableName, WaiterDep, require_scope, table_or_404
 from service.api.errors import AUTH_ERRORS, error_responses
+from service.api.footers import FooterReaders
 from service.core import keys, metrics
 from service.core.config import Settings
-from service.iceberg.registration import FileRefused, allowed_location, describe, registered_data_file, table_columns
+from service.iceberg.registration import FileRefused, allowed_location, table_columns
 from service.protocol import receipts, scripts
 from service.protocol.commit_entry import CommitEntry
 from service.protocol.receipts import COMMITTED, FAILED
@@ -42,10 +41,6 @@ from service.tenancy.tenants import Principal
 router = APIRouter(prefix="/v1/tables", tags=["files"], responses=error_responses(*AUTH_ERRORS))
 FilesPrincipal = Annotated[Principal, Depends(require_scope("files", "admin"))]
 KEPT_REGISTRATIONS = 200  # the table's recent registrations, for GET and the console
-# Footers are read on these threads, at most 8 at once per api process (an object store answers
-# each in tens of ms), not on the api's shared pool: a tenant registering thousands of files must
-# not take the threads every tenant's ingest parses its bodies on.
-_FOOTERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="footers")
 TABLE_CACHE_S = 1.0  # a table loaded for checks serves this long: notifications come one file per call
 _tables: dict[tuple[str, str], tuple[float, Table]] = {}
 
@@ -151,17 +146,17 @@ def _dedup_keys(tenant: str, table: str, outcome: Outcome) -> list[str]:
     return found
 
 
-def _inspect(table: Table, outcome: Outcome, settings: Settings) -> None:
-    """Read a pending file's footer; refuse it if the table cannot take it, else describe it."""
-    try:
-        data_file = registered_data_file(table.metadata, table.io, outcome.path, settings.registration_max_footer_bytes, outcome.size)
-    except FileRefused as exc:
-        outcome.status, outcome.reason, outcome.detail = "refused", exc.reason, str(exc)
-    except Exception as exc:  # noqa: BLE001 - a file the store or pyarrow cannot read: refused with what it said
-        outcome.status, outcome.reason, outcome.detail = "refused", "unreadable", f"{outcome.path}: {exc}"[:1000]
-    else:
-        outcome.rows, outcome.bytes = data_file.record_count, data_file.file_size_in_bytes
-        outcome.described = describe(data_file, table.metadata.current_schema_id)
+async def _inspect(footers: FooterReaders, table: Table, pending: list[Outcome]) -> None:
+    """Read the pending files' footers (in the footer processes: service/api/footers.py); refuse
+    those the table cannot take, describe the others."""
+    if not pending:
+        return
+    checked = await footers.check(table, [(outcome.path, outcome.size) for outcome in pending])
+    for outcome, result in zip(pending, checked, strict=True):
+        if result.reason is not None:
+            outcome.status, outcome.reason, outcome.detail = "refused", result.reason, result.detail
+        else:
+            outcome.rows, outcome.bytes, outcome.described = result.rows, result.bytes, result.described
 
 
 @router.post(
@@ -174,7 +169,7 @@ def _inspect(table: Table, outcome: Outcome, settings: Settings) -> None:
     },
 )
 async def register_files(
-    name: TableName, principal: FilesPrincipal, catalog: CatalogDep, client: RedisDep,
+    request: Request, name: TableName, principal: FilesPrincipal, catalog: CatalogDep, client: RedisDep,
     waiter: WaiterDep, settings: SettingsDep,
     wait: bool = Query(False, description="answer only after the accepted files are committed"),
     timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait with wait=true (default 30)"),
@@ -210,8 +205,7 @@ async def register_files(
         seen[outcome.path] = outcome
     pending = [o for o in outcomes if o.status == "accepted"]
     await _mark_registered(client, tenant, name, pending)  # cheap: no footer read for a file known already
-    loop = asyncio.get_running_loop()
-    await asyncio.gather(*(loop.run_in_executor(_FOOTERS, _inspect, table, o, settings) for o in pending if o.status == "accepted"))
+    await _inspect(request.app.state.footers, table, [o for o in pending if o.status == "accepted"])
     receipt_id = await _register(client, settings, tenant, name, [o for o in pending if o.status == "accepted"])
     for outcome in outcomes:
         if outcome.status in ("accepted", "duplicate", "refused"):
