@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -41,6 +40,7 @@ from service.core.config import Settings
 from service.core.keys import SUMMARY_REGISTERED
 from service.iceberg.catalog import open_catalog
 from tests.bench.ingest_bench import TOKEN, embedded_stack, say
+from tests.chaos.scenarios import Producers
 
 FILES = int(os.environ.get("BENCH_FILES", "2000"))
 ROWS_PER_FILE = int(os.environ.get("BENCH_ROWS_PER_FILE", "100"))
@@ -131,9 +131,11 @@ async def register(port: int, paths: list[str], per_call: int, wait: bool) -> tu
         return last - started, latencies, failures
 
 
-class Bystander:
+class Bystander(Producers):
     """Another tenant's producers (BYSTANDER_THREADS): BYSTANDER_EVENTS events with wait=true, each
     BYSTANDER_PAUSE_S after its last answer; each answer's (time sent, seconds to it) kept."""
+
+    join_s = 130.0
 
     def __init__(self, port: int, data_dir: Path) -> None:
         from sqlmodel import Session
@@ -146,10 +148,9 @@ class Bystander:
         self.url = f"http://127.0.0.1:{port}"
         self.answers: list[tuple[float, float]] = []
         self.failed = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(BYSTANDER_THREADS)]
+        super().__init__(BYSTANDER_THREADS)
 
-    def _run(self) -> None:
+    def _produce(self, _producer: int) -> None:
         body = b"\n".join(orjson.dumps({"ts": 1_764_000_000_000 + i, "level": "INFO", "service": "bystander", "message": "m"})
                           for i in range(BYSTANDER_EVENTS))
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/x-ndjson"}
@@ -157,21 +158,12 @@ class Bystander:
             while not self._stop.is_set():
                 sent = time.time()
                 answer = http.post("/logs", content=body, params={"wait": "true", "timeout": "60"})
-                if answer.status_code == 200:
-                    self.answers.append((sent, time.time() - sent))
-                else:
-                    self.failed += 1
+                with self._lock:
+                    if answer.status_code == 200:
+                        self.answers.append((sent, time.time() - sent))
+                    else:
+                        self.failed += 1
                 self._stop.wait(BYSTANDER_PAUSE_S)
-
-    def start(self) -> Bystander:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(130)
 
     def between(self, start: float, end: float) -> dict:
         latencies = sorted(latency for sent, latency in self.answers if start <= sent < end)
@@ -195,7 +187,8 @@ def main() -> None:
         ways.append(("burst", BURST_FILES, BURST_PER_CALL, False))
     with embedded_stack("calve-files-") as (data_dir, port):
         location = setup(port)
-        bystander = Bystander(port, data_dir).start()
+        bystander = Bystander(port, data_dir)
+        bystander.start()
         time.sleep(WARM_S)
         calm_from = time.time()
         time.sleep(CALM_S)
