@@ -77,12 +77,15 @@ class Location:
         return same_store and len(self.parts) > len(prefix.parts) and self.parts[: len(prefix.parts)] == prefix.parts
 
 
+_REFUSED_CHARACTERS = re.compile(r"[\x00-\x1f\x7f\\%]")  # control characters, backslashes, percent-escapes
+
+
 def parse_location(text: str) -> Location:
     """One spelling of a file URI, or FileRefused: no relative paths, no `.`/`..` or empty
     segments, no percent-escapes (send the decoded name), no backslashes or control characters."""
     if not text or len(text) > 2048:
         raise FileRefused("location", "a file's path must be a URI of 1 to 2048 characters")
-    if any(ord(ch) < 32 or ch in "\\%" or ord(ch) == 127 for ch in text):
+    if _REFUSED_CHARACTERS.search(text):
         raise FileRefused(
             "location", f"{text[:200]!r}: percent-escapes, backslashes and control characters are not accepted; send the path as the store names it",
         )
