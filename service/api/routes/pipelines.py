@@ -95,7 +95,10 @@ def _check_tables(catalog: CatalogDep, tenant: str, definition: PipelineDefiniti
     a sink whose existing copy-on-write table the merge-on-read default will switch."""
     errors, warnings = [], []
     for index, sink in enumerate(definition.sinks):
-        table = None if sink.dynamic else load_table(catalog, tenant, sink.table)
+        # Loaded only where an answer depends on it: a sink that may not create its table, or one
+        # whose row changes would switch the table's write mode.
+        needed = not sink.dynamic and (not sink.auto_create or (sink.row_changes and sink.write_mode is None))
+        table = load_table(catalog, tenant, sink.table) if needed else None
         if not sink.dynamic and not sink.auto_create and table is None:
             errors.append(SpecError(f"sinks[{index}].table",
                                     f"table {sink.table!r} does not exist and auto_create is false; create it or set auto_create: true"))
