@@ -191,10 +191,7 @@ def cached_read(key: tuple, read: Callable[[], pa.Table]) -> pa.Table:
     file's path (Iceberg never rewrites one in place) and what was read of it. Least recently
     used first out, beyond WORKER_CACHE_BYTES. The cache lives on a module of its own in
     sys.modules: this module comes by value with each task, its globals anew each time."""
-    state = sys.modules.get("calve_worker_cache")
-    if state is None:
-        state = sys.modules["calve_worker_cache"] = types.ModuleType("calve_worker_cache")
-        state.tables, state.bytes = OrderedDict(), 0
+    state = _worker_cache()
     table = state.tables.get(key)
     if table is not None:
         state.tables.move_to_end(key)
@@ -206,6 +203,30 @@ def cached_read(key: tuple, read: Callable[[], pa.Table]) -> pa.Table:
         _key, dropped = state.tables.popitem(last=False)
         state.bytes -= dropped.nbytes
     return table
+
+
+def cache_ahead(reads: dict[tuple, Callable[[], pa.Table]], threads: int = 8) -> None:
+    """Read what `reads` names that this worker does not keep yet, on `threads` threads, and keep
+    it (cached_read then finds it). A run whose task lands on a worker that has not seen the
+    table's recent files reads them all: one by one, that took up to 0.7 s of a run."""
+    state = _worker_cache()
+    missing = [key for key in reads if key not in state.tables]
+    if len(missing) < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(missing))) as pool:  # pyarrow reads without the interpreter lock
+        tables = list(pool.map(lambda key: reads[key](), missing))
+    for key, table in zip(missing, tables, strict=True):
+        cached_read(key, lambda table=table: table)
+
+
+def _worker_cache() -> types.ModuleType:
+    state = sys.modules.get("calve_worker_cache")
+    if state is None:
+        state = sys.modules["calve_worker_cache"] = types.ModuleType("calve_worker_cache")
+        state.tables, state.bytes = OrderedDict(), 0
+    return state
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

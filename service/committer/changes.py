@@ -37,6 +37,7 @@ class ChangeCommits:
         self.commits = commits
         self.failures = ChangeFailures(settings.commit_max_failures)
         self.asked_at: dict[str, float] = {}  # when each table's run now being applied was asked for (monotonic)
+        self.committed: dict[str, tuple[float, str]] = {}  # a run committed, by table: when it was asked for, its last entry
 
     def commit(self, tenant: str, table_name: str, table: Table, segment: CommitPlan, lease: TableLease) -> bool | None:
         """Row changes: ask a writer to apply them against the table as it is now, then commit its
@@ -59,6 +60,7 @@ class ChangeCommits:
             return None
         if result.error:
             self.client.delete(key)
+            self.asked_at.pop(member, None)  # no longer awaited: asked again once the table's failed commit is waited out
             if len(request.entries) == 1 and self.failures.applies_alone(member, request.entries[0][0]):
                 self.failures.record_settled(member)
                 self.commits.park(tenant, table_name, segment.entries[0], f"row changes failed to apply on their own: {result.error}")
@@ -80,7 +82,18 @@ class ChangeCommits:
             return False
         delete_files(covered.files, catalog_io(self.catalog))  # the change files: applied and committed
         self.failures.record_settled(member)
+        self.committed[member] = (self.asked_at.pop(member, time.monotonic()), request.last_entry)
         return True
+
+    def committed_run(self, member: str) -> float | None:
+        """When the table's run committed since the last call was asked for (None: none was)."""
+        asked, _last = self.committed.pop(member, (None, None))
+        return asked
+
+    def covered(self, member: str, segment: CommitPlan) -> bool:
+        """Whether the run just committed covered every entry of `segment` (entries queued after
+        it was asked for wait for the next)."""
+        return member in self.committed and self.committed[member][1] == segment.watermark
 
     def _ask(self, tenant: str, table_name: str, segment: CommitPlan, current: int | None) -> None:
         first = segment.entries[0]

@@ -60,15 +60,21 @@ class TableCommits:
         self.name = name
         self.publisher = publisher
         self.changes = ChangeCommits(settings, client, catalog, self)
+        self.waiting_for_run: set[str] = set()  # tables whose next entries are row changes whose run is not due
 
     def reload(self, tenant: str, table_name: str) -> Table:
         return self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
 
     def commit_table(
         self, tenant: str, table_name: str, lease: TableLease, on_interval: Callable[[float | None], None] | None = None,
+        run_due: bool = True,
     ) -> bool:
         """Commit what is pending for one table; True when a snapshot was made. `on_interval` is
-        told the commit interval the pending entries ask for (None: the default)."""
+        told the commit interval the pending entries ask for (None: the default). `run_due`: a
+        run of the row changes queued may be asked for (their schedule: CommitSchedule.is_run_due);
+        a run already asked for is looked after either way."""
+        member = keys.member(tenant, table_name)
+        self.waiting_for_run.discard(member)
         planned = self.plan(tenant, table_name)
         if planned is None:
             return False
@@ -80,12 +86,19 @@ class TableCommits:
             if index:
                 table = self.reload(tenant, table_name)
             if segment.changes:
+                if not run_due and member not in self.changes.asked_at:
+                    self.waiting_for_run.add(member)
+                    break
                 done = self.changes.commit(tenant, table_name, table, segment, lease)
-                if done is not None:
-                    committed |= done
-                # Being applied, or committed now (its answer may cover only the entries queued
-                # when it was asked: the segment read since holds more), or to be applied again:
-                # the entries after it wait for the next round, planned from the new watermark.
+                if done:
+                    # Committed, the whole segment: what follows it (appends) is committed now,
+                    # up to the next row changes, whose run waits for its schedule.
+                    committed, run_due = True, False
+                    if self.changes.covered(member, segment):
+                        continue
+                # Being applied, or committed now but covering only the entries queued when it
+                # was asked (the segment read since holds more), or to be applied again: the
+                # entries after it wait for the next round, planned from the new watermark.
                 # Going on would commit them past row changes not yet in the table.
                 break
             if segment.rewrite is None:

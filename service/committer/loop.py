@@ -100,10 +100,16 @@ class Committer:
                 self.pump_feeds(tenant, table)
                 self.feed_schedule.record_upkeep(member, now)
             # Only a table with entries in its commit stream (files handed off, row changes, or
-            # entries committed but not yet announced) is loaded from the catalog.
-            if (self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)) and self.client.xlen(
-                keys.commit_stream_key(tenant, table)
-            ):
+            # entries committed but not yet announced) is loaded from the catalog; one whose next
+            # entries are row changes waiting for their run, only once the run is due (nothing
+            # behind them can be committed before them).
+            if member in self.commits.changes.asked_at:
+                due = True  # its run's answer is looked for at every tick
+            elif member in self.commits.waiting_for_run:
+                due = self.schedule.is_run_due(member, now)
+            else:
+                due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
+            if due and self.client.xlen(keys.commit_stream_key(tenant, table)):
                 self.commit(member, lease, now)
 
     def commit(self, member: str, lease: TableLease, now: float) -> None:
@@ -112,13 +118,14 @@ class Committer:
         tenant, table = keys.split_member(member)
         started = time.monotonic()
         try:
-            committed = self.commits.commit_table(tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s))
-            changes = member in self.commits.changes.asked_at  # a run of row changes asked for, or committed now
-            self.schedule.record_work(member, started, time.monotonic(), committed, changes)
+            committed = self.commits.commit_table(
+                tenant, table, lease, lambda interval_s: self.schedule.set_interval(member, interval_s), self.schedule.is_run_due(member, now),
+            )
+            self.schedule.record_work(member, started, time.monotonic(), committed)
             if committed:
-                # Row changes count their interval from when their run was asked for: the time a
-                # writer spends applying them is not added to it.
-                self.schedule.record_commit(member, min(now, self.commits.changes.asked_at.pop(member, now)))
+                self.schedule.record_commit(member, now)
+            if (asked := self.commits.changes.committed_run(member)) is not None:
+                self.schedule.record_run(member, asked, time.monotonic())
             self.schedule.record_success(member)
         except LeadershipLost:
             log.warning("committer %s lost the lease of %s before committing", self.name, member)

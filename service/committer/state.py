@@ -113,9 +113,14 @@ class CommitSchedule:
     the leader spent less than half of its recent time committing. So under load a hand-off waits
     for the next free moment, not for the interval, and a leader of many busy tables falls back
     to one commit per table per interval. A table whose pipeline sets its own interval keeps it
-    as its schedule (whoever set it wanted that few snapshots), and so does a table taking row
-    changes: a run applies every change queued when it is asked for, and runs asked for one
-    request at a time changed fewer rows a second (make bench-upsert: 2,400 against 2,833)."""
+    as its schedule (whoever set it wanted that few snapshots). A table whose last commit failed
+    waits its interval before the next attempt.
+
+    A table's runs of row changes keep the interval as their schedule, from one run's asking to
+    the next (`is_run_due`): a run applies every change queued when it is asked for, and its cost
+    grows with the files it touches more than with the keys it changes (runs asked at each
+    hand-off: 2,400 changed rows/s against 2,833 once per interval; `make bench-upsert`). What is
+    queued ahead of or behind a run (appends) is committed on the schedule above."""
 
     interval_s: float
     min_interval_s: float = 0.0  # 0 or >= interval_s: once per interval, never sooner
@@ -123,12 +128,14 @@ class CommitSchedule:
     intervals: dict[str, float] = field(default_factory=dict)  # a table's own, from its pipeline's sink
     failures: dict[str, int] = field(default_factory=dict)  # commits failed in a row, not for a passing cause
     took: dict[str, float] = field(default_factory=dict)  # each table's last commit's duration
-    changing: set[str] = field(default_factory=set)  # tables whose last commit asked for or made a run of row changes
+    run_asked: dict[str, float] = field(default_factory=dict)  # when each table's last committed run of row changes was asked for
+    run_took: dict[str, float] = field(default_factory=dict)  # and how long it took, from its asking to its commit
     busy: float = 0.0  # the leader's recent time spent committing, decayed by BUSY_WINDOW_S
     busy_at: float = 0.0
 
     BUSY_WINDOW_S = 5.0
     BUSY_SHARE = 0.5
+    RUN_SPACING = 2.0  # a run is asked for no sooner than twice as long as the last took after it was asked for
 
     def record_failure(self, table: str) -> int:
         self.failures[table] = self.failures.get(table, 0) + 1
@@ -143,7 +150,7 @@ class CommitSchedule:
 
     def may_commit_early(self, table: str, now: float) -> bool:
         """Whether the table may be committed before its interval is up, if files are pending."""
-        if table in self.intervals or table in self.changing or not 0 < self.min_interval_s < self.interval_s:
+        if table in self.intervals or table in self.failures or not 0 < self.min_interval_s < self.interval_s:
             return False
         since = now - self.last_commit.get(table, float("-inf"))
         return since >= max(self.min_interval_s, self.took.get(table, 0.0)) and self.busy_share(now) < self.BUSY_SHARE
@@ -161,14 +168,27 @@ class CommitSchedule:
     def record_commit(self, table: str, now: float) -> None:
         self.last_commit[table] = now
 
-    def record_work(self, table: str, started: float, now: float, committed: bool, changes: bool = False) -> None:
+    def is_run_due(self, table: str, now: float) -> bool:
+        """Whether the table's next run of row changes may be asked for: at the latest an interval
+        after its last committed run was asked for (the time a writer spends applying a run is not
+        added to it); sooner, RUN_SPACING times as long as that run took from its asking to its
+        commit, and at least `min_interval_s`, when early commits are on and the table's pipeline
+        sets no interval of its own. So cheap runs come often (a producer waiting on each of its
+        changes waits less) and costly ones, which touch many files whatever their keys, no more
+        than once an interval."""
+        spacing = self.intervals.get(table, self.interval_s)
+        if table in self.run_took and table not in self.intervals and 0 < self.min_interval_s < self.interval_s:
+            spacing = min(spacing, max(self.min_interval_s, self.RUN_SPACING * self.run_took[table]))
+        return now - self.run_asked.get(table, float("-inf")) >= spacing
+
+    def record_run(self, table: str, asked: float, now: float) -> None:
+        """A run of row changes asked for at `asked` is committed at `now`."""
+        self.run_asked[table] = asked
+        self.run_took[table] = now - asked
+
+    def record_work(self, table: str, started: float, now: float, committed: bool) -> None:
         """Time spent on one commit of `table`, made or not (nothing pending): it counts towards
-        being busy; a commit made is the table's least spacing for early commits. `changes`: it
-        asked for or committed a run of row changes (the table keeps its interval until one without)."""
-        if changes:
-            self.changing.add(table)
-        else:
-            self.changing.discard(table)
+        being busy; a commit made is the table's least spacing for early commits."""
         if committed:
             self.took[table] = now - started
         self.busy = self._decayed(now) + (now - started)

@@ -235,6 +235,11 @@ class PipelineDefinition(Strict):
     routes: dict[str, Expression] = Field(default_factory=dict, max_length=MAX_ROUTES)
     sinks: list[Sink] = Field(min_length=1, max_length=MAX_SINKS)
 
+    @property
+    def changes_rows(self) -> bool:
+        """Some sink's events change rows by key (see Sink.row_changes)."""
+        return any(sink.row_changes for sink in self.sinks)
+
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:

@@ -144,9 +144,18 @@ class Writer:
             events = sum(batch.events for batch in batches.values())
             size = sum(batch.size for batch in batches.values())
             full = events >= self.settings.writer_batch_events or size >= self.settings.writer_batch_bytes
-            if full or time.monotonic() >= deadline:
+            if full or time.monotonic() >= deadline or self._changes_only(batches):
                 break
         return list(batches.values())
+
+    def _changes_only(self, batches: dict[str, Batch]) -> bool:
+        """Whether every batch read so far is of a pipeline that changes rows: its events wait
+        for the table's next run of changes (committer/changes.py), which takes every change
+        queued by then, so waiting here for more to batch would only add to their latency."""
+        try:
+            return all(self.batches.pipeline(batch.tenant, batch.pipeline).definition.changes_rows for batch in batches.values())
+        except Exception:  # noqa: BLE001 - gone, or the DB away: the batch's job meets that, as before
+            return False
 
     def _read(self, streams: list[str], block_ms: int) -> list:
         """New entries of `streams`, waiting up to `block_ms` for some. On a Redis Cluster, which

@@ -15,13 +15,15 @@ a plain copy of the same rows (appended by pyiceberg: no deletes, unpartitioned)
 baseline. The last line is one JSON object, by mode.
 
 Knobs (environment): BENCH_ROWS (1000000), BENCH_SECONDS (60), BENCH_PRODUCERS (4),
-BENCH_WRITE_MODES (merge-on-read,copy-on-write).
+BENCH_WRITE_MODES (merge-on-read,copy-on-write), BENCH_APPEND_SECONDS (20: appends to the same
+table alone, then as long again while the changes flow, each p50 reported).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
 import os
 import random
 import statistics
@@ -39,6 +41,7 @@ from tests.bench.ingest_bench import TOKEN, embedded_stack, say
 DAYS = 30
 RECENT_DAYS = 7
 PER_REQUEST = 1000
+APPENDERS, APPEND_ROWS = 2, 100  # appends to the same table, alone and while changes flow
 START = datetime.datetime(2026, 10, 1, tzinfo=datetime.timezone.utc)
 SCHEMA = {"columns": [
     {"name": "id", "type": "long", "required": True}, {"name": "ts", "type": "timestamptz", "required": True},
@@ -88,6 +91,9 @@ async def upsert(port: int, rows: int, seconds: float, producers: int, name: str
     recent = rows - rows * RECENT_DAYS // DAYS
     changed, latencies, failures = 0, [], 0
     rng = random.Random(7)
+    if not producers:
+        await asyncio.sleep(seconds)
+        return changed, latencies, failures
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=600)) as client:
 
         async def one(until: float) -> None:
@@ -109,6 +115,40 @@ async def upsert(port: int, rows: int, seconds: float, producers: int, name: str
         until = time.monotonic() + seconds
         await asyncio.gather(*(one(until) for _ in range(producers)))
     return changed, latencies, failures
+
+
+async def append(port: int, rows: int, seconds: float, producers: int, name: str, first_key: int) -> list[float]:
+    """Appenders beside the changes: `producers` loops of APPEND_ROWS new rows (new keys, from
+    `first_key` on, in the days the changes hit) through the table's append pipeline, wait=true;
+    their latencies."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"}
+    url = f"http://127.0.0.1:{port}/{name}_load?wait=true&timeout=300"
+    recent = rows - rows * RECENT_DAYS // DAYS
+    latencies: list[float] = []
+    keys = itertools.count(first_key)
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=600)) as client:
+
+        async def one(until: float) -> None:
+            while time.monotonic() < until:
+                body = b"\n".join(orjson.dumps({**row(recent + key % (rows - recent), rows, 0), "id": key})
+                                  for key in itertools.islice(keys, APPEND_ROWS))
+                sent = time.monotonic()
+                async with client.post(url, data=body) as answer:
+                    await answer.read()
+                if answer.status == 200:
+                    latencies.append(time.monotonic() - sent)
+
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(one(until) for _ in range(producers)))
+    return latencies
+
+
+async def beside(port: int, rows: int, seconds: float, producers: int, name: str, first_key: int) -> tuple[list[float], int]:
+    """Appends while `producers` change rows (none: appends alone): (append latencies, rows changed)."""
+    appended, (changed, _latencies, _failures) = await asyncio.gather(
+        append(port, rows, seconds, APPENDERS, name, first_key), upsert(port, rows, seconds, producers, name),
+    )
+    return appended, changed
 
 
 def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, int, int]:
@@ -185,6 +225,7 @@ def main() -> None:
     seconds = float(os.environ.get("BENCH_SECONDS", "60"))
     producers = int(os.environ.get("BENCH_PRODUCERS", "4"))
     modes = os.environ.get("BENCH_WRITE_MODES", "merge-on-read,copy-on-write").split(",")
+    append_seconds = float(os.environ.get("BENCH_APPEND_SECONDS", "20"))
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_AGE_S", "86400")  # keep the measured window's snapshots
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_COUNT", "100000")
     results = {}
@@ -213,6 +254,16 @@ def main() -> None:
                 f"as left ({timed['shape']['before']}), {timed['pyiceberg_s']['after']:.2f} / {timed['duckdb_s']['after']:.2f} s after compaction "
                 f"({timed['compaction']}, {timed['shape']['after']}), "
                 f"{timed['pyiceberg_s']['plain']:.2f} / {timed['duckdb_s']['plain']:.2f} s for a plain copy")
+            # Appends to the same table, alone, then while the same producers change rows.
+            alone, _ = asyncio.run(beside(port, rows, append_seconds, 0, table_name(write_mode), 10 * rows))
+            during, changed_beside = asyncio.run(beside(port, rows, append_seconds, producers, table_name(write_mode), 20 * rows))
+            appends = {"alone_p50_s": round(statistics.median(alone), 3), "during_changes_p50_s": round(statistics.median(during), 3),
+                       "changed_rows_per_s_beside": round(changed_beside / append_seconds, 1)}
+            appends["ratio"] = round(appends["during_changes_p50_s"] / appends["alone_p50_s"], 2)
+            results[write_mode]["appends"] = appends
+            say(f"{write_mode}: appends of {APPEND_ROWS} rows by {APPENDERS} producers, wait=true p50: {appends['alone_p50_s']:.2f} s alone, "
+                f"{appends['during_changes_p50_s']:.2f} s while changes flow ({appends['ratio']:.2f}x; "
+                f"{appends['changed_rows_per_s_beside']:,.0f} changed rows/s meanwhile)")
     print(orjson.dumps({"table_rows": rows, **results}).decode(), flush=True)
 
 

@@ -294,6 +294,53 @@ def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied
     assert rows[1]["name"] == "b" and rows[50]["name"] == "appended", rows
 
 
+def test_an_append_behind_a_run_commits_with_it_and_the_next_run_waits_for_its_schedule(stack_factory) -> None:  # noqa: ANN001
+    """Appends to a table taking row changes do not wait for the changes' schedule: an append
+    queued behind a run is committed in the round that commits the run, and the next run of
+    changes (queued behind the append) is asked for only once it is due. The leader runs in this
+    process, one commit round at a time."""
+    from service.committer.leases import TableLease
+    from service.committer.loop import Committer
+
+    stack = stack_factory(roles=("api", "writer"))
+    log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
+    leader = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
+    lease = TableLease(stack.redis, "demo", "people", "leader", lease_ms=120_000)
+    assert lease.acquire()
+
+    def status(receipt: str) -> bytes | None:
+        return stack.redis.hget(keys.receipt_key("demo", receipt), "status")
+
+    first = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: status(first) == b"written", what="the first change handed off")
+    assert leader.commits.commit_table("demo", "people", lease) is False, "the change is asked for, not committed yet"
+    wait_until(lambda: stack.redis.hexists(keys.applying_key("demo", "people"), "result"), what="the first change applied")
+    with stack.client() as http:
+        assert http.post("/v1/pipelines", json=log).status_code == 201
+        answer = http.post("/people_log", content=orjson.dumps({"id": 50, "name": "appended", "n": 0}),
+                           headers={"Content-Type": "application/x-ndjson"})
+    assert answer.status_code == 202, answer.text
+    appended = answer.json()["receipt"]
+    wait_until(lambda: status(appended) == b"written", what="the append handed off")
+    second = send(stack, [{"op": "u", "id": 1, "name": "b", "n": 2}], wait=False)["receipt"]
+    wait_until(lambda: status(second) == b"written", what="the second change handed off")
+
+    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is True
+    assert status(first) == status(appended) == b"committed", "the append behind the run is committed in the same round"
+    assert status(second) == b"written" and not stack.redis.exists(keys.applying_key("demo", "people")), "the next run is not asked for yet"
+    assert keys.member("demo", "people") in leader.commits.waiting_for_run, "the leader looks again only once the run is due"
+
+    def committed() -> bool:
+        leader.commits.commit_table("demo", "people", lease, run_due=True)
+        return status(second) == b"committed"
+
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="the second change committed once its run is due")
+    rows = table_rows(stack)
+    assert rows[1]["name"] == "b" and rows[50]["name"] == "appended", rows
+
+
 def test_changes_applied_to_a_table_that_moved_meanwhile_are_applied_again(stack_factory) -> None:  # noqa: ANN001
     """A compaction by another engine rewrites the table's files while a writer applies a change
     against the snapshot before it: the answer is not committed over the compaction; the change

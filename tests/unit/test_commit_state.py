@@ -64,14 +64,34 @@ def test_an_idle_leader_commits_before_the_interval_a_busy_one_once_per_interval
     assert not busy.may_commit_early("t", now=109.9) and busy.is_commit_due("t", now=110.0), "busy: once per interval"
     assert busy.may_commit_early("t", now=120.0), "idle again once the busy spell is past"
 
-    schedule.record_work("t", started=100.3, now=100.35, committed=False, changes=True)
-    assert not schedule.may_commit_early("t", now=100.5), "a table taking row changes keeps its interval"
-    schedule.record_work("t", started=100.4, now=100.45, committed=False)
-    assert schedule.may_commit_early("t", now=100.5), "until a commit without row changes"
+    schedule.record_failure("t")
+    assert not schedule.may_commit_early("t", now=100.5), "a failed commit waits its interval"
+    schedule.record_success("t")
+    assert schedule.may_commit_early("t", now=100.5)
     schedule.set_interval("t", 5.0)
     assert not schedule.may_commit_early("t", now=100.5), "a table's own interval is its schedule"
     assert not CommitSchedule(interval_s=1.0, min_interval_s=1.0).may_commit_early("t", now=100.0), "least = interval: never sooner"
     assert not CommitSchedule(interval_s=1.0).may_commit_early("t", now=100.0)
+
+
+def test_runs_of_row_changes_are_asked_for_once_per_interval_from_one_asking_to_the_next() -> None:
+    schedule = CommitSchedule(interval_s=1.0, min_interval_s=0.2)
+    assert schedule.is_run_due("t", now=100.0), "the first run at once"
+    schedule.record_work("t", started=100.6, now=100.7, committed=True)
+    schedule.record_commit("t", now=100.6)
+    schedule.record_run("t", asked=100.0, now=100.6)  # the run took 0.6 s to apply and commit
+    assert not schedule.is_run_due("t", now=100.9) and schedule.is_run_due("t", now=101.0), "the interval from the asking, not the commit"
+    assert schedule.may_commit_early("t", now=100.9), "appends queued behind it are committed early meanwhile"
+    schedule.record_commit("t", now=100.9)
+    assert schedule.is_run_due("t", now=101.0), "an append's commit does not put the next run off"
+    schedule.record_run("t", asked=101.0, now=101.3)  # a cheap run: the next one sooner than the interval
+    assert not schedule.is_run_due("t", now=101.55) and schedule.is_run_due("t", now=101.6), "twice as long as it took"
+    schedule.record_run("t", asked=102.0, now=102.05)
+    assert not schedule.is_run_due("t", now=102.15) and schedule.is_run_due("t", now=102.2), "at least the least interval"
+    assert not CommitSchedule(interval_s=1.0, min_interval_s=1.0, run_took={"t": 0.1}, run_asked={"t": 100.0}).is_run_due("t", now=100.5), (
+        "early commits off: once per interval")
+    schedule.set_interval("t", 3.0)
+    assert not schedule.is_run_due("t", now=104.0) and schedule.is_run_due("t", now=105.0), "a sink's own interval spaces its runs"
 
 
 def test_next_id_is_the_smallest_id_after() -> None:
