@@ -252,42 +252,65 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert all("changes-" not in path for path in live_data_files(table)), "change files are never data files"
 
 
-def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied(stack_factory) -> None:  # noqa: ANN001
-    """A change run answers for the entries queued when it was asked; a change queued after the
-    ask, and an append to the same table queued after that, wait for it: the append's commit must
-    not carry the table's watermark past the second change (which would then never be applied).
-    The leader runs in this process, one commit round at a time."""
+def leader_here(stack_factory):  # noqa: ANN001, ANN201 - (Stack, Committer, TableLease)
+    """A stack of an api and a writer with the `people` pipeline, and the table's leader in this
+    process (its commit rounds run one at a time, by the test)."""
     from service.committer.leases import TableLease
     from service.committer.loop import Committer
 
     stack = stack_factory(roles=("api", "writer"))
-    log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
     leader = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
     lease = TableLease(stack.redis, "demo", "people", "leader", lease_ms=120_000)
     assert lease.acquire()
+    return stack, leader, lease
 
-    def written(receipt: str) -> bool:
-        return stack.redis.hget(keys.receipt_key("demo", receipt), "status") in (b"written", b"committed")
 
+def status(stack: Stack, receipt: str) -> bytes | None:
+    return stack.redis.hget(keys.receipt_key("demo", receipt), "status")
+
+
+def first_change_applied(stack: Stack, leader, lease) -> str:  # noqa: ANN001
+    """A change handed off, asked for by the leader and applied (not committed): its receipt."""
     first = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
-    wait_until(lambda: written(first), what="the first change handed off")
+    wait_until(lambda: status(stack, first) == b"written", what="the first change handed off")
     assert leader.commits.commit_table("demo", "people", lease) is False, "the change is asked for, not committed yet"
     wait_until(lambda: stack.redis.hexists(keys.applying_key("demo", "people"), "result"), what="the first change applied")
+    return first
+
+
+def second_change(stack: Stack) -> str:
     second = send(stack, [{"op": "u", "id": 1, "name": "b", "n": 2}], wait=False)["receipt"]
-    wait_until(lambda: written(second), what="the second change handed off")
+    wait_until(lambda: status(stack, second) == b"written", what="the second change handed off")
+    return second
+
+
+def append_one(stack: Stack) -> str:
+    """A row appended to `people` through an append pipeline, handed off: its receipt."""
+    log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=log).status_code == 201
         answer = http.post("/people_log", content=orjson.dumps({"id": 50, "name": "appended", "n": 0}),
                            headers={"Content-Type": "application/x-ndjson"})
     assert answer.status_code == 202, answer.text
     appended = answer.json()["receipt"]
-    wait_until(lambda: written(appended), what="the append handed off")
+    wait_until(lambda: status(stack, appended) == b"written", what="the append handed off")
+    return appended
+
+
+def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied(stack_factory) -> None:  # noqa: ANN001
+    """A change run answers for the entries queued when it was asked; a change queued after the
+    ask, and an append to the same table queued after that, wait for it: the append's commit must
+    not carry the table's watermark past the second change (which would then never be applied)."""
+    stack, leader, lease = leader_here(stack_factory)
+    first = first_change_applied(stack, leader, lease)
+    second = second_change(stack)
+    appended = append_one(stack)
 
     def committed() -> bool:
         leader.commits.commit_table("demo", "people", lease)
-        return all(stack.redis.hget(keys.receipt_key("demo", r), "status") == b"committed" for r in (first, second, appended))
+        return all(status(stack, r) == b"committed" for r in (first, second, appended))
 
     wait_until(committed, timeout_s=90, interval_s=0.2, what="every request committed, the second change included")
     rows = table_rows(stack)
@@ -297,44 +320,21 @@ def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied
 def test_an_append_behind_a_run_commits_with_it_and_the_next_run_waits_for_its_schedule(stack_factory) -> None:  # noqa: ANN001
     """Appends to a table taking row changes do not wait for the changes' schedule: an append
     queued behind a run is committed in the round that commits the run, and the next run of
-    changes (queued behind the append) is asked for only once it is due. The leader runs in this
-    process, one commit round at a time."""
-    from service.committer.leases import TableLease
-    from service.committer.loop import Committer
-
-    stack = stack_factory(roles=("api", "writer"))
-    log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}
-    with stack.client() as http:
-        assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
-    leader = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
-    lease = TableLease(stack.redis, "demo", "people", "leader", lease_ms=120_000)
-    assert lease.acquire()
-
-    def status(receipt: str) -> bytes | None:
-        return stack.redis.hget(keys.receipt_key("demo", receipt), "status")
-
-    first = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
-    wait_until(lambda: status(first) == b"written", what="the first change handed off")
-    assert leader.commits.commit_table("demo", "people", lease) is False, "the change is asked for, not committed yet"
-    wait_until(lambda: stack.redis.hexists(keys.applying_key("demo", "people"), "result"), what="the first change applied")
-    with stack.client() as http:
-        assert http.post("/v1/pipelines", json=log).status_code == 201
-        answer = http.post("/people_log", content=orjson.dumps({"id": 50, "name": "appended", "n": 0}),
-                           headers={"Content-Type": "application/x-ndjson"})
-    assert answer.status_code == 202, answer.text
-    appended = answer.json()["receipt"]
-    wait_until(lambda: status(appended) == b"written", what="the append handed off")
-    second = send(stack, [{"op": "u", "id": 1, "name": "b", "n": 2}], wait=False)["receipt"]
-    wait_until(lambda: status(second) == b"written", what="the second change handed off")
+    changes (queued behind the append) is asked for only once it is due."""
+    stack, leader, lease = leader_here(stack_factory)
+    first = first_change_applied(stack, leader, lease)
+    appended = append_one(stack)
+    second = second_change(stack)
 
     assert leader.commits.commit_table("demo", "people", lease, run_due=False) is True
-    assert status(first) == status(appended) == b"committed", "the append behind the run is committed in the same round"
-    assert status(second) == b"written" and not stack.redis.exists(keys.applying_key("demo", "people")), "the next run is not asked for yet"
+    assert status(stack, first) == status(stack, appended) == b"committed", "the append behind the run is committed in the same round"
+    assert status(stack, second) == b"written" and not stack.redis.exists(keys.applying_key("demo", "people")), (
+        "the next run is not asked for yet")
     assert keys.member("demo", "people") in leader.commits.waiting_for_run, "the leader looks again only once the run is due"
 
     def committed() -> bool:
         leader.commits.commit_table("demo", "people", lease, run_due=True)
-        return status(second) == b"committed"
+        return status(stack, second) == b"committed"
 
     wait_until(committed, timeout_s=90, interval_s=0.2, what="the second change committed once its run is due")
     rows = table_rows(stack)
