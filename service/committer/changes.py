@@ -85,6 +85,12 @@ class ChangeCommits:
         self.committed[member] = (self.asked_at.pop(member, time.monotonic()), request.last_entry)
         return True
 
+    def answered(self, tenant: str, table_name: str) -> bool:
+        """Whether the table's run asked for has its answer, or its request is gone (expired
+        unanswered: asked again). Until then, nothing of the table is loaded or committed."""
+        request, result = self.client.hmget(keys.applying_key(tenant, table_name), [changes.REQUEST, changes.RESULT])
+        return request is None or result is not None
+
     def committed_run(self, member: str) -> float | None:
         """When the table's run committed since the last call was asked for (None: none was)."""
         asked, _last = self.committed.pop(member, (None, None))

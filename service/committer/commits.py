@@ -71,7 +71,8 @@ class TableCommits:
     ) -> bool:
         """Commit what is pending for one table; True when a snapshot was made. `on_interval` is
         told the commit interval the pending entries ask for (None: the default). `run_due`: a
-        run of the row changes queued may be asked for (their schedule: CommitSchedule.is_run_due);
+        run of the row changes queued may be asked for (their schedule: CommitSchedule.is_run_due;
+        asked for anyway when appends wait behind them);
         a run already asked for is looked after either way."""
         member = keys.member(tenant, table_name)
         self.waiting_for_run.discard(member)
@@ -82,11 +83,13 @@ class TableCommits:
         if on_interval is not None:
             on_interval(plan.commit_interval_s)
         committed = False
-        for index, segment in enumerate(plan.segments()):
+        segments = plan.segments()
+        for index, segment in enumerate(segments):
             if index:
                 table = self.reload(tenant, table_name)
             if segment.changes:
-                if not run_due and member not in self.changes.asked_at:
+                # Appends queued behind the changes wait for their run: it is asked for now.
+                if not run_due and member not in self.changes.asked_at and not appends_behind(segments[index + 1:]):
                     self.waiting_for_run.add(member)
                     break
                 done = self.changes.commit(tenant, table_name, table, segment, lease)
@@ -111,6 +114,12 @@ class TableCommits:
             except Exception as exc:  # noqa: BLE001 - a rewrite is optional work: never let it block the table
                 self.drop_rewrite(tenant, table_name, segment.rewrite, exc)
         return committed
+
+    def newest_is_append(self, tenant: str, table_name: str) -> bool:
+        """Whether the table's newest commit-stream entry is an append (one now waits behind
+        the row changes ahead of it)."""
+        newest = self.client.xrevrange(keys.commit_stream_key(tenant, table_name), count=1)
+        return bool(newest) and CommitEntry.from_fields(*newest[0]).operation is Operation.APPEND
 
     def plan(self, tenant: str, table_name: str) -> tuple[Table, CommitPlan] | None:
         """The table as it is now and the entries after its watermark (None when nothing is pending)."""
@@ -296,3 +305,8 @@ class TableCommits:
             "bytes_rewritten": rewritten.bytes_removed, "bytes_written": rewritten.bytes_added, "rows": rewritten.rows,
             "delete_files_removed": rewritten.delete_files_removed,
         }))
+
+
+def appends_behind(segments: list[CommitPlan]) -> bool:
+    """Whether one of these segments (those behind a run of row changes) is appends."""
+    return any(segment.operation is Operation.APPEND for segment in segments)

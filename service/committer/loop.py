@@ -27,12 +27,14 @@ from service.core.config import Settings
 from service.core.exceptions import LeadershipLost
 from service.core.identity import consumer_name
 from service.iceberg.catalog import table_identifier
+from service.protocol import changes
 from service.protocol.heartbeats import Heartbeats
 from service.protocol.stream_ids import text
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+ANSWER_POLL_S = 0.02  # while a run of row changes is being applied, how often its answer is looked for between ticks
 FEED_INTERVAL_S = 1.0  # how often a table's leader looks for changes to feed its pipelines
 
 
@@ -63,12 +65,22 @@ class Committer:
                 log.warning("committer: Redis unavailable (%s); retrying", exc)
                 stop.wait(1.0)
                 continue
-            stop.wait(TICK_S)
+            self.pause(stop)
         self.drain()
         self.release_all()
         with contextlib.suppress(redis.RedisError):
             heartbeats.stop()
         log.info("committer %s stopped", self.name)
+
+    def pause(self, stop: threading.Event) -> None:
+        """Wait a tick, or less when the answer to a run of row changes arrives meanwhile: a
+        producer waits on each run, and a whole tick's wait is a tenth of a run's length."""
+        deadline = time.monotonic() + TICK_S
+        awaited = [keys.applying_key(*keys.split_member(member)) for member in self.commits.changes.asked_at if member in self.leases]
+        while awaited and (left := deadline - time.monotonic()) > 0:
+            if stop.wait(min(ANSWER_POLL_S, left)) or any(self.client.hexists(key, changes.RESULT) for key in awaited):
+                return
+        stop.wait(max(0.0, deadline - time.monotonic()))
 
     def drain(self) -> None:
         """On shutdown: commit what is pending for the tables this committer leads, interval or not."""
@@ -101,12 +113,13 @@ class Committer:
                 self.feed_schedule.record_upkeep(member, now)
             # Only a table with entries in its commit stream (files handed off, row changes, or
             # entries committed but not yet announced) is loaded from the catalog; one whose next
-            # entries are row changes waiting for their run, only once the run is due (nothing
-            # behind them can be committed before them).
+            # entries are row changes waiting for their run, only once the run is due or an
+            # append waits behind them (nothing behind them can be committed before them); one
+            # whose run is being applied, only once its answer is in.
             if member in self.commits.changes.asked_at:
-                due = True  # its run's answer is looked for at every tick
+                due = self.commits.changes.answered(tenant, table)  # its run's answer is looked for at every tick
             elif member in self.commits.waiting_for_run:
-                due = self.schedule.is_run_due(member, now)
+                due = self.schedule.is_run_due(member, now) or self.commits.newest_is_append(tenant, table)
             else:
                 due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
             if due and self.client.xlen(keys.commit_stream_key(tenant, table)):
@@ -126,6 +139,7 @@ class Committer:
                 self.schedule.record_commit(member, now)
             if (asked := self.commits.changes.committed_run(member)) is not None:
                 self.schedule.record_run(member, asked, time.monotonic())
+                self.upkeep.compact_after_run(tenant, table, lease)
             self.schedule.record_success(member)
         except LeadershipLost:
             log.warning("committer %s lost the lease of %s before committing", self.name, member)

@@ -80,6 +80,14 @@ class TableUpkeep:
         self._run(UpkeepTask.EXPIRE, tenant, table_name, lease, self._expire)
         self._run(UpkeepTask.COMPACT, tenant, table_name, lease, self._request_compaction)
 
+    def compact_after_run(self, tenant: str, table_name: str, lease: TableLease) -> None:
+        """After a run of row changes commits: ask for a compaction where small files piled up,
+        as the scheduled upkeep does, without waiting for it. Each run adds a file to every
+        partition it touches, and the next run looks in, and writes a delete file beside, each of
+        them: merged by size tier as they pile up, they stay few (compaction.py)."""
+        if not self.client.exists(keys.compacting_key(tenant, table_name)):
+            self._run(UpkeepTask.COMPACT, tenant, table_name, lease, self._request_compaction)
+
     def remove_orphans(self, tenant: str, table_name: str, lease: TableLease) -> None:
         """Delete what nothing references: not the table's snapshots, and not the entries waiting
         on its commit stream or parked on its dead commit stream."""
@@ -101,7 +109,7 @@ class TableUpkeep:
             return UpkeepRun(UpkeepOutcome.BUSY, detail="a compaction of this table is already running") if asked else None
         policy = self.compaction.for_table(table)
         if asked:
-            policy = dataclasses.replace(policy, min_files=2, delete_files=1)  # by hand: every file with deletes folds them in
+            policy = policy.everything()
         groups = plan_compaction(compactable(table), policy, table.spec().spec_id) if table.current_snapshot() else []
         if not groups:
             return UpkeepRun(UpkeepOutcome.OK, detail="no partition holds two small files or a file with deleted rows",

@@ -1,6 +1,13 @@
 """Which files to compact: per partition, small files bin-packed toward the table's target file
 size, and (merge-on-read) files with many rows deleted, rewritten with their deletes applied.
 
+Scheduled compactions merge small files by size tier: a partition's smallest files together, a
+larger file joining them only once the smaller ones add up to half its size (TIER_GROWTH). A partition that takes a
+small file per change run (or per writer batch) beside one large file of its earlier rows then
+merges the new files among themselves, not into the large file every time: each row is copied
+a few times (once per doubling), not once per compaction. A compaction asked for by hand takes
+every small file of a partition.
+
 Planning reads only table metadata (file sizes and partitions); the rewrite itself runs on Spark
 (spark_jobs/compact_job.py, submitted by a writer) and is committed as a `replace` snapshot by the
 table's leader (rewrites.py). The target is the table's `write.target-file-size-bytes`, Iceberg's
@@ -22,6 +29,7 @@ from service.iceberg.rewrites import deletes_by_file, live_files, referenced_dat
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Iceberg's bin-pack default)
+TIER_GROWTH = 2  # a file joins smaller ones being merged when it is at most this many times their size
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class CompactionPolicy:
     max_bytes: int
     deleted_share: float = 0.3
     delete_files: int = 10
+    tiered: bool = True  # small files merged by size tier (else every small file of a partition)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionPolicy:
@@ -47,6 +56,11 @@ class CompactionPolicy:
         if own and own.isdigit() and int(own) > 0:
             return replace(self, target_file_bytes=int(own))
         return self
+
+    def everything(self) -> CompactionPolicy:
+        """By hand: any two small files qualify, every small file of a partition is taken, and
+        every file with deletes folds them in."""
+        return replace(self, min_files=2, delete_files=1, tiered=False)
 
     def folds(self, candidate: Candidate) -> bool:
         """Whether the file's deletes alone make it worth rewriting."""
@@ -118,14 +132,14 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
     ordered = sorted(by_partition.values(), key=lambda chosen: (any(policy.folds(c) for c in chosen), len(chosen)), reverse=True)
     for chosen in ordered:
         folding = any(policy.folds(candidate) for candidate in chosen)
+        # Files to fold first, then the rest, smallest first; the same choice every time for the same files.
+        chosen.sort(key=lambda candidate: (not policy.folds(candidate), candidate.file.file_size_in_bytes, candidate.file.file_path))
+        if policy.tiered:
+            chosen = _tier(chosen, policy)
         if not folding:
-            if len(chosen) < 2:
-                continue
             total = sum(candidate.file.file_size_in_bytes for candidate in chosen)
-            if len(chosen) < policy.min_files and total < policy.target_file_bytes:
+            if len(chosen) < 2 or (len(chosen) < policy.min_files and total < policy.target_file_bytes):
                 continue
-        # Files to fold first, then the rest; the same choice every time for the same files.
-        chosen.sort(key=lambda candidate: (not policy.folds(candidate), candidate.file.file_path))
         taken, size, kept = [], 0, 0.0
         for candidate in chosen:
             if taken and planned + size + candidate.file.file_size_in_bytes > policy.max_bytes:
@@ -140,3 +154,18 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
         if planned >= policy.max_bytes:
             break
     return groups
+
+
+def _tier(chosen: list[Candidate], policy: CompactionPolicy) -> list[Candidate]:
+    """Of a partition's files (those to fold first, then the rest smallest first), those to fold
+    and the smallest of the rest, up to the first file more than TIER_GROWTH times everything
+    before it together: a large file is merged with smaller ones only once they add up to a share
+    of its size (those to fold are rewritten anyway, and take every smaller file with them)."""
+    taken, total = [], 0
+    for candidate in chosen:
+        size = candidate.file.file_size_in_bytes
+        if taken and not policy.folds(candidate) and size > TIER_GROWTH * total:
+            break
+        taken.append(candidate)
+        total += size
+    return taken

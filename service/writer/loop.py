@@ -49,7 +49,7 @@ READ_COUNT = 200  # entries per XREADGROUP call
 # handling it, whatever the cause) goes to the DLQ when it is reclaimed once more.
 MAX_DELIVERIES = 5
 IDLE_POLL_S = 1.0  # with nothing to write, how long a poll waits for entries before the loop comes round
-LEADER_POLL_MS = 100  # meanwhile, how often it looks for a leader's request
+LEADER_POLL_MS = 25  # meanwhile, how often it looks for a leader's request (a producer waits on each run of row changes)
 SET_ASIDE_POLL_MS = 250  # with batches set aside for a lane, how long a read waits for new entries
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 

@@ -252,13 +252,13 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
     assert all("changes-" not in path for path in live_data_files(table)), "change files are never data files"
 
 
-def leader_here(stack_factory):  # noqa: ANN001, ANN201 - (Stack, Committer, TableLease)
+def leader_here(stack_factory, **overrides: str):  # noqa: ANN001, ANN201 - (Stack, Committer, TableLease)
     """A stack of an api and a writer with the `people` pipeline, and the table's leader in this
     process (its commit rounds run one at a time, by the test)."""
     from service.committer.leases import TableLease
     from service.committer.loop import Committer
 
-    stack = stack_factory(roles=("api", "writer"))
+    stack = stack_factory(roles=("api", "writer"), **overrides)
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=PEOPLE).status_code == 201
     leader = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
@@ -315,6 +315,63 @@ def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied
     wait_until(committed, timeout_s=90, interval_s=0.2, what="every request committed, the second change included")
     rows = table_rows(stack)
     assert rows[1]["name"] == "b" and rows[50]["name"] == "appended", rows
+
+
+def test_a_committed_run_asks_for_a_compaction_once_small_files_pile_up(stack_factory) -> None:  # noqa: ANN001
+    """Each run adds a small file that the next runs look in; a run's commit asks for a
+    compaction where they piled up, without waiting for the scheduled upkeep (an hour away here)."""
+    stack, leader, lease = leader_here(stack_factory, CALVE_COMPACT_MIN_FILES="2", CALVE_UPKEEP_INTERVAL_S="3600")
+    member, compacting = keys.member("demo", "people"), keys.compacting_key("demo", "people")
+
+    def run(row: dict) -> None:
+        receipt = send(stack, [row], wait=False)["receipt"]
+        wait_until(lambda: status(stack, receipt) == b"written", what="the change handed off")
+
+        def committed() -> bool:
+            leader.commit(member, lease, time.monotonic())
+            return status(stack, receipt) == b"committed"
+
+        wait_until(committed, timeout_s=90, interval_s=0.2, what="the change's run committed")
+
+    run({"op": "i", "id": 1, "name": "a", "n": 1})
+    assert not stack.redis.exists(compacting), "one data file: nothing to merge"
+    run({"op": "i", "id": 2, "name": "b", "n": 2})
+    assert stack.redis.exists(compacting), "two small files after the second run: a compaction is asked for"
+
+    def compacted() -> bool:
+        leader.commits.commit_table("demo", "people", lease)
+        return not stack.redis.exists(compacting)
+
+    wait_until(compacted, timeout_s=120, interval_s=0.5, what="the compaction committed")
+    assert len(live_data_files(stack.catalog().load_table(("demo", "people")))) == 1
+    rows = table_rows(stack)
+    assert rows[1]["name"] == "a" and rows[2]["name"] == "b", rows
+
+
+def test_an_append_queued_behind_changes_not_yet_due_has_their_run_asked_for_at_once(stack_factory) -> None:  # noqa: ANN001
+    """Row changes wait for their run's schedule, and an append queued behind them waits for that
+    run: so the append asks for it now, instead of waiting out the changes' schedule too."""
+    stack, leader, lease = leader_here(stack_factory)
+    change = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: status(stack, change) == b"written", what="the change handed off")
+    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is False
+    assert not stack.redis.exists(keys.applying_key("demo", "people")), "changes alone wait for their schedule"
+    assert keys.member("demo", "people") in leader.commits.waiting_for_run
+    assert not leader.commits.newest_is_append("demo", "people")
+
+    appended = append_one(stack)
+    assert leader.commits.newest_is_append("demo", "people"), "the tick sees an append waiting behind the changes"
+    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is False
+    assert stack.redis.exists(keys.applying_key("demo", "people")), "the run is asked for, not due though it is"
+
+    def committed() -> bool:
+        leader.commits.commit_table("demo", "people", lease, run_due=False)
+        return status(stack, appended) == b"committed"
+
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="the run and the append behind it committed")
+    assert status(stack, change) == b"committed"
+    rows = table_rows(stack)
+    assert rows[1]["name"] == "a" and rows[50]["name"] == "appended", rows
 
 
 def test_an_append_behind_a_run_commits_with_it_and_the_next_run_waits_for_its_schedule(stack_factory) -> None:  # noqa: ANN001

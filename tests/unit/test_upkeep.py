@@ -32,10 +32,10 @@ def table(tmp_path: Path):  # noqa: ANN201
     return create_table_once(catalog, "acme", "events", pa.schema([pa.field("id", pa.string())]))
 
 
-def commit(table, tmp_path: Path, n: int) -> None:  # noqa: ANN001
-    """One committer-style commit of one small file, with the watermark n-0."""
+def commit(table, tmp_path: Path, n: int, rows: int = 1) -> None:  # noqa: ANN001
+    """One committer-style commit of one small file (of `rows` rows), with the watermark n-0."""
     path = tmp_path / f"part-{n}.parquet"
-    pq.write_table(pa.table({"id": [f"e{n}"]}), path)
+    pq.write_table(pa.table({"id": [f"e{n}"] if rows == 1 else [f"e{n}-{i}" for i in range(rows)]}), path)
     with table.transaction() as transaction:
         append_files(transaction, [path.as_uri()], {keys.SUMMARY_WATERMARK: f"{n}-0"})
 
@@ -141,6 +141,25 @@ def test_compaction_plans_a_partition_once_it_holds_enough_small_files(table, tm
     # A request rewrites at most max_bytes.
     (bounded,) = plan_compaction(files, CompactionPolicy(1024 * 1024, min_files=2, max_bytes=one_file * 5))
     assert len(bounded.files) == 5
+
+
+def test_scheduled_compaction_merges_small_files_by_size_tier_and_by_hand_takes_them_all(table, tmp_path: Path) -> None:  # noqa: ANN001
+    commit(table, tmp_path, 1, rows=20_000)  # a partition's earlier rows, in one larger file
+    for n in range(2, 12):
+        commit(table, tmp_path, n)  # then a small file per run
+    large = max(compactable(table), key=lambda candidate: candidate.file.file_size_in_bytes).file
+    policy = CompactionPolicy(target_file_bytes=64 * 1024 * 1024, min_files=10, max_bytes=1 << 30)
+    (group,) = plan_compaction(compactable(table), policy)
+    assert len(group.files) == 10 and large.file_path not in {file.file_path for file in group.files}, "the small files among themselves"
+    (everything,) = plan_compaction(compactable(table), policy.everything())
+    assert len(everything.files) == 11, "by hand: every small file of the partition"
+    # Once the smaller files add up to half the larger one's size, it joins them.
+    n = 12
+    while 2 * sum(c.file.file_size_in_bytes for c in compactable(table) if c.file.file_path != large.file_path) < large.file_size_in_bytes:
+        commit(table, tmp_path, n, rows=500)
+        n += 1
+    (group,) = plan_compaction(compactable(table), policy)
+    assert len(group.files) == n - 1 and large.file_path in {file.file_path for file in group.files}
 
 
 def test_a_replace_keeps_the_rows_and_refuses_files_no_longer_live(table, tmp_path: Path) -> None:  # noqa: ANN001
