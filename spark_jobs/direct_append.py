@@ -31,11 +31,15 @@ Spark's JSON functions spell it (`extra_text`). A value whose spelling is not ce
 or beyond 1e16, where Java 17's Double.toString is not the shortest; a control character or an
 unpaired surrogate in a string) refuses the batch. A table without the map: any such field refuses.
 
-Otherwise it is all or nothing. Whatever the Spark job would treat as anything but a plain row (a
-value of another type, a number out of range, a duplicate key, a missing required field, an
-event with no field of the table) makes pyarrow refuse the batch, or is found after the parse;
-then the files written are deleted and the caller runs the whole Spark job, which decides what
-each event becomes exactly as it always does. So this path changes how fast, never what.
+Otherwise it is all or nothing per request (a body). Whatever the Spark job would treat as
+anything but a plain row (a value of another type, a number out of range, a duplicate key, a
+missing required field, an event with no field of the table) makes pyarrow refuse the request,
+or is found after the parse. Asked to (`by_request`: appends), this way writes the other
+requests and names the refused ones, which the caller runs through the Spark job, which decides
+what each of their events becomes exactly as it always does (a request's rows never depend on
+another request's); otherwise (row changes, whose place in the batch orders them) the files
+written are deleted and the Spark job runs the whole batch. So this path changes how fast,
+never what.
 """
 
 from __future__ import annotations
@@ -86,8 +90,10 @@ def time_kind(data_type: pa.DataType) -> str | None:
         return "timestamptz" if data_type.tz in ("UTC", "+00:00", "Etc/UTC") else None
     return "date" if pa.types.is_date32(data_type) else None
 
-RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType())])
-RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string())])
+RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType()),
+                       T.StructField("rejected", T.StringType())])
+RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string()),
+                          pa.field("rejected", pa.string())])
 
 
 def is_text_map(data_type: pa.DataType) -> bool:
@@ -200,9 +206,13 @@ def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
-) -> tuple[dict[str, int] | None, str | None]:
-    """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None), or
-    (None, why not) with nothing left behind. extra_fields: the table's map column for the fields
+    by_request: bool = False,
+) -> tuple[dict[str, int] | None, str | None, list[int]]:
+    """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, []),
+    or (None, why not, []) with nothing left behind. by_request: a request (body) that this way
+    cannot take is left out instead of refusing the batch, and the third item lists the places in
+    `bodies` of those left out (the caller runs them through the Spark job); the batch is still
+    refused whole when the tasks cannot read the bodies. extra_fields: the table's map column for the fields
     it lacks (None: such a field refuses the batch); partition: the table's (source, transform)
     fields, one file per partition value (parse_schema said it handles them). changes: the events
     change rows (a sink with identifier columns and no operation expression: each inserts, or
@@ -222,7 +232,8 @@ def append_directly(
     if changes:
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries)
+    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries,
+                       by_request)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -232,12 +243,13 @@ def append_directly(
                 filesystem.delete_file(path)
             except OSError:
                 pass  # orphan removal takes it later
-        return None, refused
+        return None, refused, []
     counts: dict[str, int] = {}
     for row in results:
         for receipt, rows in json.loads(row.counts or "{}").items():
             counts[receipt] = counts.get(receipt, 0) + rows
-    return counts, None
+    rejected = sorted({seq // LINE_SLOTS for row in results for seq in json.loads(row.rejected or "[]")})
+    return counts, None, rejected
 
 
 def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table:
@@ -415,7 +427,7 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
-              entries: StreamEntries | None = None):
+              entries: StreamEntries | None = None, by_request: bool = False):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
@@ -428,8 +440,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         import pyarrow.json as pj
 
         freeze_once()
-        def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None) -> pa.RecordBatch:
-            return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused}], schema=RESULT_ARROW)
+        def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False) -> pa.RecordBatch:
+            """One row of the task's answer: a file written; the last also the counts and the requests left out."""
+            return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
+                                                "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
         def read(body: bytes, unexpected: str, epoch: bool) -> pa.Table:
             options = pj.ParseOptions(explicit_schema=epoch_parsing if epoch else parsing, unexpected_field_behavior=unexpected)
@@ -462,9 +476,46 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 return table, every_line, epoch
             raise failed
 
+        def rows_of(body: bytes) -> tuple[pa.Table, int]:
+            """The body's rows and its number of events; Refused saying why this way cannot."""
+            try:
+                table, every_line, epoch = parse(body)
+                if kinds:
+                    table = times(table, kinds, epoch)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise Refused(str(exc)[:300]) from None
+            lines = [line for line in body.split(b"\n") if line.strip()]
+            events = len(lines)
+            if table.num_rows != events:
+                raise Refused(f"{events} events read as {table.num_rows} rows")
+            if maps:
+                table = text_maps(table, lines, maps)
+                if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
+                    raise Refused(f"a field the table lacks: {other[:200]!r}")
+            if extra_fields:
+                try:
+                    extras = extra_maps(table, lines, known, every_line)
+                except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
+                    raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
+                table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
+            return table, events
+
+        def fault(data: pa.Table) -> str | None:
+            """What makes rows other than plain rows (the Spark job's DLQ), or None."""
+            missing = [name for name in required if name in data.column_names and data.column(name).null_count]
+            if missing or any(name not in data.column_names for name in required):
+                return f"required column {(missing or sorted(required))[0]!r} has no value in an event"
+            present = None
+            for column in data.columns:
+                valid = pc.is_valid(column)
+                present = valid if present is None else pc.or_(present, valid)
+            if not pc.all(present).as_py():
+                return "an event has no field of the table"
+            return None
+
         known = [*parsing.names, *maps]
         epoch_order = [False, True]
-        tables, counts, places = [], {}, []
+        tables, places, rejected = [], [], []
         for batch in batches:
             bodies = batch.column(1).to_pylist()
             if entries is not None:  # the column holds entry ids: the task reads their bodies
@@ -475,51 +526,31 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                     return
             for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
                 try:
-                    table, every_line, epoch = parse(body)
-                    if kinds:
-                        table = times(table, kinds, epoch)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, Refused) as exc:
-                    yield answer(refused=str(exc)[:300])
-                    return
-                lines = [line for line in body.split(b"\n") if line.strip()]
-                events = len(lines)
-                if table.num_rows != events:
-                    yield answer(refused=f"{events} events read as {table.num_rows} rows")
-                    return
-                if maps:
-                    try:
-                        table = text_maps(table, lines, maps)
-                    except Refused as exc:
+                    table, events = rows_of(body)
+                except Refused as exc:
+                    if not by_request:
                         yield answer(refused=str(exc)[:300])
                         return
-                    if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
-                        yield answer(refused=f"a field the table lacks: {other[:200]!r}")
-                        return
-                if extra_fields:
-                    try:
-                        extras = extra_maps(table, lines, known, every_line)
-                    except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
-                        yield answer(refused=f"a field the table lacks: {str(exc)[:200]}")
-                        return
-                    table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
-                counts[receipt] = counts.get(receipt, 0) + events
+                    rejected.append(seq)  # the Spark job takes this request
+                    continue
                 tables.append(table)
                 places.append((receipt, seq, events))
+        if tables and (reason := fault(data := pa.concat_tables(tables))) is not None:
+            if not by_request:
+                yield answer(refused=reason)
+                return
+            # Which requests: looked for only now, so that a batch of plain rows pays one check.
+            kept = [fault(table) is None for table in tables]
+            rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
+            tables = [table for table, keep in zip(tables, kept) if keep]
+            places = [place for place, keep in zip(places, kept) if keep]
+            data = pa.concat_tables(tables) if tables else None
         if not tables:
-            yield answer()
+            yield answer(last=True)
             return
-        data = pa.concat_tables(tables)
-        missing = [name for name in required if name in data.column_names and data.column(name).null_count]
-        if missing or any(name not in data.column_names for name in required):
-            yield answer(refused=f"required column {(missing or sorted(required))[0]!r} has no value in an event")
-            return
-        present = None
-        for column in data.columns:
-            valid = pc.is_valid(column)
-            present = valid if present is None else pc.or_(present, valid)
-        if not pc.all(present).as_py():
-            yield answer(refused="an event has no field of the table")
-            return
+        counts: dict[str, int] = {}
+        for receipt, _seq, events in places:
+            counts[receipt] = counts.get(receipt, 0) + events
         if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
             data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
             data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
@@ -527,6 +558,6 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         written = write_partitioned(data, directory, filesystem, file_schema, partition)
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)
-        yield answer(path=written[-1][0], counts=counts)
+        yield answer(path=written[-1][0], counts=counts, last=True)
 
     return append

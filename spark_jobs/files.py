@@ -157,6 +157,17 @@ def locate(filesystem, location: str) -> tuple:  # noqa: ANN001
     return pafs.FileSystem.from_uri(location)
 
 
+def delete_directory(directory: str, filesystem) -> None:  # noqa: ANN001 - a pyarrow FileSystem or None (local)
+    """A job's own directory and its files (never handed off), as far as it can: orphan removal
+    takes what is left."""
+    from pyarrow import fs as pafs
+
+    try:
+        (filesystem or pafs.LocalFileSystem()).delete_dir(_path(directory))
+    except (OSError, FileNotFoundError):
+        pass
+
+
 def _normal(path: str) -> str:
     return "/" + path.removeprefix("file:").lstrip("/")
 

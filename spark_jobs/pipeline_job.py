@@ -35,7 +35,7 @@ from spark_jobs.definition import Definition, Sink
 from spark_jobs.direct_append import append_directly, parse_schema
 from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
-from spark_jobs.files import write_parquet
+from spark_jobs.files import delete_directory, write_parquet
 from spark_jobs.partitions import rows_per_file, write_data_files
 from spark_jobs.processors import (
     apply_processors,
@@ -84,9 +84,32 @@ class PipelineJob:
         result = self._append_directly(receipts, bodies, entries)
         if result is not None and result.direct == "written":
             return result
+        if result is not None and result.direct == "partial":
+            return self._rest(result, receipts, bodies)
         tried = result or JobResult()
         result = self._run(receipts, bodies)
         result.direct, result.bodies = tried.direct, tried.bodies
+        return result
+
+    def _rest(self, short: JobResult, receipts: list[str], bodies: list[bytes]) -> JobResult:
+        """The requests the short way left out (`short.rejected`) through the Spark job, and its
+        result with the short way's files and counts added: each request is written by one way,
+        as the Spark job would write it alone (a request's events never depend on another's)."""
+        try:
+            result = self._run([receipts[i] for i in short.rejected], [bodies[i] for i in short.rejected])
+        except BaseException:
+            for output in short.tables.values():  # never handed off: nothing else will delete them
+                delete_directory(output.directory, short.filesystem)
+            raise
+        for name, output in short.tables.items():
+            if name in result.tables:
+                mine = result.tables[name]
+                mine.more_directories.append(output.directory)
+                for receipt, rows in output.rows_by_receipt.items():
+                    mine.rows_by_receipt[receipt] = mine.rows_by_receipt.get(receipt, 0) + rows
+            else:
+                result.tables[name] = output
+        result.direct, result.bodies, result.rejected = short.direct, short.bodies, short.rejected
         return result
 
     def _append_directly(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None) -> JobResult | None:
@@ -111,14 +134,15 @@ class PipelineJob:
         if time.monotonic() < _pointers_off_until:
             entries = None
 
-        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None]:
+        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None, list[int]]:
+            # Row changes all or nothing: a change's place in the batch orders it (SEQ).
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
-                partition, changes=target.changes is not None, entries=entries,
+                partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None,
             )
 
         try:
-            counts, refused = append(entries)
+            counts, refused, rejected = append(entries)
             if counts is None and entries is not None and refused.startswith(UNREACHABLE):
                 if GONE in refused:  # taken over: shipped, its hand-off finds it is no longer this writer's
                     log.info("%s; this batch's bodies are shipped", refused)
@@ -127,7 +151,7 @@ class PipelineJob:
                     log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
                                 refused, DIRECT_OFF_S)
                 entries = None
-                counts, refused = append(None)
+                counts, refused, rejected = append(None)
         except Exception as exc:
             if is_spark_outage(exc):  # the writer waits it out and tries again, this way first
                 raise
@@ -141,7 +165,12 @@ class PipelineJob:
         if counts is None:
             return JobResult(direct="refused", bodies=way)
         good = {receipt: n for receipt, n in counts.items() if n}
-        return JobResult(tables={target.name: Output(target.directory, good, target.changes)} if good else {}, direct="written", bodies=way)
+        tables = {target.name: Output(target.directory, good, target.changes)} if good else {}
+        if len(rejected) == len(bodies):  # none written: the Spark job writes the batch
+            return JobResult(direct="refused", bodies=way)
+        if rejected:
+            return JobResult(tables=tables, direct="partial", bodies=way, rejected=rejected, filesystem=target.filesystem)
+        return JobResult(tables=tables, direct="written", bodies=way)
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         events = event_rows(self.spark, receipts, bodies)

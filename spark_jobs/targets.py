@@ -49,16 +49,25 @@ class Output:
     changes: ChangeSpec | None = None  # row changes to apply (not data files)
     # receipt -> (up to MAX_DROPPED_NAMES names of fields no column took, events that had any)
     dropped_by_receipt: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    # Where else this batch's files of the table are: the short way's, for the requests it took
+    # when the Spark job took the others
+    more_directories: list[str] = field(default_factory=list)
+
+    @property
+    def directories(self) -> list[str]:
+        return [self.directory, *self.more_directories]
 
 
 @dataclass
 class JobResult:
     tables: dict[str, Output] = field(default_factory=dict)
     dlq: Output | None = None
-    # spark_jobs/direct_append.py: "written" (it wrote the batch), "refused" (a value needs the
-    # Spark job, which wrote it), "failed" (it could not run: the Spark job wrote it), None (the
-    # batch could not take it)
+    # spark_jobs/direct_append.py: "written" (it wrote the batch), "partial" (it wrote some
+    # requests, the Spark job the rest: `rejected`), "refused" (a value needs the Spark job, which
+    # wrote it), "failed" (it could not run: the Spark job wrote it), None (the batch could not take it)
     direct: str | None = None
+    rejected: list[int] = field(default_factory=list)  # "partial": the places of the requests the Spark job takes
+    filesystem: object | None = None  # "partial": the short way's Target.filesystem (to delete its files should the rest fail)
     # Where the short way's tasks got the bodies: "redis" (they read them: stream_bodies.py) or
     # "shipped" (with the job); None when it did not run
     bodies: str | None = None

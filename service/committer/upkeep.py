@@ -65,6 +65,11 @@ class TableUpkeep:
         pipe.hgetall(key)
         pipe.delete(key)
         asked = {text(task): text(request) for task, request in pipe.execute()[0].items()}
+        if UpkeepTask.COMPACT in asked and self.client.exists(keys.compacting_key(tenant, table_name)):
+            # A compaction is running (the scheduled upkeep's, or one a change run asked for): this
+            # one is asked for once it is over, at a later tick; the api waits for its record.
+            self.client.hset(key, UpkeepTask.COMPACT, asked.pop(UpkeepTask.COMPACT))
+            self.client.sadd(keys.MAINTENANCE, keys.member(tenant, table_name))
         work: dict[UpkeepTask, Work] = {
             UpkeepTask.EXPIRE: self._expire, UpkeepTask.ORPHANS: self._orphans, UpkeepTask.MANIFESTS: self._merge_manifests,
             UpkeepTask.COMPACT: lambda t, n, table: self._request_compaction(t, n, table, asked[UpkeepTask.COMPACT]),
@@ -107,6 +112,8 @@ class TableUpkeep:
         even when there is nothing to do; otherwise None means nothing to record."""
         if self.client.exists(keys.compacting_key(tenant, table_name)):
             return UpkeepRun(UpkeepOutcome.BUSY, detail="a compaction of this table is already running") if asked else None
+        if not asked and self.client.hexists(keys.maintenance_key(tenant, table_name), UpkeepTask.COMPACT):
+            return None  # one asked for by hand waits for the running one to end: it goes next
         policy = self.compaction.for_table(table)
         if asked:
             policy = policy.everything()

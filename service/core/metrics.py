@@ -44,7 +44,8 @@ BATCHES_SUPERSEDED = Counter(
 )
 DIRECT_BATCHES = Counter(
     "calve_direct_batches", "Batches whose pipeline and table allow the short way, by outcome: written (by pyarrow in Spark's "
-    "tasks), refused (a value needs the full Spark job, which wrote the batch), failed (it could not run: off for 5 minutes)",
+    "tasks), partial (it wrote some requests, the full Spark job those with a value it cannot take), refused (the full Spark job "
+    "wrote the batch), failed (it could not run: off for 5 minutes)",
     ["tenant", "pipeline", "outcome"],
 )
 DIRECT_BODIES = Counter(

@@ -94,7 +94,8 @@ class BatchWriter:
         outcome = BatchOutcome()
         intervals = commit_intervals(definition)
         for table, output in result.tables.items():
-            outcome.add(CommitEntry(batch.tenant, table, list_data_files(output.directory, self.io), output.rows_by_receipt,
+            files = [path for directory in output.directories for path in list_data_files(directory, self.io)]
+            outcome.add(CommitEntry(batch.tenant, table, files, output.rows_by_receipt,
                                     commit_interval_s=intervals.get(table), **changes_fields(output.changes)), output.dropped_by_receipt)
         replayed = [(entry.receipt, dlq_id) for entry in batch.entries for dlq_id in entry.replays]
         if result.dlq is not None or replayed:

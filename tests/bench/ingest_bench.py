@@ -10,7 +10,8 @@ The last line of output is one JSON object.
 
 Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all of them):
 `plain`, every event with exactly the table's fields (the built-in `logs`); `extra`, the same with
-2% of events carrying one field the table lacks (kept in its `_extra` map); `declared`, the same
+2% of events carrying one field the table lacks (kept in its `_extra` map); `dirty`, plain
+events but one request in 50 holds an event with text for a number; `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the full Spark job runs. The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
@@ -88,6 +89,14 @@ def with_extra_field(event: dict, i: int) -> dict:
     return event
 
 
+def with_bad_value(event: dict, i: int) -> dict:
+    """The event; in one request of every 50, one event whose latency_ms is text where the table
+    has a number (the full Spark job decides what it becomes)."""
+    if i % (50 * EVENTS_PER_REQUEST) == 123:
+        event["latency_ms"] = "slow"
+    return event
+
+
 def with_iso_time(event: dict) -> dict:
     """The event with its ts as ISO 8601 text (UTC, milliseconds), as most shippers send it."""
     event["ts"] = datetime.fromtimestamp(event["ts"] / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -99,7 +108,8 @@ def with_days(i: int) -> dict:
     return with_iso_time(make_event(i * 20))
 
 
-SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "declared": with_days, "processors": with_days,
+SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
+          "declared": with_days, "processors": with_days,
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}

@@ -338,11 +338,23 @@ def test_a_committed_run_asks_for_a_compaction_once_small_files_pile_up(stack_fa
     run({"op": "i", "id": 2, "name": "b", "n": 2})
     assert stack.redis.exists(compacting), "two small files after the second run: a compaction is asked for"
 
+    # A compaction asked for by hand meanwhile is not answered "busy": it waits for this one, then runs.
+    with stack.client() as http:
+        asked = http.post("/v1/tables/people/maintenance", json={"tasks": ["compact"], "wait_s": 0.2})
+    assert asked.status_code == 202, asked.text
+    leader.upkeep.maintain("demo", "people", lease)
+    assert stack.redis.hexists(keys.maintenance_key("demo", "people"), "compact"), "still asked for"
+    last = orjson.loads(stack.redis.hget(keys.upkeep_key("demo", "people"), "compact") or b"{}")
+    assert last.get("request") != asked.json()["request"], f"not answered yet (not busy): {last}"
+
     def compacted() -> bool:
         leader.commits.commit_table("demo", "people", lease)
         return not stack.redis.exists(compacting)
 
     wait_until(compacted, timeout_s=120, interval_s=0.5, what="the compaction committed")
+    leader.upkeep.maintain("demo", "people", lease)
+    record = orjson.loads(stack.redis.hget(keys.upkeep_key("demo", "people"), "compact"))
+    assert record["request"] == asked.json()["request"] and record["outcome"] in ("ok", "requested"), record
     assert len(live_data_files(stack.catalog().load_table(("demo", "people")))) == 1
     rows = table_rows(stack)
     assert rows[1]["name"] == "a" and rows[2]["name"] == "b", rows

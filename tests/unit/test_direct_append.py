@@ -72,7 +72,7 @@ def test_events_that_fit_are_one_file_in_the_tables_schema_with_counts_per_recei
     ]
 
 
-@pytest.mark.parametrize("body", [
+NOT_PLAIN = [
     b'{"id": 1, "level": 1e400}',        # a field the table lacks that Spark spells "Infinity"
     b'{"id": 1, "level": 1e17}',         # ... or, as Java 17 does, not always in the fewest digits
     b'{"id": 1, "level": ["a\\u0001"]}',  # ... or a control character in a list, which Jackson writes in capitals
@@ -86,11 +86,29 @@ def test_events_that_fit_are_one_file_in_the_tables_schema_with_counts_per_recei
     b'{"id": null}',                     # ... or null
     b'{"id": 1}\n{}',                    # an event with no field of the table
     b'[1, 2]',                           # not an object
-])
+]
+
+
+@pytest.mark.parametrize("body", NOT_PLAIN)
 def test_anything_but_a_plain_row_is_refused_and_nothing_is_left(tmp_path, body: bytes) -> None:  # noqa: ANN001
     answer = run(tmp_path, {"r1": b'{"id": 7, "msg": "fine"}', "r2": body})
     assert answer["refused"] and answer["path"] is None
     assert not list((tmp_path).rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("body", NOT_PLAIN)
+def test_by_request_a_request_with_anything_but_plain_rows_is_left_out_and_the_others_written(tmp_path, body: bytes) -> None:  # noqa: ANN001
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True)
+    bodies = [b'{"id": 7, "msg": "fine"}', body, b'{"id": 8}\n{"id": 9, "n": 2}']
+    batch = pa.record_batch({
+        "receipt": ["r1", "r2", "r3"], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(3)], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS], "the second request, by its place"
+    assert json.loads(answer["counts"]) == {"r1": 1, "r3": 2}
+    assert [row["id"] for row in pq.read_table(answer["path"]).to_pylist()] == [7, 8, 9]
 
 
 def test_fields_the_table_lacks_go_into_the_extra_map_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
