@@ -74,9 +74,11 @@ class Committer:
 
     def pause(self, stop: threading.Event) -> None:
         """Wait a tick, or less when the answer to a run of row changes arrives meanwhile: a
-        producer waits on each run, and a whole tick's wait is a tenth of a run's length."""
+        producer waits on each run, and a whole tick's wait is a tenth of a run's length. An
+        answer already in (its commit failing: the catalog away, say) is retried once a tick."""
         deadline = time.monotonic() + TICK_S
         awaited = [keys.applying_key(*keys.split_member(member)) for member in self.commits.changes.asked_at if member in self.leases]
+        awaited = [key for key in awaited if not self.client.hexists(key, changes.RESULT)]
         while awaited and (left := deadline - time.monotonic()) > 0:
             if stop.wait(min(ANSWER_POLL_S, left)) or any(self.client.hexists(key, changes.RESULT) for key in awaited):
                 return
