@@ -58,6 +58,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, write_runs
+from spark_jobs.plain_processors import apply as apply_processors
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -206,7 +207,7 @@ def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
-    by_request: bool = False,
+    by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
 ) -> tuple[dict[str, int] | None, str | None, list[int]]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, []),
     or (None, why not, []) with nothing left behind. by_request: a request (body) that this way
@@ -219,7 +220,9 @@ def append_directly(
     upserts): they are kept as the Spark job keeps them, unpartitioned, each with its operation,
     its place in the batch and its receipt (spark_jobs/changes_job.py applies them later).
     entries: where the tasks read the bodies themselves (stream_bodies.py; `bodies` are not
-    shipped); when they cannot, the answer's reason starts with UNREACHABLE."""
+    shipped); when they cannot, the answer's reason starts with UNREACHABLE. processors: a plan
+    of plain_processors.py, applied to each request's rows (a request with a field the table lacks
+    is then left out: the Spark job spells such fields from the types it infers)."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
@@ -233,7 +236,7 @@ def append_directly(
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
     append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries,
-                       by_request)
+                       by_request, processors)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -427,7 +430,7 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
-              entries: StreamEntries | None = None, by_request: bool = False):
+              entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
@@ -493,11 +496,22 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
                     raise Refused(f"a field the table lacks: {other[:200]!r}")
             if extra_fields:
-                try:
-                    extras = extra_maps(table, lines, known, every_line)
-                except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
-                    raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
+                if processors is not None:
+                    if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in known):
+                        raise Refused("a field the table lacks, and processors: the Spark job spells it by the types it infers")
+                    extras = pa.nulls(table.num_rows, TEXT_MAP)
+                else:
+                    try:
+                        extras = extra_maps(table, lines, known, every_line)
+                    except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
+                        raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
                 table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
+            if processors is not None:
+                try:
+                    table = apply_processors(*processors, table)
+                except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise Refused(f"processors: {str(exc)[:200]}") from None
+                events = table.num_rows  # the rows a where kept
             return table, events
 
         def fault(data: pa.Table) -> str | None:

@@ -37,6 +37,7 @@ from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
 from spark_jobs.files import delete_directory, write_parquet
 from spark_jobs.partitions import rows_per_file, write_data_files
+from spark_jobs.plain_processors import plan as plan_processors
 from spark_jobs.processors import (
     apply_processors,
     apply_routes,
@@ -70,6 +71,8 @@ class PipelineJob:
     dlq_directory: str
     dlq_filesystem: object | None = None  # as Target.filesystem, for dlq_directory
     known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
+    # The table exists and the definition has processors only (plain_processors.py may plan them for the short way).
+    processed_table: bool = False
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
@@ -116,7 +119,7 @@ class PipelineJob:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
         global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
-        if self.known_schema is None or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
+        if (self.known_schema is None and not self.processed_table) or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
         if sink.target_file_size:
@@ -127,6 +130,11 @@ class PipelineJob:
         target = self.resolve(sink.table, sink, self.spark.range(0))
         if not isinstance(target, Target) or (target.changes is not None and target.changes.operation is not None):
             return None
+        processors = None
+        if self.definition.processors:
+            processors = plan_processors(self.definition.processors, target.schema, target.extra_fields)
+            if processors is None or target.changes is not None:
+                return None
         partition = target.partition if target.changes is None else ()  # change files are not partitioned
         parsing = parse_schema(target.schema, target.extra_fields, partition)
         if parsing is None:
@@ -138,7 +146,7 @@ class PipelineJob:
             # Row changes all or nothing: a change's place in the batch orders it (SEQ).
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
-                partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None,
+                partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None, processors=processors,
             )
 
         try:

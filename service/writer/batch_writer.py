@@ -60,6 +60,7 @@ class BatchWriter:
             dlq_directory=(dlq_directory := new_directory(self.tables.dlq_location(batch.tenant))),
             dlq_filesystem=spark_filesystem(dlq_directory, self.io),
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
+            processed_table=self.tables.known_schema(batch.tenant, record.definition, processors=True) is not None,
             max_columns=self.settings.max_table_columns,
         )
         started = time.perf_counter()

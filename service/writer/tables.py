@@ -65,10 +65,11 @@ class TableResolver:
             self._dlq_locations[tenant] = table.location()
         return self._dlq_locations[tenant]
 
-    def known_schema(self, tenant: str, definition: PipelineDefinition) -> pa.Schema | None:
+    def known_schema(self, tenant: str, definition: PipelineDefinition, processors: bool = False) -> pa.Schema | None:
         """The one table's schema when the batch needs nothing else (no processors, routes,
-        dynamic names or evolution): events are then parsed with it, skipping type inference."""
-        if definition.processors or definition.routes or len(definition.sinks) != 1:
+        dynamic names or evolution): events are then parsed with it, skipping type inference.
+        processors: the same, but for a definition with processors (the short way may apply them)."""
+        if bool(definition.processors) != processors or definition.routes or len(definition.sinks) != 1:
             return None
         sink = definition.sinks[0]
         if sink.dynamic or sink.schema_evolution:

@@ -1,0 +1,281 @@
+"""The processors the short way (direct_append.py) applies itself: `where` and `set` whose
+expressions are comparisons, AND/OR/NOT, IS [NOT] NULL and IN over the table's own columns of
+plain types (strings, integers, doubles, booleans) and literals, evaluated by pyarrow's compute
+functions with SQL's three-valued logic, as Spark evaluates them in the Spark job
+(processors.py). Anything else (functions, arithmetic, CASE, casts, time columns, a field the
+table lacks, drop, rename) leaves the batch to the Spark job, as before: `plan` answers None.
+
+Why these agree with Spark: the short way takes a request only when each of its values already
+is of its column's type, and the Spark job's conversion reads every scalar through its text
+(coerce.py), so a value ends the same whichever type Spark inferred for the batch. What could
+still differ, and is refused or ruled out:
+- Spark may infer a double column as bigint (every value of the batch integral) and then compares
+  it with a decimal literal exactly; pyarrow compares doubles. They agree unless an integer lies
+  between the literal and its nearest double (`_exact_enough`), or a value is at or beyond 2**53
+  (the request is refused: `GUARDED`).
+- Spark's string literals take backslash escapes and adjacent literals concatenate: an expression
+  with a backslash or such literals is not planned.
+- Column names: Spark resolves them ignoring case; a plan names the table's columns exactly, and
+  an event with a field the table lacks is refused by the short way.
+One difference is the Spark job's own: it infers types over the whole batch, so a request with
+text where another request has numbers makes the column text for every request of the batch, and
+Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
+read as 0. The short way gives each request it takes the answer it gets in a batch of requests of
+the table's types (the request with the text goes to the Spark job either way).
+
+A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
+("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
+| ("not", a) | ("isnull", a) | ("in", a, values, kind); steps ("where", node) and ("set", {column: node}).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from decimal import Decimal, InvalidOperation
+
+import pyarrow as pa
+import sqlglot
+from pyspark import cloudpickle
+from sqlglot import exp
+
+from spark_jobs.definition import Processor
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # `apply` runs in Spark's tasks, which need no sqlglot
+
+COMPARISONS = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal", exp.LT: "less", exp.LTE: "less_equal"}
+NUMERIC = ("int", "double", "number")
+# Beyond this a double holds no longer every integer: Spark's bigint and pyarrow's double disagree.
+EXACT_INTEGERS = 2**53
+_INTEGER = re.compile(r"^[0-9]+$")
+_DECIMAL = re.compile(r"^([0-9]+\.[0-9]*|\.[0-9]+)$")
+_DOUBLE = re.compile(r"^([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+$")
+ARROW = {"string": pa.string(), "int": pa.int64(), "double": pa.float64(), "number": pa.float64(), "bool": pa.bool_()}
+
+
+class NotPlain(ValueError):
+    """An expression outside what this module evaluates."""
+
+
+def kind_of(data_type: pa.DataType) -> str | None:
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        return "string"
+    if pa.types.is_int32(data_type) or pa.types.is_int64(data_type):
+        return "int"
+    if pa.types.is_float64(data_type):
+        return "double"
+    return "bool" if pa.types.is_boolean(data_type) else None
+
+
+def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | None) -> tuple[list[tuple], list[str]] | None:
+    """(the steps, the numeric columns whose values must stay below 2**53) for `processors` over a
+    table of `schema`, or None when one is outside what this module evaluates."""
+    if any(pa.types.is_map(f.type) for f in schema if f.name != extra_fields):
+        return None  # the Spark job reads an object as a struct, its keys in another order
+    kinds = {f.name: kind for f in schema if f.name != extra_fields and (kind := kind_of(f.type))}
+    steps: list[tuple] = []
+    guarded: set[str] = set()
+    try:
+        for processor in processors:
+            if processor.where is not None:
+                node, kind = _compile(_parse(processor.where), kinds, guarded)
+                if kind != "bool":
+                    return None  # Spark casts the value to boolean: not here
+                steps.append(("where", node))
+            elif processor.set is not None:
+                assigned = {}
+                for name, expression in processor.set.items():
+                    if name not in kinds:
+                        return None  # a field the table lacks: extra_fields or dropped, the Spark job's
+                    node, kind = _compile(_parse(expression), kinds, guarded)
+                    assigned[name] = _assignable(node, kind, kinds[name], schema, name)
+                steps.append(("set", assigned))
+            else:
+                return None
+    except NotPlain:
+        return None
+    return steps, sorted(guarded)
+
+
+def _parse(expression: str) -> exp.Expression:
+    if "\\" in expression:
+        raise NotPlain("a backslash: Spark's string escapes")
+    try:
+        return sqlglot.parse_one(expression, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        raise NotPlain(str(exc)) from None
+
+
+def _assignable(node: tuple, kind: str, column: str, schema: pa.Schema, name: str) -> tuple:
+    """A set's value for column `name` (of kind `column`): the Spark job converts it through its
+    text, so a literal of the column's kind (an integer or a decimal for a double column; an
+    integer within an int column's range), a column of the same type, or a boolean expression for
+    a boolean column; anything else (which the Spark job may convert, or send to the DLQ) is not
+    planned."""
+    if kind == "null":
+        return node
+    if node[0] == "col":
+        if schema.field(node[1]).type != schema.field(name).type:
+            raise NotPlain("another column's type")
+        return node
+    if node[0] == "lit" and column == "double" and kind in NUMERIC:
+        return ("lit", float(node[1]), "double")
+    if kind != column:
+        raise NotPlain("a value of another type")
+    if node[0] == "lit" and column == "int" and pa.types.is_int32(schema.field(name).type) and not -(2**31) <= node[1] < 2**31:
+        raise NotPlain("out of the column's range")
+    return node
+
+
+def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
+    if isinstance(node, exp.Paren):
+        return _compile(node.this, kinds, guarded)
+    if isinstance(node, exp.Column):
+        if node.table or node.name not in kinds:
+            raise NotPlain(f"not a column of the table: {node.sql()}")
+        return ("col", node.name), kinds[node.name]
+    if isinstance(node, exp.Boolean):
+        return ("lit", bool(node.this), "bool"), "bool"
+    if isinstance(node, exp.Null):
+        return ("lit", None, "null"), "null"
+    if isinstance(node, exp.Literal) or isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        return _literal(node)
+    if type(node) in COMPARISONS:
+        (a, ka), (b, kb) = _compile(node.this, kinds, guarded), _compile(node.expression, kinds, guarded)
+        _comparable(a, ka, b, kb, guarded)
+        return ("cmp", COMPARISONS[type(node)], a, b), "bool"
+    if isinstance(node, (exp.And, exp.Or)):
+        (a, ka), (b, kb) = _compile(node.this, kinds, guarded), _compile(node.expression, kinds, guarded)
+        if ka not in ("bool", "null") or kb not in ("bool", "null"):
+            raise NotPlain("AND/OR of other than booleans")
+        return ("and" if isinstance(node, exp.And) else "or", a, b), "bool"
+    if isinstance(node, exp.Not):
+        if isinstance(node.this, exp.Is):
+            return ("not", _compile(node.this, kinds, guarded)[0]), "bool"
+        a, ka = _compile(node.this, kinds, guarded)
+        if ka != "bool":
+            raise NotPlain("NOT of other than a boolean")
+        return ("not", a), "bool"
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+        a, _ka = _compile(node.this, kinds, guarded)
+        return ("isnull", a), "bool"
+    if isinstance(node, exp.In) and not node.args.get("query") and not node.args.get("unnest") and not node.args.get("field"):
+        a, ka = _compile(node.this, kinds, guarded)
+        if a[0] != "col":
+            raise NotPlain("IN of other than a column")
+        values = [_compile(item, kinds, guarded) for item in node.expressions]
+        for value, kind in values:
+            if value[0] != "lit" or kind == "null":
+                raise NotPlain("IN with other than literals")
+            _comparable(a, ka, value, kind, guarded)
+        common = "double" if ka == "double" or any(kind == "number" for _v, kind in values) else ka
+        return ("in", a, [value[1] for value, _kind in values], common), "bool"
+    raise NotPlain(f"{node.key} is not evaluated by the short way")
+
+
+def _literal(node: exp.Expression) -> tuple[tuple, str]:
+    negative = isinstance(node, exp.Neg)
+    literal = node.this if negative else node
+    text = str(literal.this)
+    if literal.is_string:
+        if negative:
+            raise NotPlain("a negated string")
+        return ("lit", text, "string"), "string"
+    if _INTEGER.match(text):
+        value = -int(text) if negative else int(text)
+        if abs(value) >= EXACT_INTEGERS:
+            raise NotPlain("an integer literal beyond 2**53")
+        return ("lit", value, "int"), "int"
+    if _DECIMAL.match(text) or _DOUBLE.match(text):
+        try:
+            exact = Decimal(text)
+        except InvalidOperation:
+            raise NotPlain(f"the number {text}") from None
+        value = float(text)
+        if not math.isfinite(value) or (_DECIMAL.match(text) and not _exact_enough(exact, value)):
+            raise NotPlain(f"the number {text}")
+        return ("lit", -value if negative else value, "number"), "number"
+    raise NotPlain(f"the literal {text}")
+
+
+def _exact_enough(exact: Decimal, value: float) -> bool:
+    """Whether comparing an integer with the decimal `exact` or with its double `value` always
+    gives the same answer: no integer lies between the two, nor on either unless both are it."""
+    rounded = Decimal(value)
+    if rounded == exact:
+        return True
+    low, high = min(rounded, exact), max(rounded, exact)
+    return math.floor(low) == math.floor(high) and low != math.floor(low) and high != math.floor(high)
+
+
+def _comparable(a: tuple, ka: str, b: tuple, kb: str, guarded: set[str]) -> None:
+    if ka == kb == "string" or ka == kb == "bool":
+        return
+    if ka in NUMERIC and kb in NUMERIC and not (ka == kb == "number"):
+        for node, kind in ((a, ka), (b, kb)):
+            if node[0] == "col" and kind in ("int", "double"):
+                guarded.add(node[1])
+        return
+    raise NotPlain(f"{ka} compared with {kb}")
+
+
+def apply(steps: list[tuple], guarded: list[str], table: pa.Table) -> pa.Table:
+    """`table` through the steps. Raises ValueError for a value this module cannot be sure of."""
+    import pyarrow.compute as pc
+
+    for name in guarded:
+        column = table.column(name)
+        if column.null_count < len(column) and pc.max(pc.abs_checked(column.cast(pa.float64()))).as_py() >= EXACT_INTEGERS:
+            raise ValueError(f"{name!r}: a number at or beyond 2**53, compared")
+    for step in steps:
+        if step[0] == "where":
+            keep = _evaluate(step[1], table)
+            if isinstance(keep, pa.Scalar):
+                keep = pa.repeat(keep, table.num_rows)
+            table = table.filter(pc.fill_null(keep, False))
+        else:
+            values = {name: _evaluate(node, table) for name, node in step[1].items()}  # all read the rows as they were
+            for name, value in values.items():
+                data_type = table.schema.field(name).type
+                if isinstance(value, pa.Scalar):
+                    value = pa.repeat(value.cast(data_type) if value.is_valid else pa.scalar(None, data_type), table.num_rows)
+                table = table.set_column(table.schema.get_field_index(name), table.schema.field(name), value.cast(data_type))
+    return table
+
+
+def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a scalar
+    import pyarrow.compute as pc
+
+    op = node[0]
+    if op == "col":
+        return table.column(node[1])
+    if op == "lit":
+        return pa.scalar(node[1], pa.null() if node[2] == "null" else ARROW[node[2]])
+    if op == "cmp":
+        a, b = _evaluate(node[2], table), _evaluate(node[3], table)
+        if _is_null(a) or _is_null(b):
+            return pa.scalar(None, pa.bool_())
+        return getattr(pc, node[1])(a, b)
+    if op in ("and", "or"):
+        a, b = (_as_bool(_evaluate(part, table)) for part in node[1:])
+        return (pc.and_kleene if op == "and" else pc.or_kleene)(a, b)
+    if op == "not":
+        return pc.invert(_as_bool(_evaluate(node[1], table)))
+    if op == "isnull":
+        value = _evaluate(node[1], table)
+        return pa.scalar(not value.is_valid) if isinstance(value, pa.Scalar) else pc.is_null(value)
+    if op == "in":
+        column = _evaluate(node[1], table)
+        wanted = ARROW[node[3]]
+        found = pc.is_in(column.cast(wanted), value_set=pa.array(node[2], wanted))
+        return pc.if_else(pc.is_valid(column), found, pa.scalar(None, pa.bool_()))
+    raise ValueError(f"no such step {op}")
+
+
+def _is_null(value) -> bool:  # noqa: ANN001
+    return isinstance(value, pa.Scalar) and not value.is_valid
+
+
+def _as_bool(value):  # noqa: ANN001, ANN202
+    return pa.scalar(None, pa.bool_()) if isinstance(value, pa.Scalar) and value.type == pa.null() else value
