@@ -1,9 +1,11 @@
 """The short way for the commonest batch: events that fit their table as they are.
 
-A pipeline with no processors or routes, one static sink into an existing table that only
-appends, whose columns are strings, integers, floating point numbers, booleans, timestamps,
-dates and maps of strings to strings (and its extra_fields map), partitioned by nothing or by identity, year, month, day, hour or
-a string's truncate: its events need no inference and no expressions. For such a batch each Spark
+A pipeline with no processors (or plain ones: plain_processors.py) or routes, one static sink
+into an existing table that only appends, whose columns are strings, integers, floating point
+numbers, booleans, timestamps, dates, maps of strings to strings and lists and structs of the
+first four (and its extra_fields map), partitioned by nothing or by identity, year, month, day,
+hour or a string's truncate: its events need no inference and no expressions. An object with a
+key its struct column lacks refuses its request (the Spark job names the key as dropped). For such a batch each Spark
 task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`), which parses the
 NDJSON with the table's schema and writes one Parquet file per partition value: about a tenth of
 the CPU of parsing with Spark's JSON functions and converting column by column. The tasks read
@@ -111,16 +113,39 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
     for f in schema:
         if f.name == extra_fields or is_text_map(f.type):
             continue
-        if any(check(f.type) for check in _PLAIN_TYPES):
-            fields.append(pa.field(f.name, f.type))
-        elif time_kind(f.type):
+        if time_kind(f.type):
             fields.append(pa.field(f.name, pa.string()))
+        elif (parsed := nested_parsing(f.type)) is not None:
+            fields.append(pa.field(f.name, parsed))
         else:
             return None
     types = {f.name: f.type for f in schema}
     if any(source == extra_fields or source not in types or not _groups_by(transform, types[source]) for source, transform in partition):
         return None
     return pa.schema(fields) if fields else None
+
+
+def nested_parsing(data_type: pa.DataType) -> pa.DataType | None:
+    """The type pyarrow parses a column of `data_type` with: a plain type as it is; a list or a
+    struct of those (at any depth) without the table's field metadata. None for anything else,
+    and for a list or struct with a required element or field (the Spark job says what a null
+    there becomes)."""
+    if any(check(data_type) for check in _PLAIN_TYPES):
+        return data_type
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        element = data_type.value_field
+        inner = nested_parsing(element.type) if element.nullable else None
+        return pa.list_(inner) if inner is not None else None
+    if pa.types.is_struct(data_type):
+        children = [(child.name, nested_parsing(child.type) if child.nullable else None) for child in data_type]
+        if not children or any(inner is None for _name, inner in children):
+            return None
+        return pa.struct(children)
+    return None
+
+
+def is_nested(data_type: pa.DataType) -> bool:
+    return pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_struct(data_type)
 
 
 def _groups_by(transform: str, data_type: pa.DataType) -> bool:
@@ -377,8 +402,9 @@ def _surrogates(c: str) -> str:
 
 def java_double(x: float) -> str:
     """x as Java 17's Double.toString spells it: positional from 1e-3 to 1e7 (always a point),
-    otherwise d.dddE<n>. Checked against Java 17 on 600,000 values: equal for normal numbers below
-    1e16; from there, and for subnormal ones (below 2.2e-308: 5e-324 is 4.9E-324), Java's digits
+    otherwise d.dddE<n>. Checked against Java 17 on 600,000 values and every power of two: equal
+    for normal numbers below 1e16 but powers of two of more than 8 shortest digits (Unspellable);
+    from there, and for subnormal ones (below 2.2e-308: 5e-324 is 4.9E-324), Java's digits
     are not always the shortest, so those are Unspellable."""
     if not math.isfinite(x) or abs(x) >= 1e16 or 0 < abs(x) < sys.float_info.min:
         raise Unspellable(f"the number {x!r}")
@@ -386,6 +412,11 @@ def java_double(x: float) -> str:
         return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
     sign, digits, exponent = Decimal(repr(x)).as_tuple()
     shown = "".join(map(str, digits)).rstrip("0") or "0"
+    if len(shown) > 8 and math.frexp(x)[0] in (0.5, -0.5):
+        # A power of two of more than 8 shortest digits: Java 17 prints more digits than needed
+        # for 344 of the 2,152 normal ones below 1e16 (2**-24: 5.9604644775390625E-8; the
+        # shortest of those has 14), never for one of 8 or fewer (2**-10: 9.765625E-4).
+        raise Unspellable(f"the number {x!r}, a power of two")
     point = len(digits) + exponent  # digits before the decimal point
     minus = "-" if sign else ""
     if 1e-3 <= abs(x) < 1e7:
@@ -491,6 +522,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             events = len(lines)
             if table.num_rows != events:
                 raise Refused(f"{events} events read as {table.num_rows} rows")
+            if nested and (every_line or any(table.column(name).type != parsing.field(name).type for name in nested)):
+                # A key an object of the table lacks, inferred into its struct (or, reading every
+                # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
+                raise Refused("a field inside an object that its column lacks")
             if maps:
                 table = text_maps(table, lines, maps)
                 if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
@@ -528,6 +563,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             return None
 
         known = [*parsing.names, *maps]
+        nested = [f.name for f in parsing if is_nested(f.type)]
         epoch_order = [False, True]
         tables, places, rejected = [], [], []
         for batch in batches:

@@ -38,7 +38,9 @@ def with_path(frame: DataFrame, path: tuple[str, ...]) -> DataFrame:
         return value
 
     if root not in frame.columns:
-        return frame.withColumn(root, nulls(rest))
+        # A top-level field no event has: NULL of no type, which NOT, AND and OR take as well as
+        # comparisons do (a string NULL failed `NOT flag` for a batch without `flag`).
+        return frame.withColumn(root, F.lit(None) if not rest else nulls(rest))
     data_type = frame.schema[root].dataType
     for depth, name in enumerate(rest):
         if not isinstance(data_type, T.StructType):

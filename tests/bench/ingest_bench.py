@@ -13,7 +13,9 @@ Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all o
 2% of events carrying one field the table lacks (kept in its `_extra` map); `dirty`, plain
 events but one request in 50 holds an event with text for a number; `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
-`processors`, that with two processors (where, set), which the full Spark job runs. The shippers'
+`processors`, that with two processors (where, set), which the short way evaluates itself;
+`nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
+a list of strings (`tags`). The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -103,13 +105,20 @@ def with_iso_time(event: dict) -> dict:
     return event
 
 
+def nested(event: dict) -> dict:
+    """The event with its request's facts in an object and a list of tags, as many loggers nest them."""
+    event["http"] = {"status": event.pop("status"), "latency_ms": event.pop("latency_ms"), "method": random.choice(["GET", "POST"])}
+    event["tags"] = random.sample(["web", "eu", "canary", "v2", "batch"], k=random.randint(0, 3))
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
 
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
-          "declared": with_days, "processors": with_days,
+          "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -123,6 +132,12 @@ DECLARED_COLUMNS = [
 PIPELINES = {
     "declared": {"name": "declared", "source": {"http": {"path": "/declared"}}, "sinks": [{
         "table": "declared", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "nested": {"name": "nested", "source": {"http": {"path": "/nested"}}, "sinks": [{
+        "table": "nested", "auto_create": True, "schema": {"columns": [
+            *(c for c in DECLARED_COLUMNS if c["name"] not in ("status", "latency_ms")),
+            {"name": "http", "type": "struct<status: int, latency_ms: double, method: string>"}, {"name": "tags", "type": "list<string>"},
+        ], "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],

@@ -20,6 +20,9 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyiceberg.schema import Schema
+from pyiceberg.types import BooleanType, DoubleType, IntegerType, ListType, LongType, MapType, NestedField, StringType, StructType
+from pyspark.errors import AnalysisException
 
 from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
@@ -106,10 +109,19 @@ def written(result, name: str = "events") -> list[dict]:  # noqa: ANN001
     """The rows written for table `name`, by id; change events in their order (receipt, then place),
     the place itself left out (only its order is what changes_job.py reads)."""
     output = result.tables.get(name)
-    rows = [row for d in output.directories for path in list_data_files(d) for row in pq.read_table(path).to_pylist()] if output else []
+    rows = [row for d in output.directories for path in list_data_files(d) for row in python_rows(pq.read_table(path))] if output else []
     if output is not None and output.changes is not None:
         return [{k: v for k, v in row.items() if k != SEQ} for row in sorted(rows, key=lambda row: (row[RECEIPT], row[SEQ]))]
     return sorted(rows, key=lambda row: row["id"])
+
+
+def python_rows(table: pa.Table) -> list[dict]:
+    """The rows as Python values; dates and times as their numbers (the full job may write one
+    beyond Python's years 1 to 9999, as Spark reads `+10000-01-01`)."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_date32(field.type) or pa.types.is_timestamp(field.type):
+            table = table.set_column(index, field.name, table.column(index).cast(pa.int32() if pa.types.is_date32(field.type) else pa.int64()))
+    return table.to_pylist()
 
 
 def dead_letters(result) -> list[dict]:  # noqa: ANN001
@@ -157,10 +169,19 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         if client is not None:
             ids = tuple(client.xadd("fast-way-bodies", {ENTRY_BODY: body}).decode() for body in bodies)
             entries = StreamEntries(redis_url, False, "fast-way-bodies", ids)
-        fast = job(definition).run(receipts, bodies, entries)
-        assert entries is None or fast.bodies != "shipped", "the tasks could not read the bodies from Redis"
-        pipeline_job._direct_off_until = float("inf")  # the full job only
-        full = job(definition).run(receipts, bodies)
+        try:
+            fast = job(definition).run(receipts, bodies, entries)
+            assert entries is None or fast.bodies != "shipped", "the tasks could not read the bodies from Redis"
+            pipeline_job._direct_off_until = float("inf")  # the full job only
+            full = job(definition).run(receipts, bodies)
+        except AnalysisException:
+            if definition is None:
+                raise
+            # The full job's own limits (its batch fails whole, whichever way ran first): a field
+            # null in every event of the batch is inferred as text, and `NOT ok` over text does
+            # not resolve; a set that makes x a boolean fails a later `x < 0`.
+            ways["full job failed"] = ways.get("full job failed", 0) + 1
+            return
         ways[fast.direct] = ways.get(fast.direct, 0) + 1
         if fast.direct not in ("written", "partial"):
             return  # the full job wrote both
@@ -295,7 +316,9 @@ def timed_batch(draw) -> list[bytes]:  # noqa: ANN001
 def test_times_and_partitions_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     def one_day(path: str) -> None:
         # One partition value (the day of ts, UTC) per file, as the committer requires.
-        days = {ts.date() if ts else None for ts in pq.read_table(path).column("ts").to_pylist()}
+        # As microseconds: a time with an offset may fall in the year 10000 in UTC, beyond Python's.
+        micros = pq.read_table(path).column("ts").cast(pa.int64()).to_pylist()
+        days = {us // 86_400_000_000 if us is not None else None for us in micros}
         assert len(days) == 1, (path, days)
 
     # At least 3 of the 15 written the fast way: which examples hypothesis draws differs with what
@@ -380,3 +403,48 @@ def test_processors_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark
     # Batches with a request it leaves out ("partial") are compared too; at least 3 of the 30
     # written whole (4 to 8 seen: which examples are drawn differs with what ran before).
     compare_ways(fresh_spark, tmp_path, TABLE, [], processed_batch(), examples=30, least_written=3)
+
+
+# A table with lists and structs (of plain types, at any depth), as declared schemas have them.
+NESTED = Schema(
+    NestedField(1, "id", LongType(), required=True), NestedField(2, "tags", ListType(3, StringType(), element_required=False)),
+    NestedField(4, "user", StructType(
+        NestedField(5, "name", StringType()), NestedField(6, "age", IntegerType()), NestedField(7, "admin", BooleanType()),
+        NestedField(8, "scores", ListType(9, DoubleType(), element_required=False)),
+    )),
+    NestedField(10, "points", ListType(11, StructType(NestedField(12, "x", LongType()), NestedField(13, "label", StringType())), element_required=False)),
+    NestedField(14, "_extra", MapType(15, StringType(), 16, StringType())),
+).as_arrow()
+ODD_NESTED = st.sampled_from(['"text"', "[1, 2]", '{"name": 5}', '{"age": 3000000000}', '{"name": "a", "name": "b"}', '{"email": "e"}',
+                              '[{"x": 1, "y": 2}]', '["a", {"b": 1}]', '[[1]]', "{}", "[]", "null", '{"scores": ["1"]}', '{"admin": "true"}'])
+
+
+@st.composite
+def nested_batch(draw) -> list[bytes]:  # noqa: ANN001
+    """Requests whose events carry lists and objects as their columns declare them (empty ones,
+    nulls inside, fields missing), now and then a value of another shape or a key the object's
+    column lacks, and a field the table lacks."""
+
+    def fields(chance: random.Random, _request: None) -> list[tuple[str, str]]:
+        pairs = []
+        if chance.random() < 0.8:
+            pairs.append(("tags", json.dumps(draw(st.lists(TEXT | st.none(), max_size=3)), ensure_ascii=chance.random() < 0.5)))
+        if chance.random() < 0.8:
+            user = {name: value for name, value in (
+                ("name", draw(TEXT | st.none())), ("age", draw(st.integers(-(2**31), 2**31 - 1))), ("admin", draw(st.booleans() | st.none())),
+                ("scores", draw(st.lists(st.floats(-1e6, 1e6) | st.integers(-1000, 1000) | st.none(), max_size=3) | st.none())),
+            ) if chance.random() < 0.8}
+            pairs.append(("user", json.dumps(user)))
+        if chance.random() < 0.6:
+            points = draw(st.lists(st.fixed_dictionaries({}, optional={"x": st.integers(-(2**62), 2**62), "label": TEXT}) | st.none(), max_size=3))
+            pairs.append(("points", json.dumps(points)))
+        return [(name, value if chance.random() > 0.03 else draw(ODD_NESTED)) for name, value in pairs]
+
+    return requests_of(draw, fields)
+
+
+@pytest.mark.timeout(600)
+def test_lists_and_structs_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # pyarrow parses lists and objects with the columns' types; a key an object's column lacks, or
+    # a value of another shape, leaves the request to the full job, which names or keeps the key.
+    compare_ways(fresh_spark, tmp_path, NESTED, [], nested_batch(), examples=20, least_written=4)
