@@ -253,8 +253,7 @@ def events(request: ExportLogsServiceRequest, received_ns: int, refused: list[st
                     "observed_timestamp": times[1],
                     "severity_number": record.severity_number or None,
                     "severity_text": record.severity_text or None,
-                    # An AnyValue holding nothing is no body (NULL), never the text "null".
-                    "body": _text(record.body) if record.body.WhichOneof("value") is not None else None,
+                    "body": body_text(record.body),
                     "attributes": _attributes(record.attributes),
                     "resource_attributes": resource,
                     "scope_name": scope.name or None,
@@ -404,14 +403,14 @@ def _json_attributes(pairs: Any) -> dict[str, str]:
         if type(value) is dict and len(value) == 1 and type(text := value.get("stringValue")) is str:
             attributes[key] = text  # the commonest kind, first
         elif value is None or value == {}:
-            attributes[key] = "null"  # an AnyValue holding nothing, as _text writes it
+            attributes[key] = "null"  # an AnyValue holding nothing, as value_text writes it
         else:
             attributes[key] = _any_value_text(value)
     return attributes
 
 
 def _any_value_text(value: Any) -> str:
-    """The text `_text` gives an AnyValue of one scalar kind, read from its JSON."""
+    """The text `value_text` gives an AnyValue of one scalar kind, read from its JSON."""
     if not isinstance(value, dict) or len(value) != 1:
         raise _NotPlain
     ((kind, item),) = value.items()
@@ -437,10 +436,16 @@ def _iso(unix_nano: int) -> str:
 
 
 def _attributes(pairs: list[KeyValue]) -> dict[str, str]:
-    return {pair.key: _text(pair.value) for pair in pairs}
+    return {pair.key: value_text(pair.value) for pair in pairs}
 
 
-def _text(value: AnyValue) -> str:
+def body_text(body: AnyValue) -> str | None:
+    """A record's body as its text: an AnyValue holding nothing is no body (NULL), never the text "null"."""
+    return value_text(body) if body.WhichOneof("value") is not None else None
+
+
+def value_text(value: AnyValue) -> str:
+    """An attribute's or a body's value as text: a string itself, anything else its JSON text."""
     kind = value.WhichOneof("value")
     if kind == "string_value":  # the commonest kinds first, as the general way below spells them
         return value.string_value

@@ -1,15 +1,21 @@
 """OTLP/JSON exports read straight from their JSON (otel.json_events) against protobuf's JSON mapping
 (otel.parse_request, then otel.events): the same events whenever the direct reading answers, and it
-answers for exports as SDKs and Collectors write them."""
+answers for exports as SDKs and Collectors write them. And read column by column (otlp_columns)
+against the direct reading: the same lines whenever it answers, and it answers for exports as
+exporters write them."""
 
 from __future__ import annotations
 
 import json
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.api import otlp_columns
+from service.api.events import ParsedBody, made_events
+from service.core.exceptions import BodyTooLarge, OtlpError
 from service.pipelines import otel
 
 RECEIVED_NS = 1_764_000_000_999_000_000
@@ -112,3 +118,95 @@ def test_exports_as_sdks_and_collectors_write_them_are_read_directly() -> None:
     assert direct[0]["attributes"] == {"order": "42", "ratio": "1.0", "ok": "false", "user": "ann", "none": "null"}
     assert direct[0]["trace_id"] == "5b8efff798038103d269b633813fc60c" and direct[1]["body"] == "bare"
     assert direct[2] == {"timestamp": "2025-11-24T16:00:01.000000Z", "attributes": {}, "resource_attributes": {}}
+
+
+def by_records(text: bytes) -> ParsedBody | None:
+    direct = otel.json_events(orjson.loads(text), RECEIVED_NS)
+    return None if direct is None else made_events(direct, 10_000)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents, st.booleans())
+def test_the_column_reading_of_otlp_json_gives_the_direct_readings_lines_or_leaves_the_export_to_it(document: dict, pretty: bool) -> None:
+    """otlp_columns.json_body answers only where json_events does, with the same lines byte for byte."""
+    text = json.dumps(document, indent=1 if pretty else None).encode()
+    columns = otlp_columns.json_body(text, RECEIVED_NS, 10_000)
+    if columns is not None:
+        assert columns == by_records(text)
+
+
+exporter_texts = st.text(st.characters(codec="utf-8", exclude_characters="\ud800"), max_size=12).filter(lambda text: "null" not in text)
+exporter_scalars = st.one_of(
+    st.builds(lambda v: {"stringValue": v}, exporter_texts), st.builds(lambda v: {"intValue": str(v)}, st.integers(-(10**18), 10**19 - 1)),
+    st.builds(lambda v: {"doubleValue": v}, st.floats(allow_nan=False, allow_infinity=False, width=64)),
+    st.builds(lambda v: {"boolValue": v}, st.booleans()), st.just({}),
+)
+exporter_attributes = st.lists(st.builds(lambda key, value: {"key": key, "value": value}, exporter_texts, exporter_scalars),
+                               max_size=4, unique_by=lambda pair: pair["key"])
+exporter_records = st.fixed_dictionaries({}, optional={
+    "timeUnixNano": st.integers(0, 10**19 - 1).map(str), "observedTimeUnixNano": st.integers(0, 10**19 - 1).map(str),
+    "severityNumber": st.integers(0, 24), "severityText": exporter_texts, "body": exporter_scalars, "attributes": exporter_attributes,
+    "droppedAttributesCount": st.integers(0, 2**32 - 1), "flags": st.integers(0, 2**32 - 1),
+    "traceId": st.binary(max_size=16).map(bytes.hex), "spanId": st.binary(max_size=8).map(lambda b: b.hex().upper()), "eventName": exporter_texts,
+})
+exporter_documents = st.builds(
+    lambda resource_logs: {"resourceLogs": resource_logs},
+    st.lists(st.fixed_dictionaries({"scopeLogs": st.lists(st.fixed_dictionaries({"logRecords": st.lists(exporter_records, min_size=1, max_size=4)}, optional={
+        "scope": st.fixed_dictionaries({}, optional={"name": exporter_texts, "version": exporter_texts, "attributes": exporter_attributes}),
+        "schemaUrl": exporter_texts,
+    }), min_size=1, max_size=2)}, optional={"resource": st.fixed_dictionaries({}, optional={"attributes": exporter_attributes})}), min_size=1, max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(exporter_documents)
+def test_exports_as_exporters_write_them_are_read_column_by_column(document: dict) -> None:
+    """Every field in every spelling an exporter uses, any text (quotes, control characters, any
+    script), doubles of any size: read the column way, with the per-record way's lines. (Not a run
+    of 20 digits or a minus and 19 anywhere: it may be an integer orjson reads as a float, and the
+    column reading leaves the export to the per-record way.)"""
+    text = orjson.dumps(document)
+    if b"null" in text or otel.json_events(orjson.loads(text), RECEIVED_NS) is None:
+        return  # a JSON null (an empty key's "value": {} is not one); json_events leaves a time past year 9999 to protobuf
+    columns = otlp_columns.json_body(text, RECEIVED_NS, 10_000)
+    assert columns is not None, "the column reading left an export as exporters write it to the per-record way"
+    assert columns == by_records(text)
+
+
+def test_the_column_reading_leaves_what_it_cannot_hold_exactly_to_the_per_record_way() -> None:
+    """A duplicate attribute key (a dict keeps its first place and last value), a JSON null, an
+    int64 as a JSON number, NaN, two JSON values, bytes that are not UTF-8: no answer, and the
+    per-record way decides."""
+    record = {"timeUnixNano": "1764000000123456789", "attributes": [{"key": "a", "value": {"stringValue": "1"}}]}
+
+    def export(**changes: object) -> bytes:
+        return orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [{**record, **changes}]}]}]})
+
+    assert otlp_columns.json_body(export(), RECEIVED_NS, 10) == by_records(export())  # the control: answered
+    twice = export(attributes=[{"key": "a", "value": {"stringValue": "1"}}, {"key": "b"}, {"key": "a", "value": {"intValue": "2"}}])
+    assert otlp_columns.json_body(twice, RECEIVED_NS, 10) is None and orjson.loads(by_records(twice).ndjson)["attributes"] == {"a": "2", "b": "null"}
+    for text in (export(severityText=None), export(timeUnixNano=1764000000123456789), export().replace(b'"1"}', b'NaN}'),
+                 export() + b"\n" + export(), export(severityText="caf\xe9").replace("é".encode(), b"\xe9")):
+        assert otlp_columns.json_body(text, RECEIVED_NS, 10) is None, text
+    with pytest.raises(BodyTooLarge):
+        otlp_columns.json_body(export(), RECEIVED_NS, 0)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(documents, exporter_documents))
+def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(document: dict) -> None:
+    """otlp_columns.protobuf_body against otel.events of the same request (any AnyValue kind, a
+    key twice, empty strings): the same lines whenever it answers, and it answers unless a
+    record's attributes hold a key twice or a double is NaN or infinite."""
+    text = json.dumps(document).encode()
+    try:
+        request, refused = otel.parse_request(text, json=True)
+    except OtlpError:
+        return  # not an export protobuf reads
+    if refused:
+        return
+    columns = otlp_columns.protobuf_body(request, RECEIVED_NS, 10_000)
+    by_events = made_events(otel.events(request, RECEIVED_NS, refused), 10_000)
+    twice = any(len({pair.key for pair in pairs}) < len(pairs) for resource in request.resource_logs
+                for pairs in [resource.resource.attributes, *(record.attributes for scope in resource.scope_logs for record in scope.log_records)])
+    assert columns == by_events or (columns is None and (twice or b"NaN" in text or b"Infinity" in text))

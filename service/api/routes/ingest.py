@@ -160,11 +160,12 @@ async def _ingest(
 
 async def accept_converted(
     request: Request, principal: Principal, buffer: RequestBuffer, limits: TenantLimits, settings: Settings, pipeline: str,
-    convert: Callable[[bytes], Iterable[dict]],
+    convert: Callable[[bytes], Iterable[dict] | ParsedBody],
 ) -> str | None:
     """A shipper's protocol request: its body (within the limits, gunzipped) turned into events by
-    `convert` (off the event loop; BadRequestBody when it cannot), then buffered as one request of
-    `pipeline` like a POST to its path. Its receipt; None if it held no event."""
+    `convert` (off the event loop; BadRequestBody when it cannot; or into the writer's lines, which
+    it checked as made_events does), then buffered as one request of `pipeline` like a POST to its
+    path. Its receipt; None if it held no event."""
     refuse_while_draining(request)
     tenant = principal.tenant
     if not principal.may_ingest_into(pipeline):
@@ -172,7 +173,7 @@ async def accept_converted(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        parsed = await run_in_threadpool(lambda: made_events(convert(body), settings.max_events_per_request))
+        parsed = await run_in_threadpool(lambda: _made(convert(body), settings.max_events_per_request))
         if parsed is None:
             return None
     except Exception as exc:
@@ -182,6 +183,10 @@ async def accept_converted(
     with in_flight(request):
         receipt_id, _replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
     return receipt_id
+
+
+def _made(converted: Iterable[dict] | ParsedBody, max_events: int) -> ParsedBody | None:
+    return converted if isinstance(converted, ParsedBody) else made_events(converted, max_events)
 
 
 async def accept(

@@ -20,9 +20,10 @@ from fastapi.responses import Response
 from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
+from service.api import otlp_columns
 from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep, WaiterDep
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.api.events import media_type
+from service.api.events import ParsedBody, media_type
 from service.api.routes.ingest import accept_converted
 from service.core import metrics
 from service.core.exceptions import BadRequestBody, OtlpError
@@ -73,7 +74,7 @@ async def export_logs(
     received_ns = time.time_ns()
     refused: list[str] = []
     receipt_id = await accept_converted(request, principal, buffer, limits, settings, OTEL_LOGS_PIPELINE,
-                                        lambda body: _events(body, json, received_ns, refused))
+                                        lambda body: _events(body, json, received_ns, refused, settings.max_events_per_request))
     answer = ExportLogsServiceResponse()
     if refused:
         # Records Calve could not read are rejected now, whatever becomes of the others.
@@ -99,12 +100,16 @@ async def export_logs(
     return _encode(answer, json)
 
 
-def _events(body: bytes, json: bool, received_ns: int, refused: list[str]) -> list[dict]:
-    """The export's records as events; why each record left out was refused, in `refused` (all of
-    them refused: the export is a 400 saying why). JSON as exporters write it is read directly
-    (otel.json_events); anything else through protobuf's classes."""
+def _events(body: bytes, json: bool, received_ns: int, refused: list[str], max_events: int) -> list[dict] | ParsedBody:
+    """The export's records as events (or as the writer's lines already); why each record left out
+    was refused, in `refused` (all of them refused: the export is a 400 saying why). JSON as
+    exporters write it is read column by column (otlp_columns), else record by record
+    (otel.json_events); anything else through protobuf's classes, whose fields are then read
+    column by column too where they can be."""
     try:
         if json:
+            if (lines := otlp_columns.json_body(body, received_ns, max_events)) is not None:
+                return lines
             try:
                 document = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
@@ -112,6 +117,8 @@ def _events(body: bytes, json: bool, received_ns: int, refused: list[str]) -> li
             if isinstance(document, dict) and (direct := otel.json_events(document, received_ns)) is not None:
                 return direct
         request, refused[:] = otel.parse_request(body, json)
+        if not refused and (lines := otlp_columns.protobuf_body(request, received_ns, max_events)) is not None:
+            return lines
         events = list(otel.events(request, received_ns, refused))
     except OtlpError as exc:
         raise BadRequestBody(str(exc)) from None

@@ -1,0 +1,393 @@
+"""OTLP exports read column by column: the lines the per-record way makes (`otel.json_events`,
+or `otel.events` of a parsed protobuf request, then `made_events`), for a fraction of its CPU.
+
+JSON: pyarrow's JSON reader parses the export against the one schema exporters write (camelCase
+names, int64s as decimal strings, enums as integers, AnyValues of one scalar kind), refusing any
+other field or type. Protobuf: upb parses it, and each field is gathered into a list in one pass
+over the records. pyarrow's compute functions then write every record's NDJSON line at once,
+escaped as orjson escapes. Anything this reading does not hold exactly as the per-record way does
+(another spelling, a JSON null, a key twice in one record's attributes, a value out of range,
+text orjson would refuse) answers None, and the per-record way reads the export and decides what
+it becomes. Differential tests in tests/unit/test_otlp_json.py keep both byte for byte alike.
+
+Measured on `make bench`'s bodies (1,000 records, three attributes each), one process: OTLP/JSON
+6.9 against 17.6 microseconds per record, protobuf 7.5 against 10.6.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from service.api.events import MAX_FIELD_NAME, ParsedBody, may_hold_long_integers
+from service.core.exceptions import BodyTooLarge
+from service.pipelines import otel
+
+_VALUE = pa.struct([("stringValue", pa.string()), ("intValue", pa.string()), ("doubleValue", pa.float64()), ("boolValue", pa.bool_())])
+_ATTRIBUTES = pa.list_(pa.struct([("key", pa.string()), ("value", _VALUE)]))
+_RECORD = pa.struct([
+    ("timeUnixNano", pa.string()), ("observedTimeUnixNano", pa.string()), ("severityNumber", pa.int64()), ("severityText", pa.string()),
+    ("body", _VALUE), ("attributes", _ATTRIBUTES), ("droppedAttributesCount", pa.int64()), ("flags", pa.int64()),
+    ("traceId", pa.string()), ("spanId", pa.string()), ("eventName", pa.string()),
+])
+_SCOPE = pa.struct([("name", pa.string()), ("version", pa.string()), ("attributes", _ATTRIBUTES), ("droppedAttributesCount", pa.int64())])
+_EXPORT = pa.schema([("resourceLogs", pa.list_(pa.struct([
+    ("resource", pa.struct([("attributes", _ATTRIBUTES), ("droppedAttributesCount", pa.int64())])),
+    ("scopeLogs", pa.list_(pa.struct([("scope", _SCOPE), ("logRecords", pa.list_(_RECORD)), ("schemaUrl", pa.string())]))),
+    ("schemaUrl", pa.string()),
+])))])
+_PARSE = pj.ParseOptions(explicit_schema=_EXPORT, unexpected_field_behavior="error")
+_UINT = r"^[0-9]{1,20}$"  # otel._uint's digits
+_INT = r"^(-[0-9]{1,19}|[0-9]{1,20})$"  # otel._any_value_text's intValue digits
+_HEX_ID = r"^([0-9a-fA-F]{2})*$"
+# A number of 20 digits or more without a fraction or an exponent (may_hold_long_integers looks
+# first, at memory speed: a double's digits trigger it too).
+_LONG_INTEGER = re.compile(rb"[:,\[]\s*-?[0-9]{19,}(?![0-9.eE])")
+_NEEDS_ESCAPE = re.compile(rb'["\\\x00-\x1f]')
+# orjson's escapes: the short ones, and \u00XX for the other control characters.
+_LONG_ESCAPE = r"[\x00-\x07\x0b\x0e-\x1f]"
+_SHORT_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"), ("\f", "\\f"))
+
+
+class _NotPlain(Exception):
+    """Something this reading does not hold as json_events does: the per-record way reads it."""
+
+
+@dataclass(frozen=True)
+class _Attributes:
+    """Lists of key-value pairs, one list per owner (a record or a resource): `offsets` into `keys`
+    and `texts` (each value's text, as otel.value_text writes it)."""
+
+    offsets: pa.Array
+    keys: pa.Array
+    texts: pa.Array
+
+
+@dataclass(frozen=True)
+class _Records:
+    """An export's log records as columns, each holding what otel.events takes from it: 0, "" or
+    null where a record has no such field."""
+
+    time: pa.Array  # uint64 nanoseconds, the observed time or the time received already put in where it has none
+    observed: pa.Array  # uint64
+    severity: pa.Array  # int64
+    severity_text: pa.Array
+    body: pa.Array  # its text, null for none
+    attributes: _Attributes
+    trace_id: pa.Array  # lower-case hex
+    span_id: pa.Array
+    flags: pa.Array  # int64
+    event_name: pa.Array
+    scope: pa.Array  # each record's scope's index into scope_name and scope_version
+    scope_name: pa.Array
+    scope_version: pa.Array
+    resource: pa.Array  # each record's resource's index into resource_attributes' lists
+    resource_attributes: _Attributes
+
+
+def json_body(body: bytes, received_ns: int, max_events: int) -> ParsedBody | None:
+    """The export's events as the writer's lines, exactly those `made_events(json_events(...))`
+    gives; None when this reading cannot say so (the caller reads the export the per-record way).
+    BodyTooLarge past `max_events` records, as made_events says."""
+    if b"null" in body or (may_hold_long_integers(body) and _LONG_INTEGER.search(body)):
+        return None  # a JSON null reads as an absent field here, not there; orjson reads integers past 64 bits as floats
+    try:
+        body.decode()  # pyarrow passes bytes that are not UTF-8 through; orjson refuses them
+        table = pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(use_threads=False, block_size=max(len(body), 1 << 16) + 1),
+                             parse_options=_PARSE)
+    except (UnicodeDecodeError, pa.ArrowInvalid):
+        return None
+    if table.num_rows != 1:
+        return None  # more than one JSON value (orjson refuses it), or none
+    try:
+        return _parsed(_json_records(table.column(0).combine_chunks(), received_ns), max_events)
+    except (_NotPlain, pa.ArrowInvalid):
+        return None
+
+
+def protobuf_body(request: ExportLogsServiceRequest, received_ns: int, max_events: int) -> ParsedBody | None:
+    """The export's events as the writer's lines, exactly those `made_events(events(request, ...))`
+    gives; None when this reading cannot say so (a key twice in one record's attributes, a key
+    too long to be a field name). BodyTooLarge past `max_events` records."""
+    try:
+        return _parsed(_protobuf_records(request, received_ns), max_events)
+    except _NotPlain:
+        return None
+
+
+def _parsed(records: _Records | None, max_events: int) -> ParsedBody | None:
+    if records is None:
+        return None
+    count = len(records.time)
+    if count > max_events:
+        raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+    return ParsedBody(ndjson=_ndjson(records), events=count)
+
+
+def _json_records(resource_logs: pa.ListArray, received_ns: int) -> _Records | None:
+    """The records of an export pyarrow read, checked as json_events checks them (_NotPlain where
+    it would answer None, or pyarrow's ArrowInvalid)."""
+    resources = resource_logs.flatten()
+    if not len(resources):
+        return None
+    resource = resources.field("resource")
+    _check_uint(resource.field("droppedAttributesCount"), 32)
+    resource_attributes = _json_attributes(resource.field("attributes"))
+    scope_lists = resources.field("scopeLogs")
+    scopes = scope_lists.flatten()
+    scope_resource = pc.list_parent_indices(scope_lists)
+    scope = scopes.field("scope")
+    _check_uint(scope.field("droppedAttributesCount"), 32)
+    _json_attributes(scope.field("attributes"))  # checked as json_events checks them, then unused
+    record_lists = scopes.field("logRecords")
+    records = record_lists.flatten()
+    if not len(records):
+        return None
+    record_scope = pc.list_parent_indices(record_lists)
+    observed = _uint(records.field("observedTimeUnixNano"), 64)
+    time = _uint(records.field("timeUnixNano"), 64)
+    zero = pa.scalar(0, pa.uint64())
+    time = pc.if_else(pc.not_equal(time, zero), time, pc.if_else(pc.not_equal(observed, zero), observed, pa.scalar(received_ns, pa.uint64())))
+    severity = pc.fill_null(records.field("severityNumber"), 0)
+    if not pc.all(pc.and_(pc.greater_equal(severity, 0), pc.less_equal(severity, 24))).as_py():
+        raise _NotPlain
+    _check_uint(records.field("droppedAttributesCount"), 32)
+    flags = pc.fill_null(records.field("flags"), 0)
+    _check_uint(flags, 32)
+    return _Records(
+        time=time, observed=observed, severity=severity, severity_text=records.field("severityText"),
+        body=_value_texts(records.field("body"), empty=None), attributes=_json_attributes(records.field("attributes")),
+        trace_id=_hex_id(records.field("traceId")), span_id=_hex_id(records.field("spanId")), flags=flags,
+        event_name=records.field("eventName"), scope=record_scope, scope_name=scope.field("name"), scope_version=scope.field("version"),
+        resource=pc.take(scope_resource, record_scope), resource_attributes=resource_attributes,
+    )
+
+
+def _json_attributes(attributes: pa.ListArray) -> _Attributes:
+    """KeyValues as pyarrow read them, checked as otel._json_attributes checks them: _NotPlain for
+    a pair without a key or a value of two kinds."""
+    pairs = attributes.flatten()  # an absent list: empty (a JSON null never reaches here)
+    keys = pairs.field("key")
+    if keys.null_count:
+        raise _NotPlain
+    offsets = attributes.offsets
+    return _Attributes(offsets=pc.subtract(offsets, offsets[0]), keys=keys, texts=_value_texts(pairs.field("value"), empty="null"))
+
+
+def _protobuf_records(request: ExportLogsServiceRequest, received_ns: int) -> _Records | None:
+    """The records of a parsed export, read field by field."""
+    columns: dict[str, list] = {name: [] for name in ("time", "observed", "severity", "severity_text", "body", "trace_id", "span_id", "flags",
+                                                      "event_name", "scope", "scope_name", "scope_version", "resource")}
+    attributes: tuple[list, list, list] = ([0], [], [])
+    offsets, keys, texts = attributes
+    double_at: list[int] = []  # where in texts each of doubles goes
+    doubles: list[float] = []
+    value_text = otel.value_text
+    time_append, observed_append, severity_append = columns["time"].append, columns["observed"].append, columns["severity"].append
+    severity_text_append, body_append, trace_append = columns["severity_text"].append, columns["body"].append, columns["trace_id"].append
+    span_append, flags_append, event_name_append = columns["span_id"].append, columns["flags"].append, columns["event_name"].append
+    resource_attributes: tuple[list, list, list] = ([0], [], [])
+    for resource_index, resource_logs in enumerate(request.resource_logs):
+        _gather_attributes(resource_logs.resource.attributes, resource_attributes)
+        for scope_logs in resource_logs.scope_logs:
+            records = scope_logs.log_records
+            if not records:
+                continue
+            scope = scope_logs.scope
+            columns["scope"] += [len(columns["scope_name"])] * len(records)
+            columns["scope_name"].append(scope.name)
+            columns["scope_version"].append(scope.version)
+            columns["resource"] += [resource_index] * len(records)
+            for record in records:  # one pass: each access to a record makes its Python object anew
+                time_append(record.time_unix_nano)
+                observed_append(record.observed_time_unix_nano)
+                severity_append(record.severity_number)
+                severity_text_append(record.severity_text)
+                body = record.body
+                body_append(None if (kind := body.WhichOneof("value")) is None else body.string_value if kind == "string_value" else value_text(body))
+                trace_append(record.trace_id.hex())
+                span_append(record.span_id.hex())
+                flags_append(record.flags)
+                event_name_append(record.event_name)
+                for pair in record.attributes:
+                    keys.append(pair.key)
+                    value = pair.value
+                    kind = value.WhichOneof("value")
+                    if kind == "string_value":
+                        texts.append(value.string_value)
+                    elif kind == "double_value":  # written all at once below
+                        double_at.append(len(texts))
+                        doubles.append(value.double_value)
+                        texts.append(None)
+                    else:
+                        texts.append(value_text(value))
+                offsets.append(len(keys))
+    if not columns["time"]:
+        return None
+    if doubles:
+        for at, text in zip(double_at, _double_texts(pa.array(doubles, pa.float64())).to_pylist()):
+            texts[at] = text
+    observed = pa.array(columns["observed"], pa.uint64())
+    time = pa.array(columns["time"], pa.uint64())
+    zero = pa.scalar(0, pa.uint64())
+    time = pc.if_else(pc.not_equal(time, zero), time, pc.if_else(pc.not_equal(observed, zero), observed, pa.scalar(received_ns, pa.uint64())))
+    return _Records(
+        time=time, observed=observed, severity=pa.array(columns["severity"], pa.int64()), severity_text=pa.array(columns["severity_text"], pa.string()),
+        body=pa.array(columns["body"], pa.string()), attributes=_Attributes(*(pa.array(values, type_) for values, type_ in zip(attributes, _PAIRS))),
+        trace_id=pa.array(columns["trace_id"], pa.string()), span_id=pa.array(columns["span_id"], pa.string()),
+        flags=pa.array(columns["flags"], pa.int64()), event_name=pa.array(columns["event_name"], pa.string()),
+        scope=pa.array(columns["scope"], pa.int32()), scope_name=pa.array(columns["scope_name"], pa.string()),
+        scope_version=pa.array(columns["scope_version"], pa.string()), resource=pa.array(columns["resource"], pa.int32()),
+        resource_attributes=_Attributes(*(pa.array(values, type_) for values, type_ in zip(resource_attributes, _PAIRS))),
+    )
+
+
+_PAIRS = (pa.int32(), pa.string(), pa.string())
+
+
+def _gather_attributes(pairs: Iterable, into: tuple[list, list, list]) -> None:
+    offsets, keys, texts = into
+    for pair in pairs:
+        keys.append(pair.key)
+        value = pair.value
+        texts.append(value.string_value if value.WhichOneof("value") == "string_value" else otel.value_text(value))
+    offsets.append(len(keys))
+
+
+def _ndjson(records: _Records) -> bytes:
+    """The records' lines as otel.events and made_events write them, joined. _NotPlain for a key
+    twice in one record's attributes (a dict keeps its first place and last value) or a key too
+    long to be a field name (event_lines sets it aside)."""
+    fields = [
+        _field('{"timestamp":"', _iso(records.time), 'Z"'),
+        _field(',"observed_timestamp":"', _iso(_null_if_zero(records.observed)), 'Z"'),
+        _field(',"severity_number":', pc.cast(_null_if_zero(records.severity), pa.string())),
+        _field(',"severity_text":"', _escaped(_null_if_empty(records.severity_text)), '"'),
+        _field(',"body":"', _escaped(records.body), '"'),
+        _field(',"attributes":', _object_texts(records.attributes)),
+        _field(',"resource_attributes":', pc.take(_object_texts(records.resource_attributes), records.resource)),
+        _field(',"scope_name":"', pc.take(_escaped(_null_if_empty(records.scope_name)), records.scope), '"'),
+        _field(',"scope_version":"', pc.take(_escaped(_null_if_empty(records.scope_version)), records.scope), '"'),
+        _field(',"trace_id":"', _null_if_empty(records.trace_id), '"'),
+        _field(',"span_id":"', _null_if_empty(records.span_id), '"'),
+        _field(',"flags":', pc.cast(_null_if_zero(records.flags), pa.string())),
+        _field(',"event_name":"', _escaped(_null_if_empty(records.event_name)), '"'),
+    ]
+    line = pc.binary_join_element_wise(*fields, "}", "", null_handling="replace", null_replacement="")
+    ndjson = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(line)], pa.int32()), line), "\n")
+    return ndjson.cast(pa.binary())[0].as_py()
+
+
+def _field(name: str, text: pa.Array, after: str = "") -> pa.Array:
+    """`name`, `text` and `after`; null (left out of the line) where `text` is null."""
+    return pc.binary_join_element_wise(name, text, after, "")
+
+
+def _null_if_zero(values: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(values, pa.scalar(0, values.type)), pa.scalar(None, values.type), values)
+
+
+def _null_if_empty(values: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+
+
+def _check_uint(values: pa.Array, bits: int) -> None:
+    """otel._uint for a field read as an integer (a string there: pyarrow refused the export)."""
+    values = values.drop_null()
+    if len(values) and not pc.all(pc.and_(pc.greater_equal(values, 0), pc.less(values, 1 << bits))).as_py():
+        raise _NotPlain
+
+
+def _uint(values: pa.Array, bits: int) -> pa.Array:
+    """otel._uint of a field read as its string of digits: 0 where it is absent."""
+    if values.null_count < len(values) and not pc.all(pc.match_substring_regex(values.drop_null(), _UINT)).as_py():
+        raise _NotPlain
+    numbers = pc.fill_null(pc.cast(values, pa.uint64()), 0)  # ArrowInvalid past 2**64 - 1
+    if bits < 64:
+        _check_uint(numbers, bits)
+    return numbers
+
+
+def _iso(nanos: pa.Array) -> pa.Array:
+    """iso_from_unix_nanos of each, but its Z (null stays null): UTC to the microsecond. (Arrow
+    writes a timestamp as "2025-11-24 16:00:00.123456": the T put in; a uint64 of nanoseconds
+    is always a year of four digits.)"""
+    micros = pc.cast(pc.divide(nanos, pa.scalar(1000, pa.uint64())), pa.int64())
+    return pc.binary_replace_slice(pc.cast(pc.cast(micros, pa.timestamp("us")), pa.string()), 10, 11, "T")
+
+
+def _hex_id(values: pa.Array) -> pa.Array:
+    """otel._hex_id: an even count of hex digits, lower-cased; "" or null where absent."""
+    values = _null_if_empty(values)
+    if values.null_count < len(values) and not pc.all(pc.match_substring_regex(values.drop_null(), _HEX_ID)).as_py():
+        raise _NotPlain
+    return pc.utf8_lower(values)
+
+
+def _escaped(values: pa.Array) -> pa.Array:
+    """Each string as orjson writes it between its quotes."""
+    data = values.buffers()[2]
+    if data is None or not _NEEDS_ESCAPE.search(data):  # the strings' bytes at once (those of a slice's neighbours too)
+        return values
+    if pc.any(pc.match_substring_regex(values, _LONG_ESCAPE)).as_py():  # rare: orjson spells each
+        return pa.array([None if value is None else orjson.dumps(value).decode()[1:-1] for value in values.to_pylist()], pa.string())
+    for plain, escaped in _SHORT_ESCAPES:
+        values = pc.replace_substring(values, plain, escaped)
+    return values
+
+
+def _value_texts(values: pa.StructArray, empty: str | None) -> pa.Array:
+    """otel._any_value_text of each AnyValue; `empty` for one holding nothing.
+    _NotPlain for one holding two kinds."""
+    kinds = [values.field(name) for name in ("stringValue", "intValue", "doubleValue", "boolValue")]
+    held = pc.add(pc.add(pc.cast(pc.is_valid(kinds[0]), pa.int8()), pc.cast(pc.is_valid(kinds[1]), pa.int8())),
+                  pc.add(pc.cast(pc.is_valid(kinds[2]), pa.int8()), pc.cast(pc.is_valid(kinds[3]), pa.int8())))
+    if pc.any(pc.greater(held, 1)).as_py():
+        raise _NotPlain
+    texts = [kinds[0]]
+    if kinds[1].null_count < len(kinds[1]):
+        if not pc.all(pc.match_substring_regex(kinds[1].drop_null(), _INT)).as_py():
+            raise _NotPlain
+        texts.append(pc.cast(pc.cast(kinds[1], pa.int64()), pa.string()))  # ArrowInvalid outside int64: str(int(...)) there
+    if kinds[2].null_count < len(kinds[2]):
+        texts.append(_double_texts(kinds[2]))
+    if kinds[3].null_count < len(kinds[3]):
+        texts.append(pc.if_else(kinds[3], "true", "false"))
+    return pc.coalesce(*texts, pa.scalar(empty, pa.string()))
+
+
+def _double_texts(doubles: pa.Array) -> pa.Array:
+    """Each double as orjson writes it (null stays null): orjson writes them all as one array, whose
+    text is split at its commas. _NotPlain for NaN or an infinity, which orjson writes as null
+    (value_text writes "null" for them; json_events never sees one, pyarrow reads them)."""
+    if not pc.all(pc.is_finite(doubles.drop_null())).as_py():
+        raise _NotPlain
+    text = orjson.dumps(doubles.fill_null(0.0).to_numpy(zero_copy_only=False), option=orjson.OPT_SERIALIZE_NUMPY)
+    texts = pc.split_pattern(pa.array([text[1:-1].decode()]), ",")[0].values
+    return pc.if_else(pc.is_valid(doubles), texts, pa.scalar(None, pa.string()))
+
+
+def _object_texts(attributes: _Attributes) -> pa.Array:
+    """Each owner's attributes as the text of the JSON object otel._attributes makes of them.
+    _NotPlain for a key too long to be a field name or a key twice in one list."""
+    keys, offsets = attributes.keys, attributes.offsets
+    if len(keys):
+        if pc.max(pc.binary_length(keys)).as_py() > MAX_FIELD_NAME:
+            raise _NotPlain
+        # Each (owner, key) once: keys numbered, then (owner, number) as one integer.
+        numbered = pc.dictionary_encode(keys)
+        owners = pc.list_parent_indices(pa.ListArray.from_arrays(offsets, keys))
+        owned = pc.add(pc.multiply(pc.cast(owners, pa.int64()), len(numbered.dictionary)), pc.cast(numbered.indices, pa.int64()))
+        if pc.count_distinct(owned).as_py() != len(keys):
+            raise _NotPlain
+    texts = pc.binary_join_element_wise('"', _escaped(keys), '":"', _escaped(attributes.texts), '"', "")
+    inner = pc.binary_join(pa.ListArray.from_arrays(offsets, texts), ",")
+    return pc.binary_join_element_wise("{", inner, "}", "")
