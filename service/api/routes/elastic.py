@@ -41,7 +41,16 @@ from service.api.deps import (
     TableName,
 )
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.api.events import ParsedBody, decode_body, dumps_exact, event_lines, loads_exact, may_hold_long_integers, parsed_body
+from service.api.events import (
+    ParsedBody,
+    decode_body,
+    dumps_exact,
+    event_lines,
+    loads_exact,
+    may_hold_long_integers,
+    parse_events,
+    parsed_body,
+)
 from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining
 from service.core import metrics
 from service.core.config import Settings
@@ -145,11 +154,45 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
     lines = [line for line in body.split(b"\n") if line.strip()]
     if not lines:
         raise BadRequestBody("the bulk body is empty: send an action line, then the document, per item")
+    ids = os.urandom(12).hex()  # documents without an _id: this, then the item's place (unique across requests)
+    return _plan_alike(lines, default_index, load, ids) or _plan_each(lines, default_index, load, ids, may_hold_long_integers(body))
+
+
+def _plan_alike(lines: list[bytes], default_index: str | None, load, ids: str) -> tuple[list[dict], dict[str, _Target]] | None:  # noqa: ANN001
+    """What _plan_each makes of the body shippers send: one action line, index or create without an
+    _id, before every document, into a pipeline that appends. Its documents are read as an NDJSON
+    body's events are, all at once. None for any other body, or one with a document that is not
+    an object or that is set aside (then each item is planned on its own)."""
+    actions, documents = lines[0::2], lines[1::2]
+    if len(actions) != len(documents) or actions.count(actions[0]) != len(actions):
+        return None
+    action, meta = _action(actions[0], 1, {})
+    index = str(meta.get("_index") or default_index or "")
+    if action not in ("index", "create") or meta.get("_id") is not None or not index:
+        return None
+    try:
+        target = _Target(load(index), None, None)
+    except NotFound:
+        return None
+    if _row_changes(target.record)[0] is not None:
+        return None
+    try:
+        parsed = parse_events(b"\n".join(documents), "application/x-ndjson", 2 * len(documents))
+    except BadRequestBody:
+        return None
+    if parsed.set_aside:
+        return None  # a document too deep to parse is an item's error there, a DLQ entry here
+    target.lines = parsed.ndjson.split(b"\n")
+    target.items = list(range(len(documents)))
+    return [_item(action, index, f"{ids}{number:08x}", 201) for number in range(len(documents))], {index: target}
+
+
+def _plan_each(lines: list[bytes], default_index: str | None, load, ids: str, long_numbers: bool) -> tuple[list[dict], dict[str, _Target]]:  # noqa: ANN001
+    """Each item on its own: its action, its document, its answer. long_numbers: the body may hold
+    an integer orjson cannot keep (then each document is read again exactly)."""
     items: list[dict] = []
     targets: dict[str, _Target] = {}
     actions: dict[bytes, tuple[str, dict]] = {}  # a shipper repeats the same action line: each text is read once
-    long_numbers = may_hold_long_integers(body)  # once per body: only then is each document read again exactly
-    ids = os.urandom(12).hex()  # documents without an _id: this, then the item's place (unique across requests)
     position = 0
     while position < len(lines):
         action, meta = actions.get(lines[position]) or _action(lines[position], position + 1, actions)
