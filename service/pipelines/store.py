@@ -301,7 +301,8 @@ _MISSING = object()
 
 
 class PipelineCache:
-    """Recently looked-up pipelines, by (tenant, path) for the api and (tenant, name) for writers.
+    """Recently looked-up pipelines, by (tenant, path) for the api (and (tenant, "name:" + name)
+    for `_bulk`'s indexes) and (tenant, name) for writers.
 
     Kept `ttl_s`; the api also clears it when any api announces a change on PIPELINES_CHANNEL, so a
     new version reaches producers at once there and within `ttl_s` in writers.

@@ -65,8 +65,9 @@ def test_a_bulk_body_planned_all_at_once_is_planned_as_item_by_item(items: list[
     if at_once is None:
         return
     each_items, each_targets = elastic._plan_each(lines, default_index, load, IDS, may_hold_long_integers(body))
-    items_at_once, targets_at_once = at_once
-    assert items_at_once == each_items
+    created, targets_at_once = at_once
+    assert created.items() == each_items
+    assert orjson.loads(orjson.dumps(created.encoded())) == each_items, "the answer's items written straight to JSON"
     assert {name: (target.lines, target.items) for name, target in targets_at_once.items()} == {
         name: (target.lines, target.items) for name, target in each_targets.items()}
 
@@ -78,7 +79,7 @@ def test_the_shippers_bodies_are_planned_all_at_once() -> None:
     lines = [line for line in body.split(b"\n") if line.strip()]
     planned = elastic._plan_alike(lines, None, load, IDS)
     assert planned is not None
-    items, targets = planned
+    created, targets = planned
     assert [orjson.loads(line) for line in targets["logs"].lines] == events
-    assert items == elastic._plan_each(lines, None, load, IDS, False)[0]
+    assert created.items() == elastic._plan_each(lines, None, load, IDS, False)[0]
     assert elastic._plan_alike(lines[:-1], None, load, IDS) is None, "an action without its document: item by item, which says so"

@@ -130,6 +130,29 @@ def _item(action: str, index: str, doc_id: str, status_code: int, error: str | N
     return {action: body}
 
 
+@dataclass(frozen=True)
+class _Created:
+    """The answer's items when every item was created alike (_plan_alike): the `_item`s, or their
+    JSON written straight from one template (an answer holds one per document: building and
+    encoding a dict each cost more than parsing the document)."""
+
+    action: str
+    index: str
+    ids: str  # each item's _id: this, then its place in 8 hex digits
+    count: int
+
+    def items(self) -> list[dict]:
+        return [_item(self.action, self.index, f"{self.ids}{number:08x}", 201) for number in range(self.count)]
+
+    def encoded(self) -> orjson.Fragment:
+        head = orjson.dumps({self.action: {"_index": self.index}})[:-2] + b',"_id":"' + self.ids.encode()
+        tail = b'","status":201,"_version":1,"result":"created","_shards":' + orjson.dumps(SHARDS) + b"}}"
+        return orjson.Fragment(b"[" + b",".join([b"%s%08x%s" % (head, number, tail) for number in range(self.count)]) + b"]")
+
+
+Items = list[dict] | _Created
+
+
 def _action(text: bytes, number: int, seen: dict[bytes, tuple[str, dict]]) -> tuple[str, dict]:
     """An action line's (action, metadata), checked (BadRequestBody naming line `number`), kept in `seen`."""
     try:
@@ -149,7 +172,7 @@ def _action(text: bytes, number: int, seen: dict[bytes, tuple[str, dict]]) -> tu
     return action, meta
 
 
-def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dict[str, _Target]]:  # noqa: ANN001 - name -> PipelineRecord
+def _plan(body: bytes, default_index: str | None, load) -> tuple[Items, dict[str, _Target]]:  # noqa: ANN001 - name -> PipelineRecord
     """The answer's items (refused ones filled in) and the events per pipeline."""
     lines = [line for line in body.split(b"\n") if line.strip()]
     if not lines:
@@ -158,7 +181,7 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[list[dict], dic
     return _plan_alike(lines, default_index, load, ids) or _plan_each(lines, default_index, load, ids, may_hold_long_integers(body))
 
 
-def _plan_alike(lines: list[bytes], default_index: str | None, load, ids: str) -> tuple[list[dict], dict[str, _Target]] | None:  # noqa: ANN001
+def _plan_alike(lines: list[bytes], default_index: str | None, load, ids: str) -> tuple[_Created, dict[str, _Target]] | None:  # noqa: ANN001
     """What _plan_each makes of the body shippers send: one action line, index or create without an
     _id, before every document, into a pipeline that appends. Its documents are read as an NDJSON
     body's events are, all at once. None for any other body, or one with a document that is not
@@ -184,7 +207,7 @@ def _plan_alike(lines: list[bytes], default_index: str | None, load, ids: str) -
         return None  # a document too deep to parse is an item's error there, a DLQ entry here
     target.lines = parsed.ndjson.split(b"\n")
     target.items = list(range(len(documents)))
-    return [_item(action, index, f"{ids}{number:08x}", 201) for number in range(len(documents))], {index: target}
+    return _Created(action, index, ids, len(documents)), {index: target}
 
 
 def _plan_each(lines: list[bytes], default_index: str | None, load, ids: str, long_numbers: bool) -> tuple[list[dict], dict[str, _Target]]:  # noqa: ANN001
@@ -264,20 +287,32 @@ async def bulk(request: Request, principal: Principal, settings: Settings, buffe
     raw = await read_body(request, settings.max_body_bytes)
     body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
     items = await _accept_items(request, principal, settings, buffer, limits, body, index)
-    errors = any("error" in next(iter(item.values())) for item in items)
-    answer = {"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": items}
+    if isinstance(items, _Created):
+        errors, encoded = False, items.encoded()
+    else:
+        errors, encoded = any("error" in next(iter(item.values())) for item in items), items
+    answer = {"took": int((time.monotonic() - started) * 1000), "errors": errors, "items": encoded}
     return Response(orjson.dumps(answer), media_type="application/json", headers=PRODUCT)
 
 
 async def _accept_items(request: Request, principal: Principal, settings: Settings, buffer: RequestBuffer, limits: TenantLimits,
-                        body: bytes, index: str | None) -> list[dict]:
+                        body: bytes, index: str | None) -> Items:
     """The bulk body's items, planned, parsed and buffered: the answer's items."""
     tenant = principal.tenant
     engine = request.app.state.engine
 
     def load(name: str) -> PipelineRecord:
-        with Session(engine) as session:
-            return get_pipeline(session, tenant, name)
+        def stored() -> PipelineRecord | None:
+            with Session(engine) as session:
+                try:
+                    return get_pipeline(session, tenant, name)
+                except NotFound:
+                    return None
+
+        # Kept as a path's pipeline is (a change announced by any api clears it), by name.
+        if (record := request.app.state.pipelines.get((tenant, f"name:{name}"), stored)) is None:
+            raise NotFound(f"no pipeline {name!r}")
+        return record
 
     items, targets = await run_in_threadpool(_plan, body, index, load)
     batches: list[tuple[str, ParsedBody]] = []
@@ -285,6 +320,8 @@ async def _accept_items(request: Request, principal: Principal, settings: Settin
         if not target.lines:
             continue
         if not principal.may_ingest_into(name):
+            if isinstance(items, _Created):
+                items = items.items()
             for position in target.items:
                 action = next(iter(items[position]))
                 items[position] = _item(action, name, items[position][action]["_id"], 403,
@@ -355,7 +392,8 @@ async def _one_document(request: Request, principal: Principal, settings: Settin
     # (inside a string it would be an escape), so a pretty-printed document reads the same.
     document = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes).strip().replace(b"\n", b" ")
     meta = {"_index": index} | ({"_id": doc_id} if doc_id is not None else {})
-    [item] = await _accept_items(request, principal, settings, buffer, limits, orjson.dumps({action: meta}) + b"\n" + document, None)
+    items = await _accept_items(request, principal, settings, buffer, limits, orjson.dumps({action: meta}) + b"\n" + document, None)
+    [item] = items.items() if isinstance(items, _Created) else items
     answer = item[action]
     code = answer.pop("status")
     if "error" in answer:
