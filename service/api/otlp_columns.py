@@ -154,8 +154,7 @@ def _json_records(resource_logs: pa.ListArray, received_ns: int) -> _Records | N
     record_scope = pc.list_parent_indices(record_lists)
     observed = _uint(records.field("observedTimeUnixNano"), 64)
     time = _uint(records.field("timeUnixNano"), 64)
-    zero = pa.scalar(0, pa.uint64())
-    time = pc.if_else(pc.not_equal(time, zero), time, pc.if_else(pc.not_equal(observed, zero), observed, pa.scalar(received_ns, pa.uint64())))
+    time = _or_else(time, _or_else(observed, pa.scalar(received_ns, pa.uint64())))  # a record without a time: when observed, else received
     severity = pc.fill_null(records.field("severityNumber"), 0)
     if not pc.all(pc.and_(pc.greater_equal(severity, 0), pc.less_equal(severity, 24))).as_py():
         raise _NotPlain
@@ -237,8 +236,7 @@ def _protobuf_records(request: ExportLogsServiceRequest, received_ns: int) -> _R
             texts[at] = text
     observed = pa.array(columns["observed"], pa.uint64())
     time = pa.array(columns["time"], pa.uint64())
-    zero = pa.scalar(0, pa.uint64())
-    time = pc.if_else(pc.not_equal(time, zero), time, pc.if_else(pc.not_equal(observed, zero), observed, pa.scalar(received_ns, pa.uint64())))
+    time = _or_else(time, _or_else(observed, pa.scalar(received_ns, pa.uint64())))  # a record without a time: when observed, else received
     return _Records(
         time=time, observed=observed, severity=pa.array(columns["severity"], pa.int64()), severity_text=pa.array(columns["severity_text"], pa.string()),
         body=pa.array(columns["body"], pa.string()), attributes=_Attributes(*(pa.array(values, type_) for values, type_ in zip(attributes, _PAIRS))),
@@ -284,6 +282,11 @@ def _ndjson(records: _Records) -> bytes:
     line = pc.binary_join_element_wise(*fields, "}", "", null_handling="replace", null_replacement="")
     ndjson = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(line)], pa.int32()), line), "\n")
     return ndjson.cast(pa.binary())[0].as_py()
+
+
+def _or_else(nanos: pa.Array, otherwise: pa.Array | pa.Scalar) -> pa.Array:
+    """`nanos` where it is not 0, else `otherwise`."""
+    return pc.if_else(pc.not_equal(nanos, pa.scalar(0, pa.uint64())), nanos, otherwise)
 
 
 def _field(name: str, text: pa.Array, after: str = "") -> pa.Array:
