@@ -18,6 +18,7 @@ function decides both. A file is refused, with a reason a person can act on, whe
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, Time
 from spark_jobs import contract
 
 PARQUET_MAGIC = b"PAR1"
+TAIL_BYTES = 64 * 1024  # read at once from a file's end: most footers fit
 # The directories Calve's own writers make in a table's data location (spark_jobs/targets.py,
 # writer/diffs.py): never registered from outside, whatever they hold.
 _OWN_DIRECTORY = re.compile(rf"^((batch|changes|compact)-[0-9a-f]{{32}}|{re.escape(contract.INTERNAL_PREFIX)}.*)$")
@@ -123,26 +125,30 @@ def allowed_location(path: str, table_location: str, landing: list[str], warehou
 
 
 def read_footer(io: FileIO, path: str, max_footer_bytes: int) -> tuple[pq.FileMetaData, int]:
-    """A Parquet file's footer and size, reading at most `max_footer_bytes` of it."""
-    input_file = io.new_input(path)
+    """A Parquet file's footer and size, reading at most `max_footer_bytes` of it: one open and,
+    for a footer within the file's last TAIL_BYTES, one read (an object store: one HEAD, one GET)."""
     try:
-        size = len(input_file)
+        with io.new_input(path).open() as stream:
+            size = stream.seek(0, os.SEEK_END)
+            if size < 12:
+                raise FileRefused("not_parquet", f"{path} is not a Parquet file ({size} bytes)")
+            start = max(0, size - TAIL_BYTES)
+            stream.seek(start)
+            tail = stream.read(size - start)
+            if tail[-4:] != PARQUET_MAGIC:
+                raise FileRefused("not_parquet", f"{path} is not a Parquet file (it does not end in the Parquet magic bytes)")
+            footer = struct.unpack("<I", tail[-8:-4])[0]
+            if footer > max_footer_bytes or footer + 12 > size:
+                raise FileRefused("footer", f"{path}: its footer is {footer} bytes; at most {max_footer_bytes} are read (write fewer row groups or columns)")
+            if footer + 8 <= len(tail):
+                raw = tail[len(tail) - footer - 8:]
+            else:
+                stream.seek(size - 8 - footer)
+                raw = stream.read(footer + 8)
     except FileNotFoundError as exc:
         raise FileRefused("not_found", f"{path}: no such file") from exc
     except OSError as exc:
         raise FileRefused("unreadable", f"{path}: cannot be read ({exc})") from exc
-    if size < 12:
-        raise FileRefused("not_parquet", f"{path} is not a Parquet file ({size} bytes)")
-    with input_file.open() as stream:
-        stream.seek(size - 8)
-        tail = stream.read(8)
-        if tail[4:] != PARQUET_MAGIC:
-            raise FileRefused("not_parquet", f"{path} is not a Parquet file (it does not end in the Parquet magic bytes)")
-        footer = struct.unpack("<I", tail[:4])[0]
-        if footer > max_footer_bytes or footer + 12 > size:
-            raise FileRefused("footer", f"{path}: its footer is {footer} bytes; at most {max_footer_bytes} are read (write fewer row groups or columns)")
-        stream.seek(size - 8 - footer)
-        raw = stream.read(footer + 8)
     try:
         return pq.read_metadata(pa.BufferReader(raw)), size
     except (OSError, pa.ArrowException) as exc:

@@ -16,7 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
-from service.iceberg.registration import FileRefused, registered_data_file
+from service.iceberg.registration import TAIL_BYTES, FileRefused, read_footer, registered_data_file
 
 SCHEMA = Schema(
     NestedField(1, "ts", TimestamptzType()), NestedField(2, "name", StringType()),
@@ -105,6 +105,20 @@ def test_the_footer_bound_and_the_parquet_magic(catalog, tmp_path: Path) -> None
     with pytest.raises(FileRefused) as refused:
         describe(target, text.as_uri())
     assert refused.value.reason == "not_parquet"
+
+
+def test_a_footer_longer_than_the_first_read_of_the_files_end_is_read_whole(catalog, tmp_path: Path) -> None:  # noqa: ANN001
+    """read_footer reads the file's last TAIL_BYTES at once; a longer footer takes a second read."""
+    target = table(catalog)
+    rows = 3000
+    many = write(tmp_path, "many.parquet", {"name": [f"name-{i:05d}" for i in range(rows)], "n": list(range(rows))}, row_group_size=1)
+    footer, size = read_footer(target.io, many, 1 << 24)
+    assert footer.num_row_groups == rows
+    assert footer.serialized_size > TAIL_BYTES, "the footer must not fit in the first read for this test to mean anything"
+    assert size == Path(many.removeprefix("file://")).stat().st_size
+    data_file = describe(target, many)
+    assert data_file.record_count == rows
+    assert data_file.lower_bounds[2] == b"name-00000" and data_file.upper_bounds[2] == b"name-02999"
 
 
 def test_the_apis_description_gives_the_leader_the_same_data_file_until_the_table_changes(catalog, tmp_path: Path) -> None:  # noqa: ANN001

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Literal
 from urllib.parse import unquote_plus
 
@@ -45,18 +45,32 @@ TABLE_CACHE_S = 1.0  # a table loaded for checks serves this long: notifications
 _tables: dict[tuple[str, str], tuple[float, Table]] = {}
 
 
-def _table(catalog, tenant: str, name: str) -> Table:  # noqa: ANN001 - a pyiceberg Catalog
-    """The table to check files against, loaded at most once per TABLE_CACHE_S (the leader checks
-    every file again against the table as it is when it commits)."""
-    now = time.monotonic()
+async def _table(catalog, tenant: str, name: str) -> Table:  # noqa: ANN001 - a pyiceberg Catalog
+    """The table to check files against, loaded (on a worker thread) at most once per
+    TABLE_CACHE_S: the leader checks every file again against the table as it is when it commits."""
     cached = _tables.get((tenant, name))
-    if cached is not None and now - cached[0] < TABLE_CACHE_S:
+    if cached is not None and time.monotonic() - cached[0] < TABLE_CACHE_S:
         return cached[1]
+    table = await run_in_threadpool(table_or_404, catalog, tenant, name)
     if len(_tables) >= 1000:
         _tables.clear()
-    table = table_or_404(catalog, tenant, name)
-    _tables[(tenant, name)] = (now, table)
+    _tables[(tenant, name)] = (time.monotonic(), table)
     return table
+
+
+async def _listed(client, tenant: str, table: str) -> None:  # noqa: ANN001 - an async Redis
+    """The table in the leaders' registry (a set outside the tenant's slot, never emptied): said
+    at most once per TABLE_CACHE_S per table, not once per call (a notification is one file)."""
+    member = keys.member(tenant, table)
+    if time.monotonic() - _listed_at.get(member, -TABLE_CACHE_S) < TABLE_CACHE_S:
+        return
+    await client.sadd(keys.TABLES, member)
+    if len(_listed_at) >= 1000:
+        _listed_at.clear()
+    _listed_at[member] = time.monotonic()
+
+
+_listed_at: dict[str, float] = {}
 
 
 class FileToRegister(BaseModel):
@@ -114,7 +128,10 @@ class Outcome:
     described: dict | None = None  # accepted: the DataFile the leader commits (registration.describe)
 
     def public(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("size", "dedup_key", "described")}
+        return {k: v for k in _PUBLIC if (v := getattr(self, k)) is not None}
+
+
+_PUBLIC = tuple(f.name for f in fields(Outcome) if f.name not in ("size", "dedup_key", "described"))
 
 
 def _outcomes(body: Registration) -> list[Outcome]:
@@ -178,7 +195,7 @@ async def register_files(
     tenant = principal.tenant
     if name.startswith(keys.RESERVED_TABLE_PREFIX):
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"{name} is Calve's own table: files cannot be registered into it")
-    table = await run_in_threadpool(_table, catalog, tenant, name)  # a table that is not there: 404 before the body
+    table = await _table(catalog, tenant, name)  # a table that is not there: 404 before the body
     if body is None or (body.files is None) == (body.Records is None):
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_ENTITY,
@@ -253,7 +270,7 @@ async def _register(client, settings: Settings, tenant: str, table: str, accepte
             ],
         )
         if not taken:
-            await client.sadd(keys.TABLES, keys.member(tenant, table))  # the leader's registry (outside the tenant's slot)
+            await _listed(client, tenant, table)
             return receipt_id
         # Another call registered some of these meanwhile: those are duplicates, the rest tries again.
         owners = [i for i, found in enumerate(names) for _ in found]
@@ -293,6 +310,6 @@ async def recent_registrations(
     name: TableName, principal: ReadPrincipal, client: RedisDep, catalog: CatalogDep, limit: int = Query(50, ge=1, le=KEPT_REGISTRATIONS),
 ) -> dict:
     """The table's most recent file registrations, newest first (the last KEPT_REGISTRATIONS are kept)."""
-    await run_in_threadpool(_table, catalog, principal.tenant, name)  # 404 for a table that is not there
+    await _table(catalog, principal.tenant, name)  # 404 for a table that is not there
     raw = await client.lrange(keys.registrations_key(principal.tenant, name), 0, limit - 1)
     return {"registrations": [orjson.loads(item) for item in raw]}
