@@ -14,7 +14,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform
-from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import DateType, ListType, LongType, NestedField, StringType, StructType, TimestamptzType
 
 from service.iceberg.registration import TAIL_BYTES, FileRefused, read_footer, registered_data_file
 
@@ -92,6 +92,36 @@ def test_field_ids_in_the_file_must_name_the_tables_columns(catalog, tmp_path: P
     with pytest.raises(FileRefused) as refused:
         describe(target, swapped)
     assert refused.value.reason in ("columns", "types") and "ts" in str(refused.value)
+
+
+def test_nested_columns_are_matched_by_name_and_their_leaves_get_statistics(catalog, tmp_path: Path) -> None:  # noqa: ANN001
+    """A struct and a list column of a file without field ids: matched through the table's name
+    mapping down to their leaves, with the statistics pyiceberg's own append of the rows carries."""
+    nested = Schema(
+        NestedField(1, "name", StringType()),
+        NestedField(2, "device", StructType(NestedField(3, "os", StringType()), NestedField(4, "build", LongType()))),
+        NestedField(5, "tags", ListType(6, StringType(), element_required=False)),
+    )
+    target = catalog.create_table(("n", "nested"), nested)
+    columns = {
+        "name": ["a", "b"],
+        "device": [{"os": "linux", "build": 7}, {"os": "mac", "build": None}],
+        "tags": [["x", "y"], []],
+    }
+    described = describe(target, write(tmp_path, "nested.parquet", columns))
+    # pyiceberg's own append of the same rows: the statistics its commits carry.
+    target.append(pa.table(columns, schema=target.schema().as_arrow()))
+    (own,) = [task.file for task in target.scan().plan_files()]
+    assert described.record_count == own.record_count == 2
+    for metric in ("value_counts", "null_value_counts", "lower_bounds", "upper_bounds"):
+        assert getattr(described, metric) == getattr(own, metric), metric
+    leaves = {target.schema().find_field(name).field_id for name in ("device.os", "device.build", "tags.element")}
+    assert leaves <= set(described.value_counts), "the leaves are counted under the table's ids"
+    # A leaf of another type than the table's is refused, naming it.
+    wrong = write(tmp_path, "wrong.parquet", {"device": [{"os": "linux", "build": "seven"}]})
+    with pytest.raises(FileRefused) as refused:
+        describe(target, wrong)
+    assert refused.value.reason == "types" and "build" in str(refused.value)
 
 
 def test_the_footer_bound_and_the_parquet_magic(catalog, tmp_path: Path) -> None:  # noqa: ANN001
