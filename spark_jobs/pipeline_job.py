@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -45,6 +46,7 @@ from spark_jobs.processors import (
     referenced_paths,
     route_column,
     table_name_column,
+    untyped_nulls,
     with_operation,
     with_path,
 )
@@ -192,8 +194,16 @@ class PipelineJob:
             fewer = narrowed(schema, self._read_by_definition(), self.max_columns) if self.max_columns else None
             if fewer is not None:
                 schema, self.parsed_with_table_schema = fewer, True
-        frame = apply_routes(apply_processors(parse(events, schema), self.definition.processors), self.definition.routes)
-        frame = frame.cache()
+        parsed = parse(events, schema)
+        try:
+            frame = self._processed_frame(parsed).cache()  # Spark Connect analyzes the plan here: nothing is written yet
+        except AnalysisException:
+            # A field JSON null in every event of the batch is a string to Spark's inference, which
+            # NOT, AND and OR refuse: read as NULL of no type, as a field no event has is (with_path).
+            nulls = untyped_nulls(parsed, {path[0] for e in self._expressions() for path in referenced_paths(e)})
+            if nulls is None:
+                raise
+            frame = self._processed_frame(nulls).cache()
         try:
             return self._write(frame)
         finally:
@@ -215,17 +225,23 @@ class PipelineJob:
                 schema = schema.add(path[0], T.StringType())
         return schema
 
-    def _read_by_definition(self) -> set[str]:
-        """The top-level fields the definition's expressions, processors and sinks read."""
+    def _processed_frame(self, parsed: DataFrame) -> DataFrame:
+        return apply_routes(apply_processors(parsed, self.definition.processors), self.definition.routes)
+
+    def _expressions(self) -> list[str]:
+        """The definition's expressions: routes, processors' conditions and values, sinks' operations."""
         expressions = [*self.definition.routes.values()]
-        names = set(self._processed())
         for processor in self.definition.processors:
             expressions += [processor.where] if processor.where is not None else list((processor.set or {}).values())
+        return expressions + [sink.operation for sink in self.definition.sinks if sink.operation]
+
+    def _read_by_definition(self) -> set[str]:
+        """The top-level fields the definition's expressions, processors and sinks read."""
+        names = set(self._processed())
         for sink in self.definition.sinks:
-            expressions += [sink.operation] if sink.operation else []
             names.update(name.split(".")[0] for name in sink.table_fields)
             names.update(sink.identifier_columns or ())
-        return names | {path[0] for expression in expressions for path in referenced_paths(expression)}
+        return names | {path[0] for expression in self._expressions() for path in referenced_paths(expression)}
 
     def _processed(self) -> frozenset[str]:
         """Fields the processors drop or rename: never read again from the events' text."""

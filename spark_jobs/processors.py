@@ -51,6 +51,18 @@ def with_path(frame: DataFrame, path: tuple[str, ...]) -> DataFrame:
     return frame
 
 
+def untyped_nulls(frame: DataFrame, names: set[str]) -> DataFrame | None:
+    """The frame with those of the top-level fields `names` that are strings and NULL in every row
+    as NULL of no type (what Spark's JSON inference makes of a field JSON null in every event); None
+    when there are none. One Spark action, over those fields only."""
+    strings = sorted(name for name in names if name in frame.columns and isinstance(frame.schema[name].dataType, T.StringType))
+    if not strings:
+        return None
+    counts = frame.select(*[F.count(F.col(name)).alias(name) for name in strings]).first()
+    empty = [name for name in strings if counts is not None and counts[name] == 0]
+    return frame.withColumns({name: F.lit(None) for name in empty}) if empty else None
+
+
 def with_fields(frame: DataFrame, expressions: list[str]) -> DataFrame:
     for path in sorted(set().union(*(referenced_paths(e) for e in expressions))) if expressions else []:
         frame = with_path(frame, path)

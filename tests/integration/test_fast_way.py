@@ -450,10 +450,12 @@ def test_lists_and_structs_give_the_same_rows_the_fast_way_and_the_full_way(fres
     compare_ways(fresh_spark, tmp_path, NESTED, [], nested_batch(), examples=20, least_written=4)
 
 
-def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spark, tmp_path) -> None:  # noqa: ANN001
-    """`NOT ok` and `ok OR n > 1` over a batch without `ok` (the full job only): the field reads
-    NULL of no type, so the batch is written, not failed by Spark's analysis (a string NULL was
-    not a boolean), and a where keeps only the rows its condition holds for."""
+@pytest.mark.parametrize("ok", ["", ', "ok": null'], ids=["absent", "null-in-every-event"])
+def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spark, tmp_path, ok: str) -> None:  # noqa: ANN001
+    """`NOT ok` and `ok OR n > 1` over a batch without `ok`, or with `ok` JSON null in every event
+    (the full job only): the field reads NULL of no type, so the batch is written, not failed by
+    Spark's analysis (a string NULL was not a boolean), and a where keeps only the rows its
+    condition holds for."""
     definition = PipelineDefinition.model_validate({
         "name": "events", "source": {"http": {"path": "/events"}},
         "processors": [{"where": "NOT ok OR n > 1"}, {"set": {"msg": "'kept'"}}], "sinks": [{"table": "events", "extra_fields": "_extra"}],
@@ -465,6 +467,6 @@ def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spa
                       extra_fields="_extra")
 
     job = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri())
-    result = job.run(["r0"], [b'{"id": 1, "n": 1}\n{"id": 2, "n": 2}\n{"id": 3}'])
+    result = job.run(["r0"], [f'{{"id": 1, "n": 1{ok}}}\n{{"id": 2, "n": 2{ok}}}\n{{"id": 3{ok}}}'.encode()])
     assert [(row["id"], row["msg"]) for row in written(result)] == [(2, "kept")]
     assert result.dlq is None
