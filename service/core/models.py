@@ -23,6 +23,9 @@ class TenantBase(SQLModel):
 class Tenant(TenantBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     disabled: bool = False
+    # The prefixes an operator granted it to register files written elsewhere from, one per line
+    # (PUT /v1/tenants/{name}/landing-prefixes; a URI holds no line break).
+    landing_prefixes: str = ""
     created_at: datetime = Field(default_factory=utcnow)
 
 

@@ -124,6 +124,33 @@ def allowed_location(path: str, table_location: str, landing: list[str], warehou
     raise FileRefused("location", f"{path[:200]!r} is not under a prefix this tenant registers from: {', '.join(where)}")
 
 
+MAX_LANDING_PREFIXES = 100  # granted to one tenant
+
+
+def granted_landing_prefixes(prefixes: list[str], warehouse: str, others: dict[str, list[str]]) -> list[str]:
+    """The landing prefixes an operator grants a tenant, each in one spelling, or FileRefused: a
+    full URI (parse_location's rules), not inside Calve's warehouse (where tables live; files there
+    are never registered from a landing prefix), and not overlapping, either way, a prefix granted
+    to another tenant (`others`: tenant -> its prefixes), whose files would become both tenants'."""
+    if len(prefixes) > MAX_LANDING_PREFIXES:
+        raise FileRefused("count", f"{len(prefixes)} prefixes; at most {MAX_LANDING_PREFIXES} per tenant: grant a common parent instead")
+    home = _prefix(warehouse)
+    granted: list[str] = []
+    for text in prefixes:
+        prefix = _prefix(text)
+        if not prefix.parts:
+            raise FileRefused("location", f"{text[:200]!r} is a whole bucket or file system: grant a directory in it")
+        if prefix == home or prefix.under(home):
+            raise FileRefused("location", f"{text[:200]!r} is inside Calve's warehouse ({home.uri}/), where tables live: land files elsewhere")
+        for tenant, theirs in sorted(others.items()):
+            for other in map(_prefix, theirs):
+                if prefix == other or prefix.under(other) or other.under(prefix):
+                    raise FileRefused("overlap", f"{text[:200]!r} overlaps {other.uri}/, granted to tenant {tenant!r}: each file must belong to one tenant")
+        if prefix.uri + "/" not in granted:
+            granted.append(prefix.uri + "/")
+    return granted
+
+
 def read_footer(io: FileIO, path: str, max_footer_bytes: int) -> tuple[pq.FileMetaData, int]:
     """A Parquet file's footer and size, reading at most `max_footer_bytes` of it: one open and,
     for a footer within the file's last TAIL_BYTES, one read (an object store: one HEAD, one GET)."""

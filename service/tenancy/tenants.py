@@ -42,6 +42,7 @@ class Principal:
     max_bytes_per_s: int | None = None
     max_backlog_events: int | None = None
     expires_at: datetime | None = None
+    landing_prefixes: tuple[str, ...] = ()  # granted through the api (CALVE_LANDING_PREFIXES adds to them)
 
     def expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now
@@ -239,7 +240,25 @@ def authenticate(session: Session, raw: str) -> Principal | None:
         max_bytes_per_s=tenant.max_bytes_per_s if tenant else None,
         max_backlog_events=tenant.max_backlog_events if tenant else None,
         expires_at=token.expires_at,
+        landing_prefixes=granted_prefixes(tenant) if tenant else (),
     )
+
+
+def granted_prefixes(tenant: Tenant) -> tuple[str, ...]:
+    return tuple(line for line in tenant.landing_prefixes.split("\n") if line)
+
+
+def set_landing_prefixes(session: Session, name: str, prefixes: list[str]) -> Tenant:
+    """Replace the landing prefixes granted to tenant `name` (checked by the caller:
+    registration.granted_landing_prefixes)."""
+    tenant = get_tenant(session, name)
+    if tenant is None:
+        raise NotFound(f"no tenant {name!r}")
+    tenant.landing_prefixes = "\n".join(prefixes)
+    session.add(tenant)
+    session.commit()
+    session.refresh(tenant)
+    return tenant
 
 
 def bootstrap(session: Session, data_dir: Path, configured_token: str | None) -> str | None:

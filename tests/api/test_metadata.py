@@ -32,8 +32,9 @@ def test_migrations_create_the_schema_from_empty(metadata_url: str) -> None:
     inspector = inspect(get_engine(metadata_url))
     assert {"tenant", "token", "pipeline", "pipelineversion", "changeconsumer", "alembic_version"} <= set(inspector.get_table_names())
     assert {"expires_at", "last_used_at", "pipelines", "prefix"} <= {c["name"] for c in inspector.get_columns("token")}
+    assert "landing_prefixes" in {c["name"] for c in inspector.get_columns("tenant")}
     with get_engine(metadata_url).connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
 
 
 def test_generated_bootstrap_token_is_shown_once_stored_hashed_and_private(metadata_url: str, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import text
 from sqlmodel import Session
@@ -64,6 +65,8 @@ OPERATOR_ROUTES = [
     ("POST", "/v1/tenants", {"name": "gamma"}),
     ("POST", "/v1/tenants/beta/disable", None),
     ("POST", "/v1/tenants/beta/enable", None),
+    ("GET", "/v1/tenants/beta/landing-prefixes", None),
+    ("PUT", "/v1/tenants/beta/landing-prefixes", {"prefixes": []}),
 ]
 
 
@@ -240,6 +243,44 @@ def test_an_operator_changes_a_tenants_limits_and_sees_its_backlog(api: Stack) -
         reset = http.patch("/v1/tenants/beta", json={"max_backlog_events": None}).json()
     assert reset["max_backlog_events"] is None and reset["max_events_per_s"] == 1000, "only the limits given change"
     assert call(api, api.beta, "POST", "/logs", events).status_code == 202, "back to the default cap"
+
+
+def test_an_operator_grants_and_takes_back_landing_prefixes_through_the_api(api: Stack, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A grant applies to the tenant's next registration without a restart; a prefix that
+    overlaps another tenant's (either way) is 409, one inside the warehouse or not a full URI 422;
+    another tenant still cannot register the granted files; an empty list takes the grant back."""
+    landing = tmp_path_factory.mktemp("landing")
+    (landing / "beta").mkdir()
+    schema = pa.schema([("user", pa.string())])
+    create_table_once(api.catalog(), "beta", "events", schema)
+    demo_table = create_table_once(api.catalog(), "demo", "events", schema)
+    landed = landing / "beta" / "a.parquet"
+    pq.write_table(pa.table({"user": ["x"]}, schema=schema), landed)
+
+    def register(token: str) -> dict:
+        answer = call(api, token, "POST", "/v1/tables/events/files", {"files": [{"path": landed.as_uri()}]})
+        return {"code": answer.status_code, **answer.json()}
+
+    assert register(api.beta)["files"][0]["reason"] == "location", "nothing granted yet"
+    granted = [(landing / "beta").as_uri() + "/"]
+    with api.client(api.operator) as http:
+        answer = http.put("/v1/tenants/beta/landing-prefixes", json={"prefixes": [(landing / "beta").as_uri(), granted[0]]})
+        assert answer.status_code == 200 and answer.json()["granted"] == granted, answer.text
+        assert http.get("/v1/tenants/beta/landing-prefixes").json() == {"tenant": "beta", "granted": granted, "configured": []}
+        for overlapping in (landing.as_uri(), (landing / "beta" / "sub").as_uri(), granted[0]):
+            answer = http.put("/v1/tenants/demo/landing-prefixes", json={"prefixes": [overlapping]})
+            assert answer.status_code == 409 and "'beta'" in answer.json()["detail"], answer.text
+        for refused in (f"{demo_table.location()}/data/landing", "landing/beta", "s3://bucket", f"{granted[0]}../x"):
+            assert http.put("/v1/tenants/demo/landing-prefixes", json={"prefixes": [refused]}).status_code == 422, refused
+        assert http.put("/v1/tenants/nobody/landing-prefixes", json={"prefixes": []}).status_code == 404
+        assert http.get("/v1/tenants/demo/landing-prefixes").json()["granted"] == [], "nothing refused was granted"
+    assert call(api, api.beta, "PUT", "/v1/tenants/beta/landing-prefixes", {"prefixes": []}).status_code == 403, "operators only"
+    accepted = register(api.beta)
+    assert (accepted["code"], accepted["accepted"]) == (202, 1), accepted
+    assert register(TEST_TOKEN)["files"][0]["reason"] == "location", "another tenant's table cannot take the granted files"
+    with api.client(api.operator) as http:
+        assert http.put("/v1/tenants/beta/landing-prefixes", json={"prefixes": []}).json()["granted"] == []
+    assert register(api.beta)["files"][0]["reason"] == "location", "taken back at once"
 
 
 def rss_kib(pid: int) -> int:

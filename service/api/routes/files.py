@@ -207,7 +207,7 @@ async def register_files(
             status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
             f"{len(outcomes)} files in one call; at most {settings.registration_max_files}: send the rest in further calls",
         )
-    landing = settings.landing_prefixes.get(tenant, [])
+    landing = [*settings.landing_prefixes.get(tenant, []), *principal.landing_prefixes]
     seen: dict[str, Outcome] = {}
     for outcome in outcomes:
         if outcome.status != "accepted":

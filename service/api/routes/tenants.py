@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, BeforeValidator, Field
 
-from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, TenantName
+from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, SettingsDep, TenantName
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import metrics
+from service.core.exceptions import NotFound
 from service.core.keys import AUTH_CHANNEL, backlog_key
 from service.core.models import TenantPublic
+from service.iceberg.registration import MAX_LANDING_PREFIXES, FileRefused, granted_landing_prefixes
 from service.tenancy.names import NAME_PATTERN, RULE
 from service.tenancy.tenants import (
     create_tenant,
+    get_tenant,
+    granted_prefixes,
     issue_token,
     list_tenants,
+    set_landing_prefixes,
     set_tenant_disabled,
     set_tenant_limits,
 )
@@ -103,3 +108,51 @@ async def disable_tenant(name: TenantName, _operator: OperatorPrincipal, session
 @router.post("/{name}/enable", responses=error_responses(404, 422))
 def enable_tenant(name: TenantName, _operator: OperatorPrincipal, session: SessionDep) -> TenantPublic:
     return TenantPublic.model_validate(set_tenant_disabled(session, name, False), from_attributes=True)
+
+
+class LandingPrefixes(BaseModel):
+    prefixes: list[str] = Field(
+        max_length=MAX_LANDING_PREFIXES, examples=[["s3://landing/acme/"]],
+        description="URIs of directories whose Parquet files the tenant may register into its tables; replaces the ones granted before",
+    )
+
+
+def _landing(name: str, granted: tuple[str, ...], settings) -> dict:  # noqa: ANN001 - Settings
+    return {"tenant": name, "granted": list(granted), "configured": settings.landing_prefixes.get(name, [])}
+
+
+@router.get("/{name}/landing-prefixes", responses=error_responses(404, 422))
+async def read_landing_prefixes(name: TenantName, _operator: OperatorPrincipal, session: SessionDep, settings: SettingsDep) -> dict:
+    """The prefixes the tenant registers files from besides its tables' data locations: those
+    granted here (`granted`) and those in CALVE_LANDING_PREFIXES (`configured`, read at start)."""
+    tenant = await run_in_threadpool(get_tenant, session, name)
+    if tenant is None:
+        raise NotFound(f"no tenant {name!r}")
+    return _landing(name, granted_prefixes(tenant), settings)
+
+
+@router.put("/{name}/landing-prefixes", responses=error_responses(400, 404, 409, 413, 422))
+async def grant_landing_prefixes(
+    name: TenantName, body: LandingPrefixes, request: Request, _operator: OperatorPrincipal, session: SessionDep, client: RedisDep,
+    settings: SettingsDep,
+) -> dict:
+    """Replace the landing prefixes granted to a tenant (an empty list takes them all back): this
+    api process applies them to the next request, the others when they hear of it (within
+    CALVE_AUTH_CACHE_S at worst). A prefix inside Calve's warehouse is refused (422), and so is one
+    overlapping another tenant's (409): a file belongs to one tenant."""
+    tenants = await run_in_threadpool(list_tenants, session)
+    others = {tenant: list(prefixes) for tenant, prefixes in settings.landing_prefixes.items() if tenant != name}
+    for tenant in tenants:
+        if tenant.name != name:
+            others.setdefault(tenant.name, []).extend(granted_prefixes(tenant))
+    if not any(tenant.name == name for tenant in tenants):
+        raise NotFound(f"no tenant {name!r}")
+    try:
+        prefixes = granted_landing_prefixes(body.prefixes, settings.resolved_warehouse(), others)
+    except FileRefused as exc:
+        code = status.HTTP_409_CONFLICT if exc.reason == "overlap" else status.HTTP_422_UNPROCESSABLE_ENTITY
+        raise HTTPException(code, str(exc)) from exc
+    tenant = await run_in_threadpool(set_landing_prefixes, session, name, prefixes)
+    request.app.state.principals.clear()
+    await client.publish(AUTH_CHANNEL, b"landing-prefixes")
+    return _landing(name, granted_prefixes(tenant), settings)
