@@ -410,7 +410,9 @@ async def index_document(
     return await _one_document(request, principal, settings, buffer, limits, index, "index", None)
 
 
-@router.api_route("/{index}/_doc/{doc_id}", methods=["PUT", "POST"], openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+# One route per method: one route of two methods gave both the same OpenAPI operation id.
+@router.put("/{index}/_doc/{doc_id}", openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+@router.post("/{index}/_doc/{doc_id}", openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
 async def index_document_by_id(
     index: TableName, doc_id: DocumentId, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep,
     limits: LimitsDep,
@@ -418,7 +420,9 @@ async def index_document_by_id(
     return await _one_document(request, principal, settings, buffer, limits, index, "index", doc_id)
 
 
-@router.api_route("/{index}/_create/{doc_id}", methods=["PUT", "POST"], openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+# One route per method: one route of two methods gave both the same OpenAPI operation id.
+@router.put("/{index}/_create/{doc_id}", openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
+@router.post("/{index}/_create/{doc_id}", openapi_extra=DOCUMENT_BODY, responses=DOCUMENT_ANSWERS, status_code=201)
 async def create_document(
     index: TableName, doc_id: DocumentId, request: Request, principal: IngestPrincipal, settings: SettingsDep, buffer: BufferDep,
     limits: LimitsDep,
