@@ -609,6 +609,35 @@ function limitsForm(tenant) {
   return form;
 }
 
+// The prefixes a tenant registers Parquet files written elsewhere from, one per line; saving
+// replaces the grant (an empty box takes it back). Those configured at start are shown, not edited.
+async function landingForm(tenant) {
+  const form = el("form"); form.id = "tenant-landing";
+  form.appendChild(el("h2", `Landing prefixes of ${tenant.name}`));
+  const where = `/v1/tenants/${encodeURIComponent(tenant.name)}/landing-prefixes`;
+  const outcome = el("p"); outcome.id = "tenant-landing-outcome";
+  const box = el("textarea"); box.name = "prefixes"; box.rows = 5; box.cols = 70;
+  box.placeholder = "s3://landing/acme/ (one per line)";
+  try {
+    const current = await api(where);
+    box.value = current.granted.join("\n");
+    if (current.configured.length) form.appendChild(el("p", `Configured at start (CALVE_LANDING_PREFIXES): ${current.configured.join(", ")}`));
+  } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+  const save = el("button", "Save"); save.type = "submit";
+  form.append(box, el("br"), save, button("Back", () => tenantsPage()), outcome);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const prefixes = box.value.split("\n").map((line) => line.trim()).filter((line) => line);
+    try {
+      const answer = await api(where, { method: "PUT", body: { prefixes } });
+      box.value = answer.granted.join("\n");
+      outcome.className = "";
+      outcome.textContent = answer.granted.length ? `granted: ${answer.granted.join(", ")}` : "nothing granted";
+    } catch (e) { outcome.textContent = e.message; outcome.className = "err"; }
+  });
+  return form;
+}
+
 // The tenants page's previous look: events per second are the counters' change since then.
 let tenantsLook = null;
 
@@ -639,6 +668,7 @@ async function tenantsPage() {
         try { await api(`/v1/tenants/${encodeURIComponent(row.name)}/${row.disabled ? "enable" : "disable"}`, { method: "POST" }); tenantsPage(); } catch (e) { fail(view, e); }
       }),
       button("Limits", () => view.replaceChildren(limitsForm(row))),
+      button("Landing prefixes", async () => view.replaceChildren(await landingForm(row))),
     ]));
   } catch (e) { fail(view, e); return; }
   view.appendChild(el("h2", "New tenant"));

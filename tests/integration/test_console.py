@@ -317,6 +317,24 @@ def test_an_operator_creates_disables_and_enables_a_tenant_in_the_browser(stack:
         (listed,) = [t for t in http.get("/v1/tenants").json()["tenants"] if t["name"] == "acme"]
     assert listed["max_backlog_events"] == 777 and listed["max_events_per_s"] is None and listed["backlog_events"] == 0
     assert "777" in page.locator("#view tr", has_text="acme").inner_text()
+    # Landing prefixes: granted from the form, one refused with the api's reason, taken back.
+    landing = (tmp_path / "landing" / "acme").as_uri()
+    page.locator("#view tr", has_text="acme").locator("button", has_text="Landing prefixes").click()
+    page.fill("#tenant-landing textarea[name=prefixes]", f"{landing}\n\n")
+    page.click("#tenant-landing button[type=submit]")
+    page.wait_for_selector("#tenant-landing-outcome:has-text('granted:')")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {operator}"}) as http:
+        assert http.get("/v1/tenants/acme/landing-prefixes").json()["granted"] == [landing + "/"]
+    page.fill("#tenant-landing textarea[name=prefixes]", "landing/acme")
+    page.click("#tenant-landing button[type=submit]")
+    page.wait_for_selector("#tenant-landing-outcome.err:has-text('not a full URI')")
+    page.fill("#tenant-landing textarea[name=prefixes]", "")
+    page.click("#tenant-landing button[type=submit]")
+    page.wait_for_selector("#tenant-landing-outcome:has-text('nothing granted')")
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {operator}"}) as http:
+        assert http.get("/v1/tenants/acme/landing-prefixes").json()["granted"] == []
+    page.locator("#tenant-landing button", has_text="Back").click()
+    page.wait_for_selector("#new-tenant")
     page.locator("#view tr", has_text="acme").locator("button", has_text="Enable").click()
     page.locator("#view tr", has_text="acme").locator("button", has_text="Disable").wait_for()
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {acme}"}) as http:
