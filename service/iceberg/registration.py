@@ -124,7 +124,7 @@ def allowed_location(path: str, table_location: str, landing: list[str], warehou
     raise FileRefused("location", f"{path[:200]!r} is not under a prefix this tenant registers from: {', '.join(where)}")
 
 
-MAX_LANDING_PREFIXES = 100  # granted to one tenant
+MAX_LANDING_PREFIXES = 100  # granted to one tenant (the api's request model bounds the list)
 
 
 def granted_landing_prefixes(prefixes: list[str], warehouse: str, others: dict[str, list[str]]) -> list[str]:
@@ -132,9 +132,8 @@ def granted_landing_prefixes(prefixes: list[str], warehouse: str, others: dict[s
     full URI (parse_location's rules), not inside Calve's warehouse (where tables live; files there
     are never registered from a landing prefix), and not overlapping, either way, a prefix granted
     to another tenant (`others`: tenant -> its prefixes), whose files would become both tenants'."""
-    if len(prefixes) > MAX_LANDING_PREFIXES:
-        raise FileRefused("count", f"{len(prefixes)} prefixes; at most {MAX_LANDING_PREFIXES} per tenant: grant a common parent instead")
     home = _prefix(warehouse)
+    theirs = [(tenant, _prefix(text)) for tenant, texts in sorted(others.items()) for text in texts]
     granted: list[str] = []
     for text in prefixes:
         prefix = _prefix(text)
@@ -142,10 +141,9 @@ def granted_landing_prefixes(prefixes: list[str], warehouse: str, others: dict[s
             raise FileRefused("location", f"{text[:200]!r} is a whole bucket or file system: grant a directory in it")
         if prefix == home or prefix.under(home):
             raise FileRefused("location", f"{text[:200]!r} is inside Calve's warehouse ({home.uri}/), where tables live: land files elsewhere")
-        for tenant, theirs in sorted(others.items()):
-            for other in map(_prefix, theirs):
-                if prefix == other or prefix.under(other) or other.under(prefix):
-                    raise FileRefused("overlap", f"{text[:200]!r} overlaps {other.uri}/, granted to tenant {tenant!r}: each file must belong to one tenant")
+        for tenant, other in theirs:
+            if prefix == other or prefix.under(other) or other.under(prefix):
+                raise FileRefused("overlap", f"{text[:200]!r} overlaps {other.uri}/, granted to tenant {tenant!r}: each file must belong to one tenant")
         if prefix.uri + "/" not in granted:
             granted.append(prefix.uri + "/")
     return granted

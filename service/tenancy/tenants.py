@@ -136,17 +136,22 @@ def create_tenant(session: Session, name: str, **limits: int | None) -> Tenant:
     return tenant
 
 
-def set_tenant_limits(session: Session, name: str, **limits: int | None) -> Tenant:
-    """Change a tenant's limits: each one given replaces its value (None: back to the default)."""
+def _changed(session: Session, name: str, **values: object) -> Tenant:
+    """Tenant `name` with `values` set (NotFound if there is none)."""
     tenant = get_tenant(session, name)
     if tenant is None:
         raise NotFound(f"no tenant {name!r}")
-    for limit, value in limits.items():
-        setattr(tenant, limit, value)
+    for column, value in values.items():
+        setattr(tenant, column, value)
     session.add(tenant)
     session.commit()
     session.refresh(tenant)
     return tenant
+
+
+def set_tenant_limits(session: Session, name: str, **limits: int | None) -> Tenant:
+    """Change a tenant's limits: each one given replaces its value (None: back to the default)."""
+    return _changed(session, name, **limits)
 
 
 def list_tenants(session: Session) -> list[Tenant]:
@@ -154,14 +159,7 @@ def list_tenants(session: Session) -> list[Tenant]:
 
 
 def set_tenant_disabled(session: Session, name: str, disabled: bool) -> Tenant:
-    tenant = get_tenant(session, name)
-    if tenant is None:
-        raise NotFound(f"no tenant {name!r}")
-    tenant.disabled = disabled
-    session.add(tenant)
-    session.commit()
-    session.refresh(tenant)
-    return tenant
+    return _changed(session, name, disabled=disabled)
 
 
 def issue_token(
@@ -251,14 +249,7 @@ def granted_prefixes(tenant: Tenant) -> tuple[str, ...]:
 def set_landing_prefixes(session: Session, name: str, prefixes: list[str]) -> Tenant:
     """Replace the landing prefixes granted to tenant `name` (checked by the caller:
     registration.granted_landing_prefixes)."""
-    tenant = get_tenant(session, name)
-    if tenant is None:
-        raise NotFound(f"no tenant {name!r}")
-    tenant.landing_prefixes = "\n".join(prefixes)
-    session.add(tenant)
-    session.commit()
-    session.refresh(tenant)
-    return tenant
+    return _changed(session, name, landing_prefixes="\n".join(prefixes))
 
 
 def bootstrap(session: Session, data_dir: Path, configured_token: str | None) -> str | None:

@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 from urllib.parse import unquote_plus
 
 import orjson
+from cachetools import TTLCache
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -42,35 +43,27 @@ router = APIRouter(prefix="/v1/tables", tags=["files"], responses=error_response
 FilesPrincipal = Annotated[Principal, Depends(require_scope("files", "admin"))]
 KEPT_REGISTRATIONS = 200  # the table's recent registrations, for GET and the console
 TABLE_CACHE_S = 1.0  # a table loaded for checks serves this long: notifications come one file per call
-_tables: dict[tuple[str, str], tuple[float, Table]] = {}
+# Both used on the event loop only (cachetools caches are not thread-safe).
+_tables: TTLCache = TTLCache(maxsize=1000, ttl=TABLE_CACHE_S)  # (tenant, name) -> Table
+_listed: TTLCache = TTLCache(maxsize=1000, ttl=TABLE_CACHE_S)  # members said to be in the leaders' registry
 
 
 async def _table(catalog, tenant: str, name: str) -> Table:  # noqa: ANN001 - a pyiceberg Catalog
     """The table to check files against, loaded (on a worker thread) at most once per
     TABLE_CACHE_S: the leader checks every file again against the table as it is when it commits."""
-    cached = _tables.get((tenant, name))
-    if cached is not None and time.monotonic() - cached[0] < TABLE_CACHE_S:
-        return cached[1]
-    table = await run_in_threadpool(table_or_404, catalog, tenant, name)
-    if len(_tables) >= 1000:
-        _tables.clear()
-    _tables[(tenant, name)] = (time.monotonic(), table)
+    table = _tables.get((tenant, name))
+    if table is None:
+        table = _tables[(tenant, name)] = await run_in_threadpool(table_or_404, catalog, tenant, name)
     return table
 
 
-async def _listed(client, tenant: str, table: str) -> None:  # noqa: ANN001 - an async Redis
+async def _list(client, tenant: str, table: str) -> None:  # noqa: ANN001 - an async Redis
     """The table in the leaders' registry (a set outside the tenant's slot, never emptied): said
     at most once per TABLE_CACHE_S per table, not once per call (a notification is one file)."""
     member = keys.member(tenant, table)
-    if time.monotonic() - _listed_at.get(member, -TABLE_CACHE_S) < TABLE_CACHE_S:
-        return
-    await client.sadd(keys.TABLES, member)
-    if len(_listed_at) >= 1000:
-        _listed_at.clear()
-    _listed_at[member] = time.monotonic()
-
-
-_listed_at: dict[str, float] = {}
+    if member not in _listed:
+        await client.sadd(keys.TABLES, member)
+        _listed[member] = True
 
 
 class FileToRegister(BaseModel):
@@ -270,7 +263,7 @@ async def _register(client, settings: Settings, tenant: str, table: str, accepte
             ],
         )
         if not taken:
-            await _listed(client, tenant, table)
+            await _list(client, tenant, table)
             return receipt_id
         # Another call registered some of these meanwhile: those are duplicates, the rest tries again.
         owners = [i for i, found in enumerate(names) for _ in found]

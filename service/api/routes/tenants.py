@@ -11,6 +11,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from service.api.deps import OperatorPrincipal, RedisDep, SessionDep, SettingsDep, TenantName
 from service.api.errors import AUTH_ERRORS, error_responses
 from service.core import metrics
+from service.core.config import Settings
 from service.core.exceptions import NotFound
 from service.core.keys import AUTH_CHANNEL, backlog_key
 from service.core.models import TenantPublic
@@ -117,7 +118,7 @@ class LandingPrefixes(BaseModel):
     )
 
 
-def _landing(name: str, granted: tuple[str, ...], settings) -> dict:  # noqa: ANN001 - Settings
+def _landing(name: str, granted: tuple[str, ...], settings: Settings) -> dict:
     return {"tenant": name, "granted": list(granted), "configured": settings.landing_prefixes.get(name, [])}
 
 
