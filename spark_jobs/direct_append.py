@@ -2,9 +2,10 @@
 
 A pipeline with no processors (or plain ones: plain_processors.py) or routes, one static sink
 into an existing table that only appends, whose columns are strings, integers, floating point
-numbers, booleans, timestamps, dates, maps of strings to strings and lists and structs of the
-first four (and its extra_fields map), partitioned by nothing or by identity, year, month, day,
-hour or a string's truncate: its events need no inference and no expressions. An object with a
+numbers, booleans, decimals, binary, timestamps, dates, maps of strings to strings and lists and
+structs of the first four (and its extra_fields map), partitioned by nothing or by identity, year,
+month, day, hour, bucket (of integers, strings, binary, dates and times: `buckets`) or truncate
+(of strings, binary and integers): its events need no inference and no expressions. An object with a
 key its struct column lacks refuses its request (the Spark job names the key as dropped). For such a batch each Spark
 task hands its requests' bodies to pyarrow in a Python worker (`mapInArrow`), which parses the
 NDJSON with the table's schema and writes one Parquet file per partition value: about a tenth of
@@ -18,6 +19,12 @@ or a space, up to six fractional digits, Z or an offset to the minute; no offset
 without zone; a date alone) from 1900 on, and epoch milliseconds (days for a date columns) as JSON
 integers. Any other spelling, a day that does not exist or a column sent both ways in one request
 refuses the batch.
+
+Decimals are parsed by pyarrow from JSON numbers and text alike, as the Spark job reads both
+through their text: a value with more fractional digits than the column's scale (which the Spark
+job rounds half up) or more digits than its precision (its NULL) refuses the request. Binary is
+read from base64 text spelled canonically (`binaries`); any other spelling, which the Spark job's
+decoder reads by rules of its own (no padding, line breaks), refuses it.
 
 A map of strings (the shippers' labels and attributes) is inferred by pyarrow as a struct, which
 says which events have one; those events' lines are read again by orjson for each object's
@@ -113,8 +120,10 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
     for f in schema:
         if f.name == extra_fields or is_text_map(f.type):
             continue
-        if time_kind(f.type):
+        if time_kind(f.type) or is_binary(f.type):
             fields.append(pa.field(f.name, pa.string()))
+        elif pa.types.is_decimal128(f.type):
+            fields.append(pa.field(f.name, f.type))  # the precision checked after: `decimals`
         elif (parsed := nested_parsing(f.type)) is not None:
             fields.append(pa.field(f.name, parsed))
         else:
@@ -144,6 +153,10 @@ def nested_parsing(data_type: pa.DataType) -> pa.DataType | None:
     return None
 
 
+def is_binary(data_type: pa.DataType) -> bool:
+    return pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type)
+
+
 def is_nested(data_type: pa.DataType) -> bool:
     return pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_struct(data_type)
 
@@ -154,7 +167,11 @@ def _groups_by(transform: str, data_type: pa.DataType) -> bool:
         return True
     if transform in _TEMPORAL:
         return time_kind(data_type) is not None and (transform != "hour" or time_kind(data_type) != "date")
-    return transform.startswith("truncate[") and (pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
+    text = pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or is_binary(data_type)
+    integer = pa.types.is_int32(data_type) or pa.types.is_int64(data_type)
+    if transform.startswith("bucket["):
+        return text or integer or time_kind(data_type) is not None
+    return transform.startswith("truncate[") and (text or integer)
 
 
 class Refused(ValueError):
@@ -200,6 +217,45 @@ def times(table: pa.Table, kinds: dict[str, str], epoch: bool) -> pa.Table:
     return table
 
 
+def binaries(table: pa.Table, names: list[str]) -> pa.Table:
+    """`table` with its binary columns (`names`, parsed as text) decoded from base64. Raises
+    Refused for a text other than canonical base64 (padded, no other character, the last
+    character's unused bits zero): the Spark job's decoder reads those too, by rules of its own."""
+    import binascii
+
+    for name in names:
+        decoded = []
+        for text in table.column(name).to_pylist():
+            if text is None:
+                decoded.append(None)
+                continue
+            try:
+                data = binascii.a2b_base64(text, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise Refused(f"{name!r}: a text other than base64 as this path reads it") from None
+            if binascii.b2a_base64(data, newline=False).decode() != text:
+                raise Refused(f"{name!r}: base64 spelled other than canonically")
+            decoded.append(data)
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(decoded, pa.large_binary()))
+    return table
+
+
+def decimals(table: pa.Table, names: list[str]) -> None:
+    """Raises Refused when a decimal column (`names`, parsed by pyarrow, which rounds nothing: a
+    value of more fractional digits than the scale refuses the parse) holds a value of more
+    digits than its precision: the Spark job's NULL (pyarrow does not check the precision)."""
+    import pyarrow.compute as pc
+
+    for name in names:
+        column = table.column(name)
+        if column.null_count == len(column):
+            continue
+        limit = 10 ** (column.type.precision - column.type.scale)
+        bounds = pc.min_max(column)
+        if bounds["max"].as_py() >= limit or bounds["min"].as_py() <= -limit:
+            raise Refused(f"{name!r}: a number beyond {column.type}")
+
+
 def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.ChunkedArray]:
     """One column per partition field whose values are equal exactly where the rows' partition
     values are (the values themselves come from each file's statistics when it is committed)."""
@@ -210,10 +266,65 @@ def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.
         column = data.column(source)
         if transform in _TEMPORAL:
             column = pc.floor_temporal(column, unit=transform)
+        elif transform.startswith("bucket["):
+            column = buckets(column, int(transform[len("bucket["):-1]))
         elif transform.startswith("truncate["):
-            column = pc.utf8_slice_codeunits(column, 0, int(transform[len("truncate["):-1]))  # code points, as Iceberg's
+            width = int(transform[len("truncate["):-1])
+            if is_binary(column.type):
+                column = pc.binary_slice(column, 0, width)  # bytes
+            elif pa.types.is_integer(column.type):  # v // width, rounded down for negatives too
+                column = column.cast(pa.int64())
+                quotient = pc.divide(column, width)  # rounded toward zero
+                column = pc.subtract(quotient, pc.less(pc.subtract(column, pc.multiply(quotient, width)), 0).cast(pa.int64()))
+            else:
+                column = pc.utf8_slice_codeunits(column, 0, width)  # code points, as Iceberg's
         keys.append(column)
     return keys
+
+
+def buckets(column: pa.ChunkedArray, count: int) -> pa.ChunkedArray:
+    """Iceberg's bucket[count] of each value (NULL for NULL): Murmur3 (x86, 32 bits, seed 0) of the
+    value's bytes (an 8-byte little-endian long for integers, dates' days and times' microseconds;
+    UTF-8 for strings), its low 31 bits modulo `count`. Each distinct value hashed once."""
+    import struct
+
+    import pyarrow.compute as pc
+
+    try:
+        from mmh3 import hash as murmur3  # pyiceberg's, in C; a Spark worker without it hashes in Python
+    except ImportError:
+        murmur3 = murmur3_32
+    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        column = column.cast(pa.int64() if pa.types.is_timestamp(column.type) else pa.int32())
+    values = pc.unique(column)
+    if pa.types.is_integer(values.type):
+        data = [None if v is None else struct.pack("<q", v) for v in values.to_pylist()]
+    elif is_binary(values.type):
+        data = values.to_pylist()
+    else:
+        data = [None if v is None else v.encode() for v in values.to_pylist()]
+    hashed = pa.array([None if d is None else (murmur3(d) & 0x7FFFFFFF) % count for d in data], pa.int32())
+    return pc.take(hashed, pc.index_in(column, value_set=values))
+
+
+def murmur3_32(data: bytes) -> int:
+    """MurmurHash3 x86 32-bit of `data`, seed 0 (unsigned), as mmh3.hash computes it in C."""
+    mask, c1, c2 = 0xFFFFFFFF, 0xCC9E2D51, 0x1B873593
+
+    def mixed(k: int) -> int:
+        k = (k * c1) & mask
+        return (((k << 15) | (k >> 17)) * c2) & mask
+
+    h, whole = 0, len(data) - len(data) % 4
+    for at in range(0, whole, 4):
+        h ^= mixed(int.from_bytes(data[at:at + 4], "little"))
+        h = ((((h << 13) | (h >> 19)) & mask) * 5 + 0xE6546B64) & mask
+    if whole < len(data):
+        h ^= mixed(int.from_bytes(data[whole:], "little"))
+    h ^= len(data)
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & mask
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & mask
+    return h ^ (h >> 16)
 
 
 def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001
@@ -463,6 +574,8 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
+    binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
+    decimal = [f.name for f in parsing if pa.types.is_decimal(f.type)]
     maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
@@ -516,6 +629,9 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 table, every_line, epoch = parse(body)
                 if kinds:
                     table = times(table, kinds, epoch)
+                if binary:
+                    table = binaries(table, binary)
+                decimals(table, decimal)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise Refused(str(exc)[:300]) from None
             lines = [line for line in body.split(b"\n") if line.strip()]

@@ -15,7 +15,8 @@ events but one request in 50 holds an event with text for a number; `declared`, 
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
-a list of strings (`tags`). The shippers'
+a list of strings (`tags`); `orders`, the declared shape with a customer and an amount of money
+(`decimal(12,2)`), partitioned by day(ts) and bucket[8](user). The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -112,13 +113,20 @@ def nested(event: dict) -> dict:
     return event
 
 
+def ordered(event: dict) -> dict:
+    """The event as a shop's order: a customer and an amount of money (a JSON number, cents)."""
+    event["user"] = f"customer-{random.randrange(5000)}"
+    event["amount"] = round(random.randrange(1, 5_000_000) / 100, 2)
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
 
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
-          "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)),
+          "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -138,6 +146,11 @@ PIPELINES = {
             *(c for c in DECLARED_COLUMNS if c["name"] not in ("status", "latency_ms")),
             {"name": "http", "type": "struct<status: int, latency_ms: double, method: string>"}, {"name": "tags", "type": "list<string>"},
         ], "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "orders": {"name": "orders", "source": {"http": {"path": "/orders"}}, "sinks": [{
+        "table": "orders", "auto_create": True, "schema": {"columns": [
+            *DECLARED_COLUMNS, {"name": "user", "type": "string"}, {"name": "amount", "type": "decimal(12,2)"},
+        ], "partition_spec": [{"column": "ts", "transform": "day"}, {"column": "user", "transform": "bucket[8]"}]},
     }]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],

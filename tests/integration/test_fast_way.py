@@ -10,6 +10,7 @@ extra_fields text, no DLQ entry and no dropped field where it wrote them all.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from datetime import datetime
@@ -21,7 +22,20 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.schema import Schema
-from pyiceberg.types import BooleanType, DoubleType, IntegerType, ListType, LongType, MapType, NestedField, StringType, StructType
+from pyiceberg.transforms import BucketTransform
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+)
 from pyspark.errors import AnalysisException
 
 from service.iceberg.files import list_data_files
@@ -470,3 +484,59 @@ def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spa
     result = job.run(["r0"], [f'{{"id": 1, "n": 1{ok}}}\n{{"id": 2, "n": 2{ok}}}\n{{"id": 3{ok}}}'.encode()])
     assert [(row["id"], row["msg"]) for row in written(result)] == [(2, "kept")]
     assert result.dlq is None
+
+
+# Decimals, binary, and partitions by bucket and by an integer's truncate.
+AMOUNTS = Schema(
+    NestedField(1, "id", LongType(), required=True), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "big", DecimalType(38, 6)),
+    NestedField(4, "blob", BinaryType()), NestedField(5, "user", StringType()), NestedField(6, "n", LongType()),
+    NestedField(7, "_extra", MapType(8, StringType(), 9, StringType())),
+).as_arrow()
+BUCKETED = [("user", "bucket[4]"), ("n", "truncate[5]")]
+ODD_AMOUNTS = st.sampled_from(['"12.505"', "1e-400", '"  1.5"', "123456789.5", '"abc"', "true", '"1,5"', "-100000000", '"\\u0661\\u0662"',
+                               "99999999.995", "1E3", '"+1.5"', '"1."', '""', "[]", "12.5050"])
+ODD_BLOBS = st.sampled_from(['"QQ"', '"QR=="', '"Q Q=="', "12", '"===="', '"QUJD\\nREVG"', '"_-8="', '" QQ=="', "true", '"\\u00e9"'])
+
+
+def _fixed(digits: int, scale: int) -> st.SearchStrategy:
+    """A decimal of up to `digits` digits, `scale` after the point at most, as JSON may spell it."""
+    def spelled(value: int, places: int, exponent: bool) -> str:
+        text = f"{abs(value) // 10**places}.{abs(value) % 10**places:0{places}d}" if places else str(abs(value))
+        if exponent and places:  # 12.5 as 125E-1
+            text = f"{abs(value)}E-{places}"
+        return ("-" if value < 0 else "") + text
+
+    return st.builds(spelled, st.integers(-(10**digits) + 1, 10**digits - 1), st.integers(0, scale), st.booleans())
+
+
+@st.composite
+def amounts_batch(draw) -> list[bytes]:  # noqa: ANN001
+    """Requests whose events carry decimals as numbers or text (one way per request, mostly), base64
+    binary, a user and a number to partition by; now and then a value spelled otherwise."""
+
+    def fields(chance: random.Random, as_text: bool) -> list[tuple[str, str]]:
+        amount, big = draw(_fixed(10, 2)), draw(_fixed(38, 6))
+        values = {
+            "amount": json.dumps(amount) if as_text else amount,
+            "big": json.dumps(big) if as_text else big,
+            "blob": json.dumps(base64.b64encode(draw(st.binary(max_size=7))).decode()),
+            "user": json.dumps(draw(TEXT), ensure_ascii=chance.random() < 0.5),
+            "n": str(draw(st.integers(-30, 30) | st.integers(-(2**63), 2**63 - 1))),
+        }
+        odd = {"amount": ODD_AMOUNTS, "big": ODD_AMOUNTS, "blob": ODD_BLOBS, "user": st.just("null"), "n": st.just("null")}
+        return [(name, value if chance.random() > 0.03 else draw(odd[name])) for name, value in values.items() if chance.random() < 0.85]
+
+    return requests_of(draw, fields, lambda: draw(st.booleans()))
+
+
+@pytest.mark.timeout(600)
+def test_decimals_binary_and_buckets_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    bucket_of = BucketTransform(4).transform(StringType())
+
+    def one_partition(path: str) -> None:
+        # One (bucket of user, n rounded down to 5) per file, as the committer requires.
+        rows = pq.read_table(path, columns=["user", "n"]).to_pylist()
+        keys = {(None if r["user"] is None else bucket_of(r["user"]), None if r["n"] is None else r["n"] - r["n"] % 5) for r in rows}
+        assert len(keys) == 1, (path, keys)
+
+    compare_ways(fresh_spark, tmp_path, AMOUNTS, BUCKETED, amounts_batch(), examples=10, least_written=3, check_file=one_partition)

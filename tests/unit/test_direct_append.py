@@ -6,14 +6,17 @@ a plain row, it must refuse, leaving nothing behind."""
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
+from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import (
+    BinaryType,
     BooleanType,
     DateType,
     DecimalType,
@@ -30,7 +33,7 @@ from pyiceberg.types import (
 )
 
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
+from spark_jobs.direct_append import Unspellable, _appender, buckets, extra_text, java_double, murmur3_32, parse_schema
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -156,11 +159,14 @@ def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> 
     assert parse_schema(with_int_map, None) is None  # a map of numbers: the Spark job's conversion
     assert [parse_schema(TIMED, None, [("ts", "day")]).field(name).type for name in ("ts", "local", "d")] == [pa.string()] * 3  # time as text
     assert parse_schema(TIMED, None, [("msg", "truncate[2]"), ("d", "month"), ("id", "identity")]) is not None
-    assert parse_schema(TIMED, None, [("id", "bucket[4]")]) is None  # the Spark job's murmur3
+    assert parse_schema(TIMED, None, [("id", "bucket[4]"), ("msg", "bucket[2]"), ("ts", "bucket[3]"), ("id", "truncate[10]")]) is not None
     assert parse_schema(TIMED, None, [("d", "hour")]) is None
-    assert parse_schema(TIMED, None, [("id", "truncate[10]")]) is None
-    with_decimal = Schema(NestedField(1, "id", LongType()), NestedField(2, "amount", DecimalType(10, 2))).as_arrow()
-    assert parse_schema(with_decimal, None) is None  # decimals: the Spark job's rounding
+    assert parse_schema(TIMED, None, [("ts", "truncate[10]")]) is None
+    with_decimal = Schema(NestedField(1, "id", LongType()), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "blob", BinaryType())).as_arrow()
+    assert parse_schema(with_decimal, None).types == [pa.int64(), pa.decimal128(10, 2), pa.string()]  # binary as its base64 text
+    assert parse_schema(with_decimal, None, [("amount", "bucket[4]")]) is None  # the Spark job has no bucket of a decimal
+    decimal_inside = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StructType(NestedField(3, "a", DecimalType(10, 2))))).as_arrow()
+    assert parse_schema(decimal_inside, None) is None
     nested = Schema(
         NestedField(1, "id", LongType()), NestedField(2, "tags", ListType(3, StringType(), element_required=False)),
         NestedField(4, "user", StructType(NestedField(5, "name", StringType()), NestedField(6, "nums", ListType(7, LongType(), element_required=False)))),
@@ -260,3 +266,84 @@ def test_maps_of_strings_keep_each_events_entries_in_its_order_and_anything_else
         assert refused["refused"] and refused["path"] is None, odd
     (unknown,) = answers(tmp_path / "unknown", {"r1": b'{"id": 1, "labels": {"a": "x"}, "other": 1}'}, LABELLED, None, [])
     assert "a field the table lacks" in unknown["refused"]
+
+
+AMOUNTS = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "amount", DecimalType(10, 2)),
+    NestedField(3, "blob", BinaryType()),
+).as_arrow()
+
+
+def test_decimals_from_numbers_and_text_and_binary_from_base64(tmp_path) -> None:  # noqa: ANN001
+    (answer,) = answers(tmp_path, {"r": b'{"id": 1, "amount": 12.5, "blob": "QUJD"}\n{"id": 2, "amount": "-99999999.99", "blob": ""}\n'
+                                        b'{"id": 3, "amount": 1e3}\n{"id": 4, "amount": "0.10", "blob": null}'}, AMOUNTS, None, [])
+    assert answer["refused"] is None
+    rows = pq.read_table(answer["path"]).to_pylist()
+    assert [(row["amount"], row["blob"]) for row in rows] == [
+        (Decimal("12.50"), b"ABC"), (Decimal("-99999999.99"), b""), (Decimal("1000.00"), None), (Decimal("0.10"), None),
+    ]
+
+
+@pytest.mark.parametrize("field", [
+    '"amount": 12.505',          # more digits than the scale: the Spark job rounds half up
+    '"amount": 100000000',       # more than the precision: the Spark job's NULL
+    '"amount": "-100000000.5"',
+    '"amount": " 1.5"',          # spaces: the Spark job trims them
+    '"amount": "1,5"',
+    '"blob": "QQ"',              # base64 without its padding
+    '"blob": "QR=="',            # unused bits not zero
+    '"blob": "QU JD"',
+    '"blob": 12',
+])
+def test_decimals_and_binary_this_way_is_not_sure_of_refuse_the_batch(tmp_path, field: str) -> None:  # noqa: ANN001
+    answers_ = answers(tmp_path, {"r1": b'{"id": 7, "amount": 1.5}', "r2": f'{{"id": 1, {field}}}'.encode()}, AMOUNTS, None, [])
+    assert answers_[-1]["refused"] and not any(answer["path"] for answer in answers_)
+
+
+def test_murmur3_in_python_is_mmh3s() -> None:
+    import random
+
+    import mmh3
+
+    chance = random.Random(7)
+    for size in [*range(12), 100, 1001]:
+        data = bytes(chance.randrange(256) for _ in range(size))
+        assert murmur3_32(data) == mmh3.hash(data, signed=False), data
+
+
+@pytest.mark.parametrize(("values", "arrow_type", "iceberg_type"), [
+    ([0, 1, -1, 34, 2**40, -(2**63), None], pa.int64(), LongType()),
+    ([0, 7, -7, 2**31 - 1, None], pa.int32(), IntegerType()),
+    (["", "iceberg", "日本語", "😀", None], pa.large_string(), StringType()),
+    ([b"", b"\x00\xff", b"abcde", None], pa.large_binary(), BinaryType()),
+    ([date(2017, 11, 16), date(1900, 1, 1), None], pa.date32(), DateType()),
+    ([datetime(2017, 11, 16, 22, 31, 8), datetime(1969, 12, 31, 23, 59, 59, 999999), None], pa.timestamp("us"), TimestampType()),
+    ([utc(2017, 11, 16, 22, 31, 8), None], pa.timestamp("us", "UTC"), TimestamptzType()),
+])
+def test_buckets_are_icebergs(values: list, arrow_type: pa.DataType, iceberg_type) -> None:  # noqa: ANN001
+    column = pa.chunked_array([pa.array(values, arrow_type)] * 2)
+    expected = [BucketTransform(16).transform(iceberg_type)(_iceberg_value(value)) for value in values] * 2
+    assert buckets(column, 16).to_pylist() == expected
+
+
+def _iceberg_value(value: object) -> object:
+    """A Python value as pyiceberg's transforms take it: days and microseconds for dates and times."""
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return (aware - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    if isinstance(value, date):
+        return (value - date(1970, 1, 1)).days
+    return value
+
+
+def test_bucket_and_integer_truncate_partitions_write_one_file_per_value(tmp_path) -> None:  # noqa: ANN001
+    body = "\n".join(json.dumps({"id": i, "msg": f"user-{i % 7}"}) for i in range(-30, 30)).encode()
+    answers_ = run_timed(tmp_path, {"r": body}, [("msg", "bucket[3]"), ("id", "truncate[10]")])
+    bucket_of = BucketTransform(3).transform(StringType())
+    keys = []
+    for answer in answers_:
+        rows = pq.read_table(answer["path"]).to_pylist()
+        (key,) = {(bucket_of(row["msg"]), row["id"] - row["id"] % 10) for row in rows}  # Python's % rounds down, as Iceberg's truncate
+        keys.append(key)
+    assert len(keys) == len(set(keys)) and sum(pq.read_metadata(a["path"]).num_rows for a in answers_) == 60
