@@ -65,6 +65,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
@@ -280,51 +281,6 @@ def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.
                 column = pc.utf8_slice_codeunits(column, 0, width)  # code points, as Iceberg's
         keys.append(column)
     return keys
-
-
-def buckets(column: pa.ChunkedArray, count: int) -> pa.ChunkedArray:
-    """Iceberg's bucket[count] of each value (NULL for NULL): Murmur3 (x86, 32 bits, seed 0) of the
-    value's bytes (an 8-byte little-endian long for integers, dates' days and times' microseconds;
-    UTF-8 for strings), its low 31 bits modulo `count`. Each distinct value hashed once."""
-    import struct
-
-    import pyarrow.compute as pc
-
-    try:
-        from mmh3 import hash as murmur3  # pyiceberg's, in C; a Spark worker without it hashes in Python
-    except ImportError:
-        murmur3 = murmur3_32
-    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
-        column = column.cast(pa.int64() if pa.types.is_timestamp(column.type) else pa.int32())
-    values = pc.unique(column)
-    if pa.types.is_integer(values.type):
-        data = [None if v is None else struct.pack("<q", v) for v in values.to_pylist()]
-    elif is_binary(values.type):
-        data = values.to_pylist()
-    else:
-        data = [None if v is None else v.encode() for v in values.to_pylist()]
-    hashed = pa.array([None if d is None else (murmur3(d) & 0x7FFFFFFF) % count for d in data], pa.int32())
-    return pc.take(hashed, pc.index_in(column, value_set=values))
-
-
-def murmur3_32(data: bytes) -> int:
-    """MurmurHash3 x86 32-bit of `data`, seed 0 (unsigned), as mmh3.hash computes it in C."""
-    mask, c1, c2 = 0xFFFFFFFF, 0xCC9E2D51, 0x1B873593
-
-    def mixed(k: int) -> int:
-        k = (k * c1) & mask
-        return (((k << 15) | (k >> 17)) * c2) & mask
-
-    h, whole = 0, len(data) - len(data) % 4
-    for at in range(0, whole, 4):
-        h ^= mixed(int.from_bytes(data[at:at + 4], "little"))
-        h = ((((h << 13) | (h >> 19)) & mask) * 5 + 0xE6546B64) & mask
-    if whole < len(data):
-        h ^= mixed(int.from_bytes(data[whole:], "little"))
-    h ^= len(data)
-    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & mask
-    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & mask
-    return h ^ (h >> 16)
 
 
 def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.buckets import bucket
+from spark_jobs.buckets import with_buckets
 from spark_jobs.coerce import declared_not_null
 from spark_jobs.columns import INTERNAL
 from spark_jobs.files import write_parquet
@@ -63,16 +63,19 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
         write_parquet(data, target.directory, target.filesystem, schema=target.schema, max_records=per_file)
         return
     types = {f.name: f.dataType for f in from_arrow_schema(target.schema).fields}
-    keys = []
+    keys, bucketed = [], []
     for index, (source, transform) in enumerate(target.partition):
         name = f"{INTERNAL}p{index}"
+        keys.append(name)
+        if transform.startswith("bucket["):
+            bucketed.append((name, source, int(transform[len("bucket["):-1])))
+            continue
         if transform.startswith("truncate["):
             value = truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
-        elif transform.startswith("bucket["):
-            value = bucket(F.col(source), types[source], int(transform[len("bucket["):-1]))
         else:
             value = partition_value(F.col(source), transform)
         data = data.withColumn(name, value)
-        keys.append(name)
+    if bucketed:
+        data = with_buckets(data, bucketed)
     # One task per partition value, so each value is one file; the source column stays in it.
     write_parquet(data.repartition(*keys), target.directory, target.filesystem, schema=target.schema, max_records=per_file, partition_by=keys)

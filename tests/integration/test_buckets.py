@@ -1,4 +1,4 @@
-"""Iceberg's bucket transform computed by Spark matches pyiceberg's, value for value."""
+"""Iceberg's bucket transform computed in Spark's Python workers matches pyiceberg's, value for value."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from pyiceberg.types import (
     StringType,
     TimestamptzType,
 )
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.buckets import bucket
+from spark_jobs.buckets import with_buckets
 from spark_jobs.session import spark_session
 
 pytestmark = pytest.mark.spark
@@ -41,7 +40,8 @@ def test_spark_bucket_matches_iceberg(spark_remote: str, kind: str, buckets: int
     expected = [BucketTransform(buckets).transform(iceberg_type)(_iceberg_value(kind, v)) for v in values]
     spark = spark_session(spark_remote)
     frame = spark.createDataFrame(pa.table({"i": pa.array(range(len(values))), "v": pa.array(values, type=arrow_type)}))
-    rows = frame.select("i", bucket(F.col("v"), spark_type, buckets).alias("b")).orderBy("i").collect()
+    assert frame.schema["v"].dataType == spark_type
+    rows = with_buckets(frame, [("b", "v", buckets)]).orderBy("i").collect()
     assert [row["b"] for row in rows] == expected
 
 

@@ -32,8 +32,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, buckets, extra_text, java_double, murmur3_32, parse_schema
+from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
