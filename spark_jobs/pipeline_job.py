@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -47,6 +48,7 @@ from spark_jobs.processors import (
     route_column,
     table_name_column,
     untyped_nulls,
+    with_fields,
     with_operation,
     with_path,
 )
@@ -189,25 +191,59 @@ class PipelineJob:
             events = events.where(~F.startswith(EVENT, F.lit(SET_ASIDE_MARK)))
         schema = self._known_parse_schema()
         self.parsed_with_table_schema = schema is not None
-        if schema is None:
-            schema = infer_event_schema(self.spark, events)
-            fewer = narrowed(schema, self._read_by_definition(), self.max_columns) if self.max_columns else None
-            if fewer is not None:
-                schema, self.parsed_with_table_schema = fewer, True
-        parsed = parse(events, schema)
+        parsed = parse(events, schema if schema is not None else self._inferred_schema(events))
         try:
-            frame = self._processed_frame(parsed).cache()  # Spark Connect analyzes the plan here: nothing is written yet
-        except AnalysisException:
-            # A field JSON null in every event of the batch is a string to Spark's inference, which
-            # NOT, AND and OR refuse: read as NULL of no type, as a field no event has is (with_path).
-            nulls = untyped_nulls(parsed, {path[0] for e in self._expressions() for path in referenced_paths(e)})
-            if nulls is None:
-                raise
-            frame = self._processed_frame(nulls).cache()
+            frame = self._analyzed(parsed)
+        except AnalysisException as exc:
+            frame = self._analyzed_again(events, parsed, exc)
         try:
             return self._write(frame)
         finally:
             frame.unpersist()
+
+    def _inferred_schema(self, events: DataFrame) -> T.StructType:
+        schema = infer_event_schema(self.spark, events)
+        fewer = narrowed(schema, self._read_by_definition(), self.max_columns) if self.max_columns else None
+        if fewer is not None:
+            schema, self.parsed_with_table_schema = fewer, True
+        return schema
+
+    def _analyzed(self, parsed: DataFrame) -> DataFrame:
+        """The processed frame, cached: Spark Connect analyzes its plan here, and the sinks'
+        operations too (AnalysisException for an expression that does not resolve), before
+        anything is written."""
+        frame = self._processed_frame(parsed)
+        operations = [sink.operation for sink in self.definition.sinks if sink.operation]
+        if operations:
+            _ = with_fields(frame, operations).select(*[F.expr(operation) for operation in operations]).schema
+        return frame.cache()
+
+    def _analyzed_again(self, events: DataFrame, parsed: DataFrame, failure: AnalysisException) -> DataFrame:
+        """The batch's frame after its expressions failed Spark's analysis (`failure`) for a cause
+        of the batch, not of the definition, tried in turn; `failure` again when none helps:
+        - a field they read that no event of the batch has, or JSON null in every event (inferred
+          as text), is NULL of no type, then of each type it may be read as (untyped_nulls: NOT
+          takes NULL of no type, a CASE WHEN needs a boolean);
+        - parsed with the table's types (`_known_parse_schema`), every scalar is text until it is
+          converted, and the fields the table lacks are text: an operation that reads one as a
+          boolean or a number does not resolve. The batch's types are inferred instead."""
+        produced = {name for p in self.definition.processors for name in [*(p.set or {}), *(p.rename or {}).values()]}
+        names = {path[0] for e in self._expressions() for path in referenced_paths(e) if len(path) == 1} - self._processed() - produced
+
+        def attempts() -> Iterator[DataFrame]:
+            yield from untyped_nulls(parsed, names)
+            if self.known_schema is not None and self.parsed_with_table_schema:
+                self.parsed_with_table_schema = False
+                inferred = parse(events, self._inferred_schema(events))
+                yield inferred
+                yield from untyped_nulls(inferred, names)
+
+        for frame in attempts():
+            try:
+                return self._analyzed(frame)
+            except AnalysisException:
+                continue
+        raise failure
 
     def _known_parse_schema(self) -> T.StructType | None:
         """The table's schema to parse with, plus the top-level fields an operation expression

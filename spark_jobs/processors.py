@@ -3,6 +3,8 @@ of a sink that changes rows. Expressions were checked when the pipeline was stor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import sqlglot
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -51,16 +53,26 @@ def with_path(frame: DataFrame, path: tuple[str, ...]) -> DataFrame:
     return frame
 
 
-def untyped_nulls(frame: DataFrame, names: set[str]) -> DataFrame | None:
-    """The frame with those of the top-level fields `names` that are strings and NULL in every row
-    as NULL of no type (what Spark's JSON inference makes of a field JSON null in every event); None
-    when there are none. One Spark action, over those fields only."""
+# The types a field that no event of a batch has is tried as, in turn, until the definition's
+# expressions resolve: of no type (NOT, AND, OR take it), then each that an expression may need.
+NULL_TYPES = (None, "boolean", "string", "bigint", "double")
+
+
+def untyped_nulls(frame: DataFrame, names: set[str]) -> Iterator[DataFrame]:
+    """The frame with those of the top-level fields `names` that it lacks, or holds as strings NULL
+    in every row (what Spark's JSON inference makes of a field JSON null in every event), as NULL
+    of each of NULL_TYPES in turn; nothing when there are none. One Spark action, over those
+    string fields only."""
+    missing = sorted(name for name in names if name not in frame.columns)
     strings = sorted(name for name in names if name in frame.columns and isinstance(frame.schema[name].dataType, T.StringType))
-    if not strings:
-        return None
-    counts = frame.select(*[F.count(F.col(name)).alias(name) for name in strings]).first()
-    empty = [name for name in strings if counts is not None and counts[name] == 0]
-    return frame.withColumns({name: F.lit(None) for name in empty}) if empty else None
+    if strings:
+        counts = frame.select(*[F.count(F.col(name)).alias(name) for name in strings]).first()
+        missing += [name for name in strings if counts is not None and counts[name] == 0]
+    if not missing:
+        return
+    for data_type in NULL_TYPES:
+        null = F.lit(None) if data_type is None else F.lit(None).cast(data_type)
+        yield frame.withColumns({name: null for name in missing})
 
 
 def with_fields(frame: DataFrame, expressions: list[str]) -> DataFrame:

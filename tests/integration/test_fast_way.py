@@ -41,7 +41,7 @@ from pyspark.errors import AnalysisException
 from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
 from spark_jobs import pipeline_job
-from spark_jobs.columns import RECEIPT, SEQ
+from spark_jobs.columns import OP, RECEIPT, SEQ
 from spark_jobs.contract import ENTRY_BODY
 from spark_jobs.pipeline_job import PipelineJob
 from spark_jobs.stream_bodies import StreamEntries
@@ -540,3 +540,33 @@ def test_decimals_binary_and_buckets_give_the_same_rows_the_fast_way_and_the_ful
         assert len(keys) == 1, (path, keys)
 
     compare_ways(fresh_spark, tmp_path, AMOUNTS, BUCKETED, amounts_batch(), examples=10, least_written=3, check_file=one_partition)
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["table-types", "inferred"])
+@pytest.mark.parametrize(("field", "values", "ops"), [
+    ("gone", ("", ""), ["U", "U"]), ("gone", (', "gone": null', ', "gone": null'), ["U", "U"]),
+    ("gone", (', "gone": true', ', "gone": false'), ["D", "U"]), ("ok", (', "ok": true', ', "ok": false'), ["D", "U"]),
+], ids=["absent", "null-in-every-event", "a-field-the-table-lacks", "a-column-of-the-table"])
+def test_an_operation_over_a_boolean_field_resolves_whatever_the_batch_holds(
+    fresh_spark, tmp_path, known: bool, field: str, values: tuple[str, str], ops: list[str],  # noqa: ANN001
+) -> None:
+    """A sink's `CASE WHEN <field> THEN 'delete' ELSE 'update' END`: over a batch without the field,
+    or with it JSON null in every event, it reads NULL (every event upserts); over booleans, each
+    event's own. Spark's analysis used to fail these batches (a string is not a boolean): the
+    field inferred as text, or, with the table's types known, parsed as text."""
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}},
+        "sinks": [{"table": "events", "extra_fields": "_extra", "identifier_columns": ["id"], "mode": "upsert",
+                   "operation": f"CASE WHEN {field} THEN 'delete' ELSE 'update' END"}],
+    })
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra", changes=ChangeSpec(sink.operation, ("id",), True))
+
+    job = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
+                      known_schema=TABLE if known else None)
+    result = job.run(["r0"], [f'{{"id": 1, "n": 1{values[0]}}}\n{{"id": 2, "n": 2{values[1]}}}'.encode()])
+    assert [(row["id"], row[OP]) for row in written(result)] == [(1, ops[0]), (2, ops[1])]
+    assert result.dlq is None
