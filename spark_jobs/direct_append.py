@@ -20,9 +20,13 @@ without zone; a date alone) from 1900 on, and epoch milliseconds (days for a dat
 integers. Any other spelling, a day that does not exist or a column sent both ways in one request
 refuses the batch.
 
-Decimals are parsed by pyarrow from JSON numbers and text alike, as the Spark job reads both
-through their text: a value with more fractional digits than the column's scale (which the Spark
-job rounds half up) or more digits than its precision (its NULL) refuses the request. Binary is
+Decimals of up to 15 digits are parsed by pyarrow from JSON numbers and text alike, exactly. The
+Spark job reads text and integers exactly too, but a JSON number with a fraction or an exponent
+through a double, spelled by Java's Double.toString: for a value v of at most 15 significant
+digits that spelling lies within 2.3e-16 |v| of v, less than half a unit of the column's scale,
+so rounded to the scale it is v again. A wider column (691991118726246.3 read as ...246.2) is the
+Spark job's. A value with more fractional digits than the column's scale (which the Spark job
+rounds half up) or more digits than its precision (its NULL) refuses the request. Binary is
 read from base64 text spelled canonically (`binaries`); any other spelling, which the Spark job's
 decoder reads by rules of its own (no padding, line breaks), refuses it.
 
@@ -88,6 +92,10 @@ ISO = {"timestamptz": f"^{_DATE}({_CLOCK}{_OFFSET}?)?$", "timestamp": f"^{_DATE}
 # Epoch milliseconds (days for a date) from 1900-01-01 through 9999-12-31, as JSON integers.
 EPOCH_RANGE = {"timestamptz": (-2_208_988_800_000, 253_402_300_799_999), "timestamp": (-2_208_988_800_000, 253_402_300_799_999),
                "date": (-25_567, 2_932_896)}
+# Decimals of at most this many digits: the Spark job reads a JSON number with a fraction through
+# a double (Jackson copies the token as Java's Double.toString spells it), which these survive
+# exactly once rounded to the column's scale (see the module's docstring); pyarrow reads the text.
+EXACT_DECIMAL_DIGITS = 15
 _TIME_TYPES = {"timestamptz": pa.timestamp("us", "UTC"), "timestamp": pa.timestamp("us"), "date": pa.date32()}
 # Partition transforms of time columns whose rows this path groups itself (partition_keys).
 _TEMPORAL = {"year", "month", "day", "hour"}
@@ -123,7 +131,7 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
             continue
         if time_kind(f.type) or is_binary(f.type):
             fields.append(pa.field(f.name, pa.string()))
-        elif pa.types.is_decimal128(f.type):
+        elif pa.types.is_decimal128(f.type) and f.type.precision <= EXACT_DECIMAL_DIGITS:
             fields.append(pa.field(f.name, f.type))  # the precision checked after: `decimals`
         elif (parsed := nested_parsing(f.type)) is not None:
             fields.append(pa.field(f.name, parsed))

@@ -488,7 +488,7 @@ def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spa
 
 # Decimals, binary, and partitions by bucket and by an integer's truncate.
 AMOUNTS = Schema(
-    NestedField(1, "id", LongType(), required=True), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "big", DecimalType(38, 6)),
+    NestedField(1, "id", LongType(), required=True), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "big", DecimalType(15, 6)),
     NestedField(4, "blob", BinaryType()), NestedField(5, "user", StringType()), NestedField(6, "n", LongType()),
     NestedField(7, "_extra", MapType(8, StringType(), 9, StringType())),
 ).as_arrow()
@@ -515,7 +515,7 @@ def amounts_batch(draw) -> list[bytes]:  # noqa: ANN001
     binary, a user and a number to partition by; now and then a value spelled otherwise."""
 
     def fields(chance: random.Random, as_text: bool) -> list[tuple[str, str]]:
-        amount, big = draw(_fixed(10, 2)), draw(_fixed(38, 6))
+        amount, big = draw(_fixed(10, 2)), draw(_fixed(15, 6))
         values = {
             "amount": json.dumps(amount) if as_text else amount,
             "big": json.dumps(big) if as_text else big,
