@@ -91,7 +91,7 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
         if isinstance(source_type, T.MapType):
             value_type = source_type.valueType
             return Coerced(
-                F.transform_values(source, lambda _k, v: coerce(v, value_type, target.valueType).value),
+                key_ordered(F.transform_values(source, lambda _k, v: coerce(v, value_type, target.valueType).value)),
                 ~present | F.forall(F.map_values(source), lambda v: coerce(v, value_type, target.valueType).ok),
             )
         if isinstance(source_type, T.StructType):  # JSON objects are inferred as structs
@@ -100,7 +100,7 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
                 return Coerced(F.when(present, F.create_map().cast(target)), F.lit(True))
             entries = F.create_map(*[item for name, c in converted for item in (F.lit(name), c.value)])
             return Coerced(
-                F.when(present, F.map_filter(entries, lambda _k, v: v.isNotNull())),
+                F.when(present, key_ordered(F.map_filter(entries, lambda _k, v: v.isNotNull()))),
                 ~present | all_of([c.ok for _n, c in converted]),
             )
         return Coerced(_null(target), ~present)
@@ -110,6 +110,14 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
         return Coerced(_null(target), ~present)
     value = scalar(source if isinstance(source_type, T.StringType) else source.cast("string"), target)
     return Coerced(value, ~present | value.isNotNull())
+
+
+def key_ordered(entries: Column) -> Column:
+    """A map with its entries in key order (Spark compares strings by their UTF-8 bytes: code
+    point order, as Python sorts them): a map read from JSON is written so, whatever order its
+    object had and whichever way the batch took (the short way writes them so too)."""
+    by_key = F.array_sort(F.map_entries(entries), lambda a, b: F.when(a["key"] < b["key"], -1).when(a["key"] > b["key"], 1).otherwise(0))
+    return F.map_from_entries(by_key)
 
 
 def scalar(text: Column, target: T.DataType) -> Column:

@@ -30,10 +30,12 @@ rounds half up) or more digits than its precision (its NULL) refuses the request
 read from base64 text spelled canonically (`binaries`); any other spelling, which the Spark job's
 decoder reads by rules of its own (no padding, line breaks), refuses it.
 
-A map of strings (the shippers' labels and attributes) is inferred by pyarrow as a struct, which
-says which events have one; those events' lines are read again by orjson for each object's
-entries in its order, as Spark's JSON functions read a map. A value other than an object of
-strings (a null, a number, a nested object) refuses the batch.
+A map of strings (the shippers' labels and attributes) is inferred by pyarrow as a struct, whose
+fields give each event's entries (`_struct_maps`), written in key order as the Spark job writes
+every map it reads from an event (coerce.key_ordered); where a struct may not say what an object
+holds (a JSON null in the line of an event lacking one of its keys) those lines are read again by
+orjson. A value other than an object of strings (a null, a number, a nested object) refuses the
+batch.
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically); only
@@ -291,6 +293,22 @@ def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.
     return keys
 
 
+def _in_order(data: pa.Table, keys: list[str]) -> bool:
+    """Whether the rows are already as sorting by `keys` would leave them (a stable sort: the
+    same order): each key but the last one value throughout, the last never descending, none
+    null. The commonest batch (a day's events, in the order they came) then skips the sort,
+    which moves every column."""
+    import pyarrow.compute as pc
+
+    if data.num_rows < 2 or any(data.column(key).null_count for key in keys):
+        return data.num_rows < 2
+    for key in keys[:-1]:
+        if pc.count_distinct(data.column(key)).as_py() != 1:
+            return False
+    last = data.column(keys[-1])
+    return pc.all(pc.less_equal(last.slice(0, data.num_rows - 1), last.slice(1))).as_py()
+
+
 def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001
                       partition: list[tuple[str, str]]) -> list[tuple[str, int, tuple]]:
     """`data` as Parquet files in `schema` under `directory` (as `filesystem` names it), one per
@@ -298,7 +316,7 @@ def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Sch
     keys = [f"{INTERNAL}p{index}" for index in range(len(partition))]
     for name, column in zip(keys, partition_keys(data, partition)):
         data = data.append_column(name, column)
-    if keys:
+    if keys and not _in_order(data, keys):
         data = data.sort_by([(name, "ascending") for name in keys])
     return write_runs(data.combine_chunks().to_batches(), directory, filesystem, schema, keys)
 
@@ -357,33 +375,78 @@ def append_directly(
 
 def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table:
     """`table` (parsed from `lines`, the columns `names` inferred: an object as a struct) with those
-    columns as maps of strings, each event's entries in its object's order, as the Spark job reads
-    them: NULL where the event has none or null. Raises Refused for a value that is not an object
-    of strings (a number, a null, a nested object: the Spark job says what those become)."""
+    columns as maps of strings, each event's entries in key order, as the Spark job writes them:
+    NULL where the event has none or null. Raises Refused for a value that is not an object of
+    strings (a number, a null, a nested object: the Spark job says what those become)."""
     import orjson
 
-    present, rows, events = [], [], []
+    present = []
     for name in names:
         if name not in table.column_names or table.column(name).null_count == table.num_rows:
             continue
         column_type = table.column(name).type
-        if not pa.types.is_struct(column_type) or not all(pa.types.is_string(f.type) for f in column_type):
+        # (Text pyarrow took for a time, "2025-11-22", is a string here: orjson reads it so.)
+        if not pa.types.is_struct(column_type) or not all(pa.types.is_string(f.type) or pa.types.is_timestamp(f.type) for f in column_type):
             raise Refused(f"{name!r}: a value other than an object of strings")
         present.append(name)
-    if present:
+    converted = (_struct_maps(table, lines, present) if present else None) or {}
+    if present and not converted:  # the lines read again
         import pyarrow.compute as pc
 
         rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(table.column(name)) for name in present])).to_pylist()
+        events = []
         for row in rows:
             try:
                 events.append(orjson.loads(lines[row]))
-            except orjson.JSONDecodeError as exc:  # a text pyarrow read and orjson does not (a lone surrogate)
+            except orjson.JSONDecodeError as exc:  # text pyarrow read and orjson does not (bytes that are not UTF-8)
                 raise Refused(f"event {row}: {exc}") from None
+        converted = {name: _map_column(name, rows, events, table.num_rows) for name in present}
     for name in names:
-        converted = _map_column(name, rows, events, table.num_rows) if name in present else pa.nulls(table.num_rows, TEXT_MAP)
+        column = converted.get(name, pa.nulls(table.num_rows, TEXT_MAP))
         index = table.schema.get_field_index(name)
-        table = table.set_column(index, name, converted) if index >= 0 else table.append_column(name, converted)
+        table = table.set_column(index, name, column) if index >= 0 else table.append_column(name, column)
     return table
+
+
+_MAX_STRUCT_KEYS = 1024  # more keys in one column's objects (a key per request id, say): the lines are read again
+
+
+def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[str, pa.MapArray] | None:
+    """The columns `names` of `table` (structs of strings, as pyarrow inferred each event's object)
+    as maps of strings in key order, without reading each line again; None where the struct may
+    not say what the object holds, so the caller reads the lines: a field null in an event whose
+    line holds a JSON null (a key with null, which is an entry, not an absent key), or text that is
+    not UTF-8. (pyarrow refuses a key twice and an unpaired surrogate, as orjson does.)"""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    maps = {}
+    for name in names:
+        struct = table.column(name).combine_chunks()
+        if struct.type.num_fields > _MAX_STRUCT_KEYS or not all(pa.types.is_string(f.type) for f in struct.type):
+            return None
+        order = sorted(range(struct.type.num_fields), key=lambda index: struct.type.field(index).name)
+        keys = pa.array([struct.type.field(index).name for index in order], pa.string())
+        children = [struct.field(index) for index in order]
+        count, width = len(struct), len(children)
+        valid = struct.is_valid().to_numpy(zero_copy_only=False)
+        held = np.zeros((count, width), bool)
+        for slot, child in enumerate(children):
+            held[:, slot] = child.is_valid().to_numpy(zero_copy_only=False) & valid
+        if (held.sum(axis=1) < width)[valid].any():  # an object without one of the keys, or with null for it
+            gaps = np.flatnonzero((held.sum(axis=1) < width) & valid)
+            if any(b"null" in lines[row] for row in gaps.tolist()):
+                return None
+        rows, slots = np.divmod(np.flatnonzero(held.ravel()), width or 1)  # row by row, each row's keys in key order
+        values = pa.concat_arrays(children).take(pa.array(slots * count + rows)) if width else pa.array([], pa.string())
+        try:
+            keys.validate(full=True)
+            values.validate(full=True)
+        except pa.ArrowInvalid:  # bytes that are not UTF-8, which pyarrow passes through
+            return None
+        offsets = np.concatenate([[0], np.cumsum(held.sum(axis=1))]).astype(np.int32)
+        maps[name] = pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(slots)), values, type=TEXT_MAP, mask=pc.invert(pc.is_valid(struct)))
+    return maps
 
 
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
@@ -399,8 +462,9 @@ def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> p
         if value is not None:
             if type(value) is not dict:
                 raise Refused(f"{name!r}: a value other than an object of strings")
-            keys.extend(value)
-            values.extend(value.values())
+            ordered = sorted(value)
+            keys.extend(ordered)
+            values.extend(map(value.__getitem__, ordered))
             missing[row] = False
         offsets.append(len(keys))
         at += 1

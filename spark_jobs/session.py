@@ -29,6 +29,9 @@ def spark_session(remote: str) -> SparkSession:
             # Field names are matched exactly, as Iceberg and JSON match them: `Msg` and `msg` in
             # one event (or one batch) are two fields, not an ambiguous reference failing the job.
             session.conf.set("spark.sql.caseSensitive", "true")
+            # A key twice in one object read as a map keeps its last value, as a field twice in an
+            # event does, instead of failing the whole batch when the map is rebuilt in key order.
+            session.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
             _sessions[remote] = session
         return session
 

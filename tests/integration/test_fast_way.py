@@ -367,7 +367,7 @@ def mapped_batch(draw) -> list[bytes]:  # noqa: ANN001
 
 @pytest.mark.timeout(600)
 def test_maps_of_strings_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
-    # Each event's entries in its object's order, NULL for none; anything but an object of strings
+    # Each event's entries in key order, NULL for none; anything but an object of strings
     # refuses the batch (the full job decides it).
     compare_ways(fresh_spark, tmp_path, MAPPED, [], mapped_batch(), examples=12, least_written=3)
 
@@ -462,6 +462,22 @@ def test_lists_and_structs_give_the_same_rows_the_fast_way_and_the_full_way(fres
     # pyarrow parses lists and objects with the columns' types; a key an object's column lacks, or
     # a value of another shape, leaves the request to the full job, which names or keeps the key.
     compare_ways(fresh_spark, tmp_path, NESTED, [], nested_batch(), examples=20, least_written=4)
+
+
+def test_a_key_twice_in_a_map_keeps_its_last_value_in_key_order_and_fails_nothing(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """The full job (the short way refuses a key twice): the map's entries in key order, the last
+    value of a key written twice (as a field twice in an event), the batch's other rows written."""
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=MAPPED, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra")
+
+    job = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=MAPPED)
+    result = job.run(["r0"], [b'{"id": 1, "labels": {"b": "x", "a": "1", "a": "2"}}\n{"id": 2, "attrs": {"z": "1", "y": "2"}}'])
+    assert result.direct != "written"
+    assert [(row["id"], row["labels"], row["attrs"]) for row in written(result)] == [(1, [("a", "2"), ("b", "x")], None), (2, None, [("y", "2"), ("z", "1")])]
+    assert result.dlq is None
 
 
 @pytest.mark.parametrize("ok", ["", ', "ok": null'], ids=["absent", "null-in-every-event"])

@@ -34,7 +34,7 @@ from pyiceberg.types import (
 
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema
+from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema, write_partitioned
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -253,17 +253,41 @@ def test_truncate_and_identity_partitions_group_rows_by_their_values(tmp_path) -
     assert groups == [[(1, "ab")], [(1, "日本語")], [(2, "日本x")], [(3, None)]]
 
 
+@pytest.mark.parametrize(("days", "users"), [
+    ([1, 1, 1, 1], ["a", "a", "a", "a"]),  # one partition value: no sort
+    ([1, 1, 2, 2], ["a", "a", "a", "a"]),  # the last key ascending: no sort
+    ([2, 1, 2, 1], ["a", "a", "a", "a"]),  # sorted: a file per day
+    ([1, 1, 1, 1], ["b", "a", "b", "a"]),
+    ([1, 2, 1, 2], ["a", "a", "b", "b"]),  # the first key not one value: sorted
+], ids=["one", "ascending", "days", "users", "both"])
+def test_rows_in_partition_order_or_not_give_one_file_per_value_with_the_rows_in_their_order(tmp_path, days: list[int], users: list[str]) -> None:  # noqa: ANN001
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("user", pa.string())])
+    data = pa.table({"id": range(4), "day": pa.array([date(2025, 1, d) for d in days], pa.date32()), "user": users}, schema=schema)
+    written = write_partitioned(data, str(tmp_path), pafs.LocalFileSystem(), schema, [("user", "identity"), ("day", "day")])
+    files = {(row["user"], row["day"]): [r["id"] for r in pq.read_table(path).to_pylist()] for path, _rows, _key in written
+             for row in pq.read_table(path).slice(0, 1).to_pylist()}
+    expected: dict = {}
+    for index, (day, user) in enumerate(zip(days, users)):
+        expected.setdefault((user, date(2025, 1, day)), []).append(index)
+    assert files == expected and len(written) == len(expected)
+
+
 LABELLED = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "labels", MapType(3, StringType(), 4, StringType())),
 ).as_arrow()
 
 
-def test_maps_of_strings_keep_each_events_entries_in_its_order_and_anything_else_refuses(tmp_path) -> None:  # noqa: ANN001
-    (answer,) = answers(tmp_path / "plain", {"r1": b'{"id": 1, "labels": {"b": "2", "a": "1"}}\n{"id": 2, "labels": {"a": "x", "c": ""}}\n'
-                                                   b'{"id": 3}\n{"id": 4, "labels": null}\n{"id": 5, "labels": {}}'}, LABELLED, None, [])
-    assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 5}
-    assert pq.read_table(answer["path"]).column("labels").to_pylist() == [[("b", "2"), ("a", "1")], [("a", "x"), ("c", "")], None, None, []]
+@pytest.mark.parametrize("last", [b'{"id": 6, "labels": {"z": "y"}}', b'{"id": 6, "labels": {"z": "null"}}'], ids=["columns", "lines"])
+def test_maps_of_strings_keep_each_events_entries_in_key_order_and_anything_else_refuses(tmp_path, last: bytes) -> None:  # noqa: ANN001
+    # Read from pyarrow's structs, or (a line that may hold a JSON null where a key is absent)
+    # from the lines again: the same entries, in key order, as the Spark job writes them.
+    (answer,) = answers(tmp_path / "plain", {"r1": b'{"id": 1, "labels": {"b": "2", "a": "1"}}\n{"id": 2, "labels": {"c": "", "a": "x"}}\n'
+                                                   b'{"id": 3}\n{"id": 4, "labels": null}\n{"id": 5, "labels": {}}\n' + last}, LABELLED, None, [])
+    assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 6}
+    assert pq.read_table(answer["path"]).column("labels").to_pylist() == [
+        [("a", "1"), ("b", "2")], [("a", "x"), ("c", "")], None, None, [], [("z", json.loads(last)["labels"]["z"])],
+    ]
     for odd in (b'{"a": null}', b'{"a": 1}', b'{"a": {"b": "c"}}', b'"text"', b'{"a": "x", "a": "y"}', b"[]"):
         (refused,) = answers(tmp_path / "odd", {"r1": b'{"id": 1, "labels": {"a": "x"}}\n{"id": 2, "labels": ' + odd + b"}"}, LABELLED, None, [])
         assert refused["refused"] and refused["path"] is None, odd
