@@ -278,10 +278,12 @@ LABELLED = Schema(
 ).as_arrow()
 
 
-@pytest.mark.parametrize("last", [b'{"id": 6, "labels": {"z": "y"}}', b'{"id": 6, "labels": {"z": "null"}}'], ids=["columns", "lines"])
+@pytest.mark.parametrize("last", [b'{"id": 6, "labels": {"z": "y"}}', b'{"id": 6, "labels": {"z": "null"}}', b'{"id": 6, "labels": {"z": "2025-11-22"}}'],
+                         ids=["columns", "lines", "text-pyarrow-reads-as-a-time"])
 def test_maps_of_strings_keep_each_events_entries_in_key_order_and_anything_else_refuses(tmp_path, last: bytes) -> None:  # noqa: ANN001
-    # Read from pyarrow's structs, or (a line that may hold a JSON null where a key is absent)
-    # from the lines again: the same entries, in key order, as the Spark job writes them.
+    # Read from pyarrow's structs, or (a line that may hold a JSON null where a key is absent, or
+    # text pyarrow took for a time) from the lines again: the same entries, in key order, as the
+    # Spark job writes them.
     (answer,) = answers(tmp_path / "plain", {"r1": b'{"id": 1, "labels": {"b": "2", "a": "1"}}\n{"id": 2, "labels": {"c": "", "a": "x"}}\n'
                                                    b'{"id": 3}\n{"id": 4, "labels": null}\n{"id": 5, "labels": {}}\n' + last}, LABELLED, None, [])
     assert answer["refused"] is None and json.loads(answer["counts"]) == {"r1": 6}
