@@ -408,7 +408,9 @@ def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table
     return table
 
 
-_MAX_STRUCT_KEYS = 1024  # more keys in one column's objects (a key per request id, say): the lines are read again
+# A struct costs ~15 microseconds per key to take apart, a line ~2 to read again: past one key per
+# eight events in a column's objects (a key per request id, say), the lines are read again.
+_EVENTS_PER_STRUCT_KEY = 8
 
 
 def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[str, pa.MapArray] | None:
@@ -420,11 +422,12 @@ def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[
     import numpy as np
     import pyarrow.compute as pc
 
+    if any(table.column(name).type.num_fields > max(8, table.num_rows // _EVENTS_PER_STRUCT_KEY)
+           or not all(pa.types.is_string(f.type) for f in table.column(name).type) for name in names):
+        return None
     maps = {}
     for name in names:
         struct = table.column(name).combine_chunks()
-        if struct.type.num_fields > _MAX_STRUCT_KEYS or not all(pa.types.is_string(f.type) for f in struct.type):
-            return None
         order = sorted(range(struct.type.num_fields), key=lambda index: struct.type.field(index).name)
         keys = pa.array([struct.type.field(index).name for index in order], pa.string())
         children = [struct.field(index) for index in order]
