@@ -373,11 +373,14 @@ def append_directly(
     return counts, None, rejected
 
 
-def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table:
+def text_maps(table: pa.Table, lines: list[bytes], names: list[str], shells: bool = False, known: list[str] | None = None) -> pa.Table:
     """`table` (parsed from `lines`, the columns `names` inferred: an object as a struct) with those
     columns as maps of strings, each event's entries in key order, as the Spark job writes them:
     NULL where the event has none or null. Raises Refused for a value that is not an object of
-    strings (a number, a null, a nested object: the Spark job says what those become)."""
+    strings (a number, a null, a nested object: the Spark job says what those become).
+    shells: the columns `names` were read as empty structs (which events have an object, not what
+    it holds): every line is read again; one with a field outside `known` (when given) raises
+    Refused too, as the fields the table lacks were not inferred."""
     import orjson
 
     present = []
@@ -389,17 +392,24 @@ def text_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> pa.Table
         if not pa.types.is_struct(column_type) or not all(pa.types.is_string(f.type) or pa.types.is_timestamp(f.type) for f in column_type):
             raise Refused(f"{name!r}: a value other than an object of strings")
         present.append(name)
-    converted = (_struct_maps(table, lines, present) if present else None) or {}
-    if present and not converted:  # the lines read again
+    converted = (_struct_maps(table, lines, present) if present and not shells else None) or {}
+    if shells or (present and not converted):  # the lines read again
         import pyarrow.compute as pc
 
-        rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(table.column(name)) for name in present])).to_pylist()
+        if shells:
+            rows = list(range(table.num_rows))
+        else:
+            rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(table.column(name)) for name in present])).to_pylist()
         events = []
         for row in rows:
             try:
                 events.append(orjson.loads(lines[row]))
             except orjson.JSONDecodeError as exc:  # text pyarrow read and orjson does not (bytes that are not UTF-8)
                 raise Refused(f"event {row}: {exc}") from None
+        if known is not None:
+            taken = set(known)
+            if other := next((key for event in events for key in event if key not in taken), None):
+                raise Refused(f"a field the table lacks: {other[:200]!r}")
         converted = {name: _map_column(name, rows, events, table.num_rows) for name in present}
     for name in names:
         column = converted.get(name, pa.nulls(table.num_rows, TEXT_MAP))
@@ -623,12 +633,17 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                                 "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
-        def read(body: bytes, unexpected: str, epoch: bool) -> pa.Table:
-            options = pj.ParseOptions(explicit_schema=epoch_parsing if epoch else parsing, unexpected_field_behavior=unexpected)
+        def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False) -> pa.Table:
+            schema = epoch_parsing if epoch else parsing
+            if shells:  # the maps as empty structs: which events have an object, its keys not inferred
+                schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
+            options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
             return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
         def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
             """(the body's table, whether every line must be read for the fields the table lacks)."""
+            if wide_maps:
+                return read(body, "ignore", epoch, shells=True), True
             try:
                 # Fields the table lacks inferred as columns: which events have any (and the maps
                 # of strings as structs: which events have one).
@@ -674,7 +689,14 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
                 raise Refused("a field inside an object that its column lacks")
             if maps:
-                table = text_maps(table, lines, maps)
+                if not every_line and processors is None and not nested and any(
+                        pa.types.is_struct(column_type := table.column(name).type)
+                        and column_type.num_fields > max(8, table.num_rows // _EVENTS_PER_STRUCT_KEY) for name in maps if name in table.column_names):
+                    # Objects with many keys (a key per request id, say): pyarrow spends ~40 ms per
+                    # 1,000 events inferring them. The task's later bodies read them from the lines.
+                    wide_maps.append(True)
+                shells = every_line and bool(wide_maps)
+                table = text_maps(table, lines, maps, shells, known if shells and not extra_fields else None)
                 if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
                     raise Refused(f"a field the table lacks: {other[:200]!r}")
             if extra_fields:
@@ -711,6 +733,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
 
         known = [*parsing.names, *maps]
         nested = [f.name for f in parsing if is_nested(f.type)]
+        wide_maps: list[bool] = []  # not empty once a body's maps had many keys
         epoch_order = [False, True]
         tables, places, rejected = [], [], []
         for batch in batches:

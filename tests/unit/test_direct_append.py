@@ -276,6 +276,11 @@ LABELLED = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "labels", MapType(3, StringType(), 4, StringType())),
 ).as_arrow()
+LABELLED_EXTRA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "labels", MapType(3, StringType(), 4, StringType())),
+    NestedField(5, "_extra", MapType(6, StringType(), 7, StringType())),
+).as_arrow()
 
 
 @pytest.mark.parametrize("last", [b'{"id": 6, "labels": {"z": "y"}}', b'{"id": 6, "labels": {"z": "null"}}', b'{"id": 6, "labels": {"z": "2025-11-22"}}'],
@@ -295,6 +300,26 @@ def test_maps_of_strings_keep_each_events_entries_in_key_order_and_anything_else
         assert refused["refused"] and refused["path"] is None, odd
     (unknown,) = answers(tmp_path / "unknown", {"r1": b'{"id": 1, "labels": {"a": "x"}, "other": 1}'}, LABELLED, None, [])
     assert "a field the table lacks" in unknown["refused"]
+
+
+
+def test_after_a_body_of_maps_with_many_keys_the_lines_give_the_maps_and_the_fields_the_table_lacks(tmp_path) -> None:  # noqa: ANN001
+    # A key per event in the first body: pyarrow would infer a struct field per key (~40 ms per
+    # 1,000 events at 1,000 keys); the bodies after it read the maps from the lines, as rows alike.
+    many = b"\n".join(b'{"id": %d, "labels": {"k%d": "v"}}' % (i, i) for i in range(100, 116))
+    body = b'{"id": 1, "labels": {"b": "2", "a": "1"}}\n{"id": 2}\n{"id": 3, "labels": null}\n{"id": 4, "labels": {"c": "", "a": "x", "a": "y"}}'
+    (alone,) = answers(tmp_path / "alone", {"r2": body.replace(b'"a": "x", ', b"")}, LABELLED, None, [])
+    (after,) = answers(tmp_path / "after", {"r1": many, "r2": body}, LABELLED, None, [])
+    assert after["refused"] is None and json.loads(after["counts"]) == {"r1": 16, "r2": 4}
+    rows = {row["id"]: row["labels"] for row in pq.read_table(after["path"]).to_pylist()}
+    assert rows[100] == [("k100", "v")] and [rows[i] for i in (1, 2, 3, 4)] == pq.read_table(alone["path"]).column("labels").to_pylist()
+    assert [rows[i] for i in (1, 2, 3, 4)] == [[("a", "1"), ("b", "2")], None, None, [("a", "y"), ("c", "")]]
+    for odd in (b'{"id": 5, "other": 1}', b'{"id": 5, "labels": {"a": 1}}', b'{"id": 5, "labels": {"a": null}}', b'{"id": 5, "labels": "x"}'):
+        (refused,) = answers(tmp_path / "odd", {"r1": many, "r2": odd}, LABELLED, None, [])
+        assert refused["refused"] and refused["path"] is None, odd
+    (extra,) = answers(tmp_path / "extra", {"r1": many, "r2": b'{"id": 5, "labels": {"z": "1"}, "other": 1}'}, LABELLED_EXTRA, "_extra", [])
+    assert [(row["id"], row["labels"], row["_extra"]) for row in pq.read_table(extra["path"]).to_pylist() if row["id"] == 5] == [
+        (5, [("z", "1")], [("other", "1")])]
 
 
 AMOUNTS = Schema(
