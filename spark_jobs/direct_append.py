@@ -462,6 +462,17 @@ def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[
     return maps
 
 
+def _only_empty(column: pa.ChunkedArray) -> bool:
+    """Whether a map column holds objects (a row not NULL) but not one entry."""
+    return column.null_count < len(column) and not any(chunk.offsets[-1].as_py() > chunk.offsets[0].as_py() for chunk in column.chunks if len(chunk))
+
+
+def _has_empty_key(column: pa.ChunkedArray) -> bool:
+    import pyarrow.compute as pc
+
+    return any(pc.any(pc.equal(chunk.keys, "")).as_py() for chunk in column.chunks if len(chunk.keys))
+
+
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
     """Column `name` of `count` events as a map of strings: events[i] (an event's object, from
     orjson) is row rows[i]'s; any other row has none. Built from flat lists of keys and values."""
@@ -711,6 +722,9 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                         raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
                 table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
             if processors is not None:
+                if any(_has_empty_key(table.column(name)) for name in maps):
+                    # The Spark job then infers an object as a struct, which leaves out a field named "".
+                    raise Refused('a key "" in an object, and processors')
                 try:
                     table = apply_processors(*processors, table)
                 except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -767,6 +781,12 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             data = pa.concat_tables(tables) if tables else None
         if not tables:
             yield answer(last=True)
+            return
+        if processors is not None and (empty := next((name for name in maps if _only_empty(data.column(name))), None)):
+            # With processors the Spark job infers an object as a struct, and objects without a key
+            # anywhere in its batch leave no field: NULL, not an empty map. Whether they do depends
+            # on the whole batch (every task's share of it): the Spark job takes the batch.
+            yield answer(refused=f"{empty!r}: objects without a key, and processors")
             return
         counts: dict[str, int] = {}
         for receipt, _seq, events in places:

@@ -17,6 +17,10 @@ still differ, and is refused or ruled out:
   with a backslash or such literals is not planned.
 - Column names: Spark resolves them ignoring case; a plan names the table's columns exactly, and
   an event with a field the table lacks is refused by the short way.
+- Maps of strings: the Spark job infers an object as a struct (turned into a map in key order, as
+  the short way writes it), which has no field named "" and no column where no object of the
+  batch has a key: direct_append.py refuses a request with such a key, and a batch whose maps
+  hold no entry at all.
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
@@ -71,8 +75,6 @@ def kind_of(data_type: pa.DataType) -> str | None:
 def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | None) -> tuple[list[tuple], list[str]] | None:
     """(the steps, the numeric columns whose values must stay below 2**53) for `processors` over a
     table of `schema`, or None when one is outside what this module evaluates."""
-    if any(pa.types.is_map(f.type) for f in schema if f.name != extra_fields):
-        return None  # the Spark job reads an object as a struct, its keys in another order
     kinds = {f.name: kind for f in schema if f.name != extra_fields and (kind := kind_of(f.type))}
     steps: list[tuple] = []
     guarded: set[str] = set()

@@ -322,6 +322,28 @@ def test_after_a_body_of_maps_with_many_keys_the_lines_give_the_maps_and_the_fie
         (5, [("z", "1")], [("other", "1")])]
 
 
+
+def test_with_processors_maps_are_read_unless_the_spark_jobs_inference_would_read_them_otherwise(tmp_path) -> None:  # noqa: ANN001
+    # With processors the Spark job infers an object as a struct: a key "" is no field there, and
+    # objects without a key in the whole batch are no column (NULL, not an empty map).
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    steps = plan([Processor(where="id > 1")], LABELLED, None)
+    assert steps is not None
+
+    def run(body: bytes) -> dict:
+        append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parse_schema(LABELLED, None), LABELLED, frozenset({"id"}), None, [],
+                           processors=steps)
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        return [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+
+    kept = run(b'{"id": 1, "labels": {"b": "1"}}\n{"id": 2, "labels": {"b": "2", "a": "3"}}\n{"id": 3, "labels": {}}')
+    assert kept["refused"] is None and pq.read_table(kept["path"]).column("labels").to_pylist() == [[("a", "3"), ("b", "2")], []]
+    assert "objects without a key" in run(b'{"id": 2, "labels": {}}\n{"id": 3}')["refused"]
+    assert 'a key ""' in run(b'{"id": 2, "labels": {"": "x", "a": "1"}}')["refused"]
+
+
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "amount", DecimalType(10, 2)),
