@@ -16,7 +16,8 @@ fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) part
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
 a list of strings (`tags`); `orders`, the declared shape with a customer and an amount of money
-(`decimal(12,2)`), partitioned by day(ts) and bucket[8](user). The shippers'
+(`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `labelled`, the declared shape with a
+map of labels (two to four keys in any order) and a `where` processor. The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -120,6 +121,13 @@ def ordered(event: dict) -> dict:
     return event
 
 
+def labelled(event: dict) -> dict:
+    """The event with a map of labels (two to four of a few keys, in any order), as a shipper's pipeline has them."""
+    keys = random.sample(["region", "pod", "team", "version"], k=random.randint(2, 4))
+    event["labels"] = {key: f"{key}-{random.randrange(20)}" for key in keys}
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -127,6 +135,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
+          "labelled": lambda i: labelled(with_days(i)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -146,6 +155,10 @@ PIPELINES = {
             *(c for c in DECLARED_COLUMNS if c["name"] not in ("status", "latency_ms")),
             {"name": "http", "type": "struct<status: int, latency_ms: double, method: string>"}, {"name": "tags", "type": "list<string>"},
         ], "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "labelled": {"name": "labelled", "source": {"http": {"path": "/labelled"}}, "processors": [{"where": "level != 'debug'"}], "sinks": [{
+        "table": "labelled", "auto_create": True, "schema": {"columns": [*DECLARED_COLUMNS, {"name": "labels", "type": "map<string, string>"}],
+                                                             "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
     "orders": {"name": "orders", "source": {"http": {"path": "/orders"}}, "sinks": [{
         "table": "orders", "auto_create": True, "schema": {"columns": [
