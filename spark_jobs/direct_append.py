@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
@@ -467,12 +468,6 @@ def _only_empty(column: pa.ChunkedArray) -> bool:
     return column.null_count < len(column) and not any(chunk.offsets[-1].as_py() > chunk.offsets[0].as_py() for chunk in column.chunks if len(chunk))
 
 
-def _has_empty_key(column: pa.ChunkedArray) -> bool:
-    import pyarrow.compute as pc
-
-    return any(pc.any(pc.equal(chunk.keys, "")).as_py() for chunk in column.chunks if len(chunk.keys))
-
-
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
     """Column `name` of `count` events as a map of strings: events[i] (an event's object, from
     orjson) is row rows[i]'s; any other row has none. Built from flat lists of keys and values."""
@@ -722,9 +717,6 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                         raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
                 table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
             if processors is not None:
-                if any(_has_empty_key(table.column(name)) for name in maps):
-                    # The Spark job then infers an object as a struct, which leaves out a field named "".
-                    raise Refused('a key "" in an object, and processors')
                 try:
                     table = apply_processors(*processors, table)
                 except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -748,6 +740,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         known = [*parsing.names, *maps]
         nested = [f.name for f in parsing if is_nested(f.type)]
         wide_maps: list[bool] = []  # not empty once a body's maps had many keys
+        inferred_maps = None
+        if processors is not None and maps:  # a key "", or a map's name as a key of something but an object or null
+            names = b"|".join(re.escape(json.dumps(name, ensure_ascii=escaped).encode()) for name in maps for escaped in (True, False))
+            inferred_maps = re.compile(rb'""\s*:|(?:' + names + rb")\s*:(?!\s*(?:\{|null))")
         epoch_order = [False, True]
         tables, places, rejected = [], [], []
         for batch in batches:
@@ -759,6 +755,12 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                     yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
                     return
             for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
+                if inferred_maps is not None and inferred_maps.search(body):
+                    # With processors the Spark job infers the batch's types: a map column holding
+                    # anything but objects in any event of its batch is inferred as text, which makes
+                    # every event's map NULL, and its struct has no field for a key "". It takes the batch.
+                    yield answer(refused='a map column holding other than an object, or a key "", and processors')
+                    return
                 try:
                     table, events = rows_of(body)
                 except Refused as exc:

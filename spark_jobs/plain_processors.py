@@ -18,9 +18,9 @@ still differ, and is refused or ruled out:
 - Column names: Spark resolves them ignoring case; a plan names the table's columns exactly, and
   an event with a field the table lacks is refused by the short way.
 - Maps of strings: the Spark job infers an object as a struct (turned into a map in key order, as
-  the short way writes it), which has no field named "" and no column where no object of the
-  batch has a key: direct_append.py refuses a request with such a key, and a batch whose maps
-  hold no entry at all.
+  the short way writes it), which has no field named "", no column where no object of the batch
+  has a key, and text for a column one event of the batch holds something else in (every map
+  NULL then): direct_append.py refuses such a batch whole.
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is

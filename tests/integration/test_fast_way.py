@@ -453,8 +453,9 @@ def processed_mapped_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # n
 def test_processors_over_a_table_with_maps_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     # The full job infers each object as a struct (a key null in every event of the batch left
     # out) and makes a map of it in key order; the short way reads the maps as it does without
-    # processors, and leaves a batch whose objects hold no key at all (NULL there), or a request
-    # with a key "" (a struct field the full job leaves out), to the full job.
+    # processors, and leaves a batch whose objects hold no key at all (NULL there), a key "" (a
+    # struct field the full job leaves out) or a map column holding something else in one event
+    # (text, every map NULL there) to the full job.
     compare_ways(fresh_spark, tmp_path, MAPPED, [], processed_mapped_batch(), examples=15, least_written=3)
 
 # A table with lists and structs (of plain types, at any depth), as declared schemas have them.

@@ -324,8 +324,9 @@ def test_after_a_body_of_maps_with_many_keys_the_lines_give_the_maps_and_the_fie
 
 
 def test_with_processors_maps_are_read_unless_the_spark_jobs_inference_would_read_them_otherwise(tmp_path) -> None:  # noqa: ANN001
-    # With processors the Spark job infers an object as a struct: a key "" is no field there, and
-    # objects without a key in the whole batch are no column (NULL, not an empty map).
+    # With processors the Spark job infers an object as a struct: a key "" is no field there,
+    # objects without a key in the whole batch are no column (NULL, not an empty map), and a map
+    # column holding anything but objects in one event is text, every event's map NULL.
     from service.pipelines.spec import Processor
     from spark_jobs.plain_processors import plan
 
@@ -342,6 +343,8 @@ def test_with_processors_maps_are_read_unless_the_spark_jobs_inference_would_rea
     assert kept["refused"] is None and pq.read_table(kept["path"]).column("labels").to_pylist() == [[("a", "3"), ("b", "2")], []]
     assert "objects without a key" in run(b'{"id": 2, "labels": {}}\n{"id": 3}')["refused"]
     assert 'a key ""' in run(b'{"id": 2, "labels": {"": "x", "a": "1"}}')["refused"]
+    # Text where another event has an object: the Spark job infers the column as text, every map NULL.
+    assert "other than an object" in run(b'{"id": 2, "labels": {"a": "1"}}\n{"id": 3, "labels": "text"}')["refused"]
 
 
 AMOUNTS = Schema(
