@@ -437,9 +437,9 @@ def processed_mapped_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # n
         for name in ("labels", "attrs"):
             if chance.random() < 0.8:
                 keys = draw(st.lists(st.sampled_from(["job", "level", "é", "host", "a b", "B"]), unique=True, min_size=chance.random() < 0.9, max_size=4))
-                keys += [""] if chance.random() < 0.02 else []
+                keys += [""] if chance.random() < 0.005 else []
                 value = json.dumps({key: draw(TEXT | MAP_TEXT) for key in keys}, ensure_ascii=chance.random() < 0.5)
-                pairs.append((name, value if chance.random() > 0.03 else draw(ODD_MAPS)))
+                pairs.append((name, value if chance.random() > 0.01 else draw(ODD_MAPS)))  # (some refuse the whole batch: rare)
         if chance.random() < 0.8:
             pairs += [("msg", json.dumps(draw(SMALL_TEXT))), ("n", str(draw(st.integers(-20, 20))))]
         if chance.random() < 0.7:
@@ -456,7 +456,7 @@ def test_processors_over_a_table_with_maps_give_the_same_rows_the_fast_way_and_t
     # processors, and leaves a batch whose objects hold no key at all (NULL there), a key "" (a
     # struct field the full job leaves out) or a map column holding something else in one event
     # (text, every map NULL there) to the full job.
-    compare_ways(fresh_spark, tmp_path, MAPPED, [], processed_mapped_batch(), examples=15, least_written=3)
+    compare_ways(fresh_spark, tmp_path, MAPPED, [], processed_mapped_batch(), examples=20, least_written=1)
 
 # A table with lists and structs (of plain types, at any depth), as declared schemas have them.
 NESTED = Schema(
