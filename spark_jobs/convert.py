@@ -17,14 +17,25 @@ NO_NAMES = "array<string>"
 
 
 def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool,
-            processed: frozenset[str] = frozenset()) -> DataFrame:
+            processed: frozenset[str] = frozenset(), produced: frozenset[str] = frozenset()) -> DataFrame:
     """Rows in the table's types, with a REASON for those that must go to the DLQ instead, and
     the fields no column takes (DROPPED). `consumed`: fields the sink's operation reads (no
     column's); `parsed_with_table_schema`: the events' other fields were never parsed (columns
     the parse lacks are then read from the events' text, but for `processed`: fields the
-    definition's processors dropped or renamed)."""
+    definition's processors dropped or renamed). Parsed with the batch's inferred types instead,
+    map columns the processors left alone (not `processed`, not `produced`: given a value) and the
+    parse did not read as maps are read from the events' text again, as the table's type:
+    inference makes an object a struct (no field for a key "", none at all for objects without
+    keys) and a column holding an object in one event and anything else in another text (no
+    event's map could be read from it)."""
     target_fields = from_arrow_schema(target.schema).fields
-    rows = _with_unparsed_columns(rows, target, target_fields, processed) if parsed_with_table_schema else rows
+    if parsed_with_table_schema:
+        present = set(rows.columns)
+        rows = _read_late(rows, [f for f in target_fields if f.name not in present and f.name != target.extra_fields and f.name not in processed])
+    else:
+        parsed = {f.name: f.dataType for f in rows.schema.fields}
+        rows = _read_late(rows, [f for f in target_fields if holds_maps(f.dataType) and f.name != target.extra_fields
+                                 and f.name not in processed | produced and parsed.get(f.name) != shadow_type(f.dataType)])
     source_types = {f.name: f.dataType for f in rows.schema.fields}
     keys = set(target.changes.keys) if target.changes is not None else set()
     # A delete needs only the row's key: the table's other required fields may be absent.
@@ -63,15 +74,21 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
     return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON), dropped.alias(DROPPED))
 
 
-def _with_unparsed_columns(rows: DataFrame, target: Target, target_fields: list[T.StructField], processed: frozenset[str]) -> DataFrame:
-    """The rows with the table's columns the parse left out, read from the events' text by one
-    more parse (as text: coerce converts them). Only for columns: the job parsed what it needs."""
-    present = set(rows.columns)
-    unparsed = [f for f in target_fields if f.name not in present and f.name != target.extra_fields and f.name not in processed]
-    if not unparsed:
+def _read_late(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:
+    """The rows with these of the table's columns read from the events' text by one more parse,
+    in the types the parse with the table's schema gives them (scalars as text: coerce converts
+    them), in place of what the rows had."""
+    if not columns:
         return rows
-    late = F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, shadow_type(f.dataType), True) for f in unparsed]))
-    return rows.withColumn(LATE, late).withColumns({f.name: F.col(LATE).getField(f.name) for f in unparsed}).drop(LATE)
+    late = F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, shadow_type(f.dataType), True) for f in columns]))
+    return rows.withColumn(LATE, late).withColumns({f.name: F.col(LATE).getField(f.name) for f in columns}).drop(LATE)
+
+
+def holds_maps(data_type: T.DataType) -> bool:
+    """A map, or a list of them: nothing whose extra fields are looked for (a struct's are)."""
+    if isinstance(data_type, T.ArrayType):
+        return holds_maps(data_type.elementType)
+    return isinstance(data_type, T.MapType)
 
 
 LATE = f"{INTERNAL}late"

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
@@ -74,8 +73,9 @@ from pyspark.sql import types as T
 
 from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
-from spark_jobs.files import _path, freeze_once, write_runs
+from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
+from spark_jobs.plain_processors import dropped
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -311,22 +311,23 @@ def _in_order(data: pa.Table, keys: list[str]) -> bool:
 
 
 def write_partitioned(data: pa.Table, directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001
-                      partition: list[tuple[str, str]]) -> list[tuple[str, int, tuple]]:
+                      partition: list[tuple[str, str]], max_records: int | None = None) -> list[tuple[str, int, tuple]]:
     """`data` as Parquet files in `schema` under `directory` (as `filesystem` names it), one per
-    partition value: the rows sorted by keys equal where their values are (partition_keys)."""
+    partition value (and `max_records` rows at most): the rows sorted by keys equal where their
+    values are (partition_keys)."""
     keys = [f"{INTERNAL}p{index}" for index in range(len(partition))]
     for name, column in zip(keys, partition_keys(data, partition)):
         data = data.append_column(name, column)
     if keys and not _in_order(data, keys):
         data = data.sort_by([(name, "ascending") for name in keys])
-    return write_runs(data.combine_chunks().to_batches(), directory, filesystem, schema, keys)
+    return write_runs(data.combine_chunks().to_batches(), directory, filesystem, schema, keys, max_records)
 
 
 def append_directly(
     spark: SparkSession, receipts: list[str], bodies: list[bytes], directory: str, filesystem: object | None,
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
-    by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
+    by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
 ) -> tuple[dict[str, int] | None, str | None, list[int]]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, []),
     or (None, why not, []) with nothing left behind. by_request: a request (body) that this way
@@ -341,7 +342,9 @@ def append_directly(
     entries: where the tasks read the bodies themselves (stream_bodies.py; `bodies` are not
     shipped); when they cannot, the answer's reason starts with UNREACHABLE. processors: a plan
     of plain_processors.py, applied to each request's rows (a request with a field the table lacks
-    is then left out: the Spark job spells such fields from the types it infers)."""
+    is then left out: the Spark job spells such fields from the types it infers). target_file_size:
+    the sink's, in bytes: a task's files hold the rows files.rows_per_file says at most (by the
+    JSON size of the requests it wrote, as the Spark job estimates it)."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
@@ -355,7 +358,7 @@ def append_directly(
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
     append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries,
-                       by_request, processors)
+                       by_request, processors, target_file_size)
     results = frame.mapInArrow(append, RESULT).collect()
     written = [row.path for row in results if row.path]
     refused = next((row.refused for row in results if row.refused), None)
@@ -424,6 +427,11 @@ def text_maps(table: pa.Table, lines: list[bytes], names: list[str], shells: boo
 _EVENTS_PER_STRUCT_KEY = 8
 
 
+def _many_keys(struct: pa.DataType, rows: int) -> bool:
+    """Whether objects inferred as `struct` over `rows` events have too many keys to take apart."""
+    return struct.num_fields > max(8, rows // _EVENTS_PER_STRUCT_KEY)
+
+
 def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[str, pa.MapArray] | None:
     """The columns `names` of `table` (structs of strings, as pyarrow inferred each event's object)
     as maps of strings in key order, without reading each line again; None where the struct may
@@ -433,8 +441,7 @@ def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[
     import numpy as np
     import pyarrow.compute as pc
 
-    if any(table.column(name).type.num_fields > max(8, table.num_rows // _EVENTS_PER_STRUCT_KEY)
-           or not all(pa.types.is_string(f.type) for f in table.column(name).type) for name in names):
+    if any(_many_keys(table.column(name).type, table.num_rows) or not all(pa.types.is_string(f.type) for f in table.column(name).type) for name in names):
         return None
     maps = {}
     for name in names:
@@ -447,10 +454,10 @@ def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[
         held = np.zeros((count, width), bool)
         for slot, child in enumerate(children):
             held[:, slot] = child.is_valid().to_numpy(zero_copy_only=False) & valid
-        if (held.sum(axis=1) < width)[valid].any():  # an object without one of the keys, or with null for it
-            gaps = np.flatnonzero((held.sum(axis=1) < width) & valid)
-            if any(b"null" in lines[row] for row in gaps.tolist()):
-                return None
+        counts = held.sum(axis=1)
+        gaps = np.flatnonzero((counts < width) & valid)  # objects without one of the keys, or with null for it
+        if any(b"null" in lines[row] for row in gaps.tolist()):
+            return None
         rows, slots = np.divmod(np.flatnonzero(held.ravel()), width or 1)  # row by row, each row's keys in key order
         values = pa.concat_arrays(children).take(pa.array(slots * count + rows)) if width else pa.array([], pa.string())
         try:
@@ -458,14 +465,9 @@ def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[
             values.validate(full=True)
         except pa.ArrowInvalid:  # bytes that are not UTF-8, which pyarrow passes through
             return None
-        offsets = np.concatenate([[0], np.cumsum(held.sum(axis=1))]).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         maps[name] = pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(slots)), values, type=TEXT_MAP, mask=pc.invert(pc.is_valid(struct)))
     return maps
-
-
-def _only_empty(column: pa.ChunkedArray) -> bool:
-    """Whether a map column holds objects (a row not NULL) but not one entry."""
-    return column.null_count < len(column) and not any(chunk.offsets[-1].as_py() > chunk.offsets[0].as_py() for chunk in column.chunks if len(chunk))
 
 
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
@@ -619,7 +621,8 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
-              entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None):
+              entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
+              target_file_size: int | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
     decimal = [f.name for f in parsing if pa.types.is_decimal(f.type)]
@@ -653,7 +656,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             try:
                 # Fields the table lacks inferred as columns: which events have any (and the maps
                 # of strings as structs: which events have one).
-                return read(body, "infer" if extra_fields or maps else "error", epoch), False
+                return read(body, "infer" if extra_fields or maps or drops else "error", epoch), False
             except pa.ArrowInvalid:
                 if not extra_fields or maps:
                     raise
@@ -677,6 +680,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
 
         def rows_of(body: bytes) -> tuple[pa.Table, int]:
             """The body's rows and its number of events; Refused saying why this way cannot."""
+            nonlocal wide_maps
             try:
                 table, every_line, epoch = parse(body)
                 if kinds:
@@ -686,6 +690,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 decimals(table, decimal)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise Refused(str(exc)[:300]) from None
+            if drops and (unknown := [name for name in table.column_names if name not in known]):
+                if any(name not in drops and name.casefold() in folded_drops for name in unknown):
+                    raise Refused("a field a drop names in other letter case")
+                table = table.drop_columns([name for name in unknown if name in drops])
             lines = [line for line in body.split(b"\n") if line.strip()]
             events = len(lines)
             if table.num_rows != events:
@@ -696,12 +704,12 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 raise Refused("a field inside an object that its column lacks")
             if maps:
                 if not every_line and processors is None and not nested and any(
-                        pa.types.is_struct(column_type := table.column(name).type)
-                        and column_type.num_fields > max(8, table.num_rows // _EVENTS_PER_STRUCT_KEY) for name in maps if name in table.column_names):
+                        pa.types.is_struct(table.column(name).type) and _many_keys(table.column(name).type, table.num_rows)
+                        for name in maps if name in table.column_names):
                     # Objects with many keys (a key per request id, say): pyarrow spends ~40 ms per
                     # 1,000 events inferring them. The task's later bodies read them from the lines.
-                    wide_maps.append(True)
-                shells = every_line and bool(wide_maps)
+                    wide_maps = True
+                shells = every_line and wide_maps
                 table = text_maps(table, lines, maps, shells, known if shells and not extra_fields else None)
                 if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
                     raise Refused(f"a field the table lacks: {other[:200]!r}")
@@ -738,14 +746,13 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             return None
 
         known = [*parsing.names, *maps]
+        drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
+        folded_drops = {name.casefold() for name in drops}
         nested = [f.name for f in parsing if is_nested(f.type)]
-        wide_maps: list[bool] = []  # not empty once a body's maps had many keys
-        inferred_maps = None
-        if processors is not None and maps:  # a key "", or a map's name as a key of something but an object or null
-            names = b"|".join(re.escape(json.dumps(name, ensure_ascii=escaped).encode()) for name in maps for escaped in (True, False))
-            inferred_maps = re.compile(rb'""\s*:|(?:' + names + rb")\s*:(?!\s*(?:\{|null))")
+        wide_maps = False  # True once a body's maps had many keys
         epoch_order = [False, True]
         tables, places, rejected = [], [], []
+        sizes: dict[int, int] = {}  # each written request's body size, by its place
         for batch in batches:
             bodies = batch.column(1).to_pylist()
             if entries is not None:  # the column holds entry ids: the task reads their bodies
@@ -755,12 +762,6 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                     yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
                     return
             for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
-                if inferred_maps is not None and inferred_maps.search(body):
-                    # With processors the Spark job infers the batch's types: a map column holding
-                    # anything but objects in any event of its batch is inferred as text, which makes
-                    # every event's map NULL, and its struct has no field for a key "". It takes the batch.
-                    yield answer(refused='a map column holding other than an object, or a key "", and processors')
-                    return
                 try:
                     table, events = rows_of(body)
                 except Refused as exc:
@@ -771,6 +772,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                     continue
                 tables.append(table)
                 places.append((receipt, seq, events))
+                sizes[seq] = len(body)
         if tables and (reason := fault(data := pa.concat_tables(tables))) is not None:
             if not by_request:
                 yield answer(refused=reason)
@@ -784,12 +786,6 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         if not tables:
             yield answer(last=True)
             return
-        if processors is not None and (empty := next((name for name in maps if _only_empty(data.column(name))), None)):
-            # With processors the Spark job infers an object as a struct, and objects without a key
-            # anywhere in its batch leave no field: NULL, not an empty map. Whether they do depends
-            # on the whole batch (every task's share of it): the Spark job takes the batch.
-            yield answer(refused=f"{empty!r}: objects without a key, and processors")
-            return
         counts: dict[str, int] = {}
         for receipt, _seq, events in places:
             counts[receipt] = counts.get(receipt, 0) + events
@@ -797,7 +793,11 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
             data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
             data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), events) for receipt, _s, events in places]))
-        written = write_partitioned(data, directory, filesystem, file_schema, partition)
+        per_file = None
+        if target_file_size and not changes:  # kept changes are files of the run's, not the table's
+            taken = sum(events for _receipt, _seq, events in places)
+            per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
+        written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file)
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)
         yield answer(path=written[-1][0], counts=counts, last=True)

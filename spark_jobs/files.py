@@ -270,6 +270,18 @@ def runs(batch: pa.RecordBatch, keys: list[str]) -> Iterator[tuple[tuple, pa.Rec
         yield tuple(part.column(key)[0].as_py() for key in keys), part
 
 
+PARQUET_PER_JSON_BYTE = 0.25  # zstd Parquet of JSON-shaped events: roughly a quarter of the JSON
+
+
+def rows_per_file(target_bytes: int | None, rows: int, json_bytes: int) -> int | None:
+    """Rows per data file so that a file comes out near `target_bytes`, estimated from the JSON
+    size of the batch's rows (the Parquet size is only known once written). None: no target."""
+    if not target_bytes or not rows or not json_bytes:
+        return None
+    row_bytes = max(1.0, json_bytes / rows * PARQUET_PER_JSON_BYTE)
+    return max(1, int(target_bytes / row_bytes))
+
+
 def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, schema: pa.Schema, keys: list[str],  # noqa: ANN001
                max_records: int | None = None, prefix: str = "part") -> list[tuple[str, int, tuple]]:
     """Write `batches` as zstd Parquet files in `schema` (other columns left out) under

@@ -15,17 +15,6 @@ from spark_jobs.columns import INTERNAL
 from spark_jobs.files import write_parquet
 from spark_jobs.targets import Target
 
-PARQUET_PER_JSON_BYTE = 0.25  # zstd Parquet of JSON-shaped events: roughly a quarter of the JSON
-
-
-def rows_per_file(target_bytes: int | None, rows: int, json_bytes: int) -> int | None:
-    """Rows per data file so that a file comes out near `target_bytes`, estimated from the JSON
-    size of the batch's rows (the Parquet size is only known once written). None: no target."""
-    if not target_bytes or not rows or not json_bytes:
-        return None
-    row_bytes = max(1.0, json_bytes / rows * PARQUET_PER_JSON_BYTE)
-    return max(1, int(target_bytes / row_bytes))
-
 
 def partition_value(column: Column, transform: str) -> Column:
     """The Iceberg partition value of `transform` (UTC), to group a file's rows by."""

@@ -32,13 +32,13 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from spark_jobs.coerce import shadow_type
 from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, REASON, RECEIPT, SEQ, SIZE, TABLE, any_of
 from spark_jobs.contract import SET_ASIDE_MARK
-from spark_jobs.convert import convert
+from spark_jobs.convert import convert, holds_maps
 from spark_jobs.definition import Definition, Sink
 from spark_jobs.direct_append import append_directly, parse_schema
 from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
-from spark_jobs.files import delete_directory, write_parquet
-from spark_jobs.partitions import rows_per_file, write_data_files
+from spark_jobs.files import delete_directory, rows_per_file, write_parquet
+from spark_jobs.partitions import write_data_files
 from spark_jobs.plain_processors import plan as plan_processors
 from spark_jobs.processors import (
     apply_processors,
@@ -126,8 +126,6 @@ class PipelineJob:
         if (self.known_schema is None and not self.processed_table) or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
-        if sink.target_file_size:
-            return None
         # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
         # then creates it from the real ones).
@@ -151,6 +149,7 @@ class PipelineJob:
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
                 partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None, processors=processors,
+                target_file_size=target.target_file_size,
             )
 
         try:
@@ -206,7 +205,24 @@ class PipelineJob:
         fewer = narrowed(schema, self._read_by_definition(), self.max_columns) if self.max_columns else None
         if fewer is not None:
             schema, self.parsed_with_table_schema = fewer, True
-        return schema
+        return self._with_table_maps(schema)
+
+    def _with_table_maps(self, schema: T.StructType) -> T.StructType:
+        """`schema` with the table's map columns (when the batch has one table: processed_table)
+        as maps, as the table's parse reads them, instead of the structs or text inference makes
+        of their objects (convert.py would read them again); not those the processors give a value
+        or drop."""
+        if not self.processed_table:
+            return schema
+        sink = self.definition.sinks[0]
+        target = self.resolve(sink.table, sink, self.spark.range(0))
+        if not isinstance(target, Target):
+            return schema
+        left = self._processed() | self._produced()
+        maps = {f.name: shadow_type(f.dataType) for f in from_arrow_schema(target.schema).fields
+                if f.name != target.extra_fields and f.name not in left and holds_maps(f.dataType)}
+        fields = [T.StructField(f.name, maps.pop(f.name), True) if f.name in maps else f for f in schema.fields]
+        return T.StructType(fields + [T.StructField(name, data_type, True) for name, data_type in maps.items()])
 
     def _analyzed(self, parsed: DataFrame) -> DataFrame:
         """The processed frame, cached: Spark Connect analyzes its plan here, and the sinks'
@@ -227,8 +243,7 @@ class PipelineJob:
         - parsed with the table's types (`_known_parse_schema`), every scalar is text until it is
           converted, and the fields the table lacks are text: an operation that reads one as a
           boolean or a number does not resolve. The batch's types are inferred instead."""
-        produced = {name for p in self.definition.processors for name in [*(p.set or {}), *(p.rename or {}).values()]}
-        names = {path[0] for e in self._expressions() for path in referenced_paths(e) if len(path) == 1} - self._processed() - produced
+        names = {path[0] for e in self._expressions() for path in referenced_paths(e) if len(path) == 1} - self._processed() - self._produced()
 
         def attempts() -> Iterator[DataFrame]:
             yield from untyped_nulls(parsed, names)
@@ -283,6 +298,10 @@ class PipelineJob:
         """Fields the processors drop or rename: never read again from the events' text."""
         return frozenset(name for p in self.definition.processors for name in [*(p.drop or ()), *(p.rename or {})])
 
+    def _produced(self) -> frozenset[str]:
+        """Fields the processors give a value: a set's, a rename's new name."""
+        return frozenset(name for p in self.definition.processors for name in [*(p.set or {}), *(p.rename or {}).values()])
+
     def _write(self, frame: DataFrame) -> JobResult:
         result = JobResult()
         counted: list[DataFrame] = []
@@ -307,7 +326,7 @@ class PipelineJob:
                     continue
                 if target.changes is not None:
                     bound = with_operation(bound, target.changes.operation)
-                converted = convert(bound, target, operation_fields(sink), self.parsed_with_table_schema, self._processed())
+                converted = convert(bound, target, operation_fields(sink), self.parsed_with_table_schema, self._processed(), self._produced())
                 written.append((name, converted, target))
                 counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE), DROPPED))
         counts = self._counts(counted)

@@ -2,8 +2,11 @@
 expressions are comparisons, AND/OR/NOT, IS [NOT] NULL and IN over the table's own columns of
 plain types (strings, integers, doubles, booleans) and literals, evaluated by pyarrow's compute
 functions with SQL's three-valued logic, as Spark evaluates them in the Spark job
-(processors.py). Anything else (functions, arithmetic, CASE, casts, time columns, a field the
-table lacks, drop, rename) leaves the batch to the Spark job, as before: `plan` answers None.
+(processors.py), and `drop` of fields the table lacks (no other processor can read them: the
+short way leaves them out of the rows, and a request with a field the table lacks that no drop
+names, or one that a drop names in other letter case, which Spark's drop ignores, is refused).
+Anything else (functions, arithmetic, CASE, casts, time columns, a field the table lacks, a drop
+of a column of the table, rename) leaves the batch to the Spark job, as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -17,10 +20,9 @@ still differ, and is refused or ruled out:
   with a backslash or such literals is not planned.
 - Column names: Spark resolves them ignoring case; a plan names the table's columns exactly, and
   an event with a field the table lacks is refused by the short way.
-- Maps of strings: the Spark job infers an object as a struct (turned into a map in key order, as
-  the short way writes it), which has no field named "", no column where no object of the batch
-  has a key, and text for a column one event of the batch holds something else in (every map
-  NULL then): direct_append.py refuses such a batch whole.
+- Maps of strings: the Spark job infers an object as a struct for its processors, then reads each
+  map column they left alone again as a map (convert.py), written in key order as the short way
+  writes it. A plan does not read a map column.
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
@@ -29,7 +31,8 @@ the table's types (the request with the text goes to the Spark job either way).
 
 A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
-| ("not", a) | ("isnull", a) | ("in", a, values, kind); steps ("where", node) and ("set", {column: node}).
+| ("not", a) | ("isnull", a) | ("in", a, values, kind); steps ("where", node), ("set", {column: node})
+and ("drop", [name, ...]) (`dropped` reads them; `apply` has nothing left to do for them).
 """
 
 from __future__ import annotations
@@ -93,11 +96,21 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
                     node, kind = _compile(_parse(expression), kinds, guarded)
                     assigned[name] = _assignable(node, kind, kinds[name], schema, name)
                 steps.append(("set", assigned))
+            elif processor.drop is not None:
+                columns = {name.casefold() for name in schema.names}
+                if any(name.casefold() in columns for name in processor.drop):
+                    return None  # Spark drops a column of the table by any letter case: its NULLs are the Spark job's
+                steps.append(("drop", list(processor.drop)))
             else:
                 return None
     except NotPlain:
         return None
     return steps, sorted(guarded)
+
+
+def dropped(steps: list[tuple]) -> frozenset[str]:
+    """The fields the plan's drops name (fields the table lacks)."""
+    return frozenset(name for step in steps if step[0] == "drop" for name in step[1])
 
 
 def _parse(expression: str) -> exp.Expression:
@@ -236,7 +249,7 @@ def apply(steps: list[tuple], guarded: list[str], table: pa.Table) -> pa.Table:
             if isinstance(keep, pa.Scalar):
                 keep = pa.repeat(keep, table.num_rows)
             table = table.filter(pc.fill_null(keep, False))
-        else:
+        elif step[0] == "set":
             values = {name: _evaluate(node, table) for name, node in step[1].items()}  # all read the rows as they were
             for name, value in values.items():
                 data_type = table.schema.field(name).type

@@ -151,7 +151,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
     rows, no DLQ entry, the same counts, no dropped field), each of its files passing `check_file`.
-    Both kinds of batch must be drawn: at least `least_written` written the fast way, one refused.
+    Both kinds of batch must be drawn: at least `least_written` written the fast way (whole or in
+    part), one refused (or written in part).
     changes: the events upsert rows by id (change files, in the events' order, are compared).
     redis_url: the fast way's tasks read the bodies from entries of a stream there, as a writer's
     do (spark_jobs/stream_bodies.py), instead of their being shipped with the job."""
@@ -219,7 +220,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         if client is not None:
             client.delete("fast-way-bodies")
             client.close()
-    assert ways["written"] >= least_written and ways["refused"] + ways.get("partial", 0) >= 1, ways
+    # A batch written in part is compared as closely (the rest's dead letters and dropped fields too).
+    assert ways["written"] + ways.get("partial", 0) >= least_written and ways["refused"] + ways.get("partial", 0) >= 1, ways
 
 
 @pytest.mark.timeout(600)
@@ -388,15 +390,19 @@ SET = st.sampled_from([
     {"ok": "n > 0"}, {"msg": "'fixed'"}, {"n": "7"}, {"x": "2.5"}, {"x": "-3"}, {"ok": "msg IS NULL OR x < 0"}, {"n": "NULL"},
     {"msg": "msg", "ok": "NOT ok"}, {"x": "n > 0"}, {"id": "n"},
 ])
+# "level" is the field the table lacks that requests_of adds now and then; "Level" Spark drops too
+# (its names ignore case: the short way refuses such a request); "msg" is a column of the table.
+DROP = st.sampled_from([["level"], ["level", "debug"], ["Level"], ["msg"]])
 SMALL_TEXT = st.sampled_from(["a", "b", "m", "z", "é", "", "日本", "A", "mm"]) | TEXT
 
 
 @st.composite
 def processed_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
-    """A definition with one to three where and set processors, and requests whose events carry
+    """A definition with one to three where, set and drop processors, and requests whose events carry
     the table's fields in their types (integers where a double belongs too, numbers up to and
     beyond 2**53), now and then a field the table lacks or a value of another type."""
-    processors = [{"where": draw(WHERE)} if draw(st.booleans()) else {"set": draw(SET)} for _ in range(draw(st.integers(1, 3)))]
+    kinds = {"where": WHERE, "set": SET, "drop": DROP}
+    processors = [{kind: draw(kinds[kind])} for kind in draw(st.lists(st.sampled_from(["where", "where", "set", "set", "drop"]), min_size=1, max_size=3))]
     definition = PipelineDefinition.model_validate({
         "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors,
         "sinks": [{"table": "events", "extra_fields": "_extra"}],
@@ -436,10 +442,9 @@ def processed_mapped_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # n
         pairs = []
         for name in ("labels", "attrs"):
             if chance.random() < 0.8:
-                keys = draw(st.lists(st.sampled_from(["job", "level", "é", "host", "a b", "B"]), unique=True, min_size=chance.random() < 0.9, max_size=4))
-                keys += [""] if chance.random() < 0.005 else []
+                keys = draw(st.lists(st.sampled_from(["job", "level", "é", "host", "a b", "B", ""]), unique=True, max_size=4))
                 value = json.dumps({key: draw(TEXT | MAP_TEXT) for key in keys}, ensure_ascii=chance.random() < 0.5)
-                pairs.append((name, value if chance.random() > 0.01 else draw(ODD_MAPS)))  # (some refuse the whole batch: rare)
+                pairs.append((name, value if chance.random() > 0.03 else draw(ODD_MAPS)))  # (the request takes the full job)
         if chance.random() < 0.8:
             pairs += [("msg", json.dumps(draw(SMALL_TEXT))), ("n", str(draw(st.integers(-20, 20))))]
         if chance.random() < 0.7:
@@ -451,12 +456,9 @@ def processed_mapped_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # n
 
 @pytest.mark.timeout(600)
 def test_processors_over_a_table_with_maps_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
-    # The full job infers each object as a struct (a key null in every event of the batch left
-    # out) and makes a map of it in key order; the short way reads the maps as it does without
-    # processors, and leaves a batch whose objects hold no key at all (NULL there), a key "" (a
-    # struct field the full job leaves out) or a map column holding something else in one event
-    # (text, every map NULL there) to the full job.
-    compare_ways(fresh_spark, tmp_path, MAPPED, [], processed_mapped_batch(), examples=20, least_written=1)
+    # The full job infers the batch's types for its processors and reads the map columns again
+    # as maps (convert._read_late); the short way reads the maps as it does without processors.
+    compare_ways(fresh_spark, tmp_path, MAPPED, [], processed_mapped_batch(), examples=20, least_written=3)
 
 # A table with lists and structs (of plain types, at any depth), as declared schemas have them.
 NESTED = Schema(
@@ -516,6 +518,52 @@ def test_a_key_twice_in_a_map_keeps_its_last_value_in_key_order_and_fails_nothin
     result = job.run(["r0"], [b'{"id": 1, "labels": {"b": "x", "a": "1", "a": "2"}}\n{"id": 2, "attrs": {"z": "1", "y": "2"}}'])
     assert result.direct != "written"
     assert [(row["id"], row["labels"], row["attrs"]) for row in written(result)] == [(1, [("a", "2"), ("b", "x")], None), (2, None, [("y", "2"), ("z", "1")])]
+    assert result.dlq is None
+
+
+def test_a_sinks_target_file_size_splits_the_short_ways_files_as_the_spark_jobs(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """A sink with a target_file_size took the Spark job every time; the short way now writes it,
+    its files holding at most the rows files.rows_per_file estimates from the requests' JSON size."""
+    from spark_jobs.files import rows_per_file
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / "b").as_uri(),
+                      extra_fields="_extra", target_file_size=2**20)
+
+    # ~20,000 events of ~300 bytes: ~6 MB of JSON, estimated at ~1.5 MB of Parquet.
+    body = "\n".join(json.dumps({"id": i, "msg": f"{i}-" + "p" * 290}) for i in range(20_000)).encode()
+    job = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=TABLE)
+    result = job.run(["r0"], [body])
+    assert result.direct == "written"
+    counts = [pq.read_metadata(path).num_rows for path in list_data_files(result.tables["events"].directory)]
+    per_file = rows_per_file(2**20, 20_000, len(body))
+    assert len(counts) == 2 and max(counts) <= per_file and sum(counts) == 20_000, (counts, per_file)
+    assert [row["id"] for row in written(result)] == list(range(20_000))
+
+
+@pytest.mark.parametrize("processed_table", [False, True], ids=["read-again", "parsed-as-maps"])
+def test_with_processors_the_full_job_reads_every_events_map_whatever_another_event_holds(fresh_spark, tmp_path, monkeypatch,  # noqa: ANN001
+                                                                                          processed_table: bool) -> None:
+    """The full job with a processor infers the batch's types: text in one event's map column made
+    the column text (every event's map NULL), a key "" was no struct field (its entry lost), and
+    objects without keys no column (NULL, not an empty map). Each map is now read as the table's
+    type: parsed so when the batch has the one table (processed_table), else read again."""
+    monkeypatch.setattr(pipeline_job, "_direct_off_until", float("inf"))  # the full job's own
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "processors": [{"where": "id > 0"}],
+        "sinks": [{"table": "events", "extra_fields": "_extra"}],
+    })
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=MAPPED, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra")
+
+    job = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(), processed_table=processed_table)
+    result = job.run(["r0", "r1"], [b'{"id": 1, "labels": {"b": "x", "": "e"}}\n{"id": 2, "labels": "text", "attrs": {}}',
+                                    b'{"id": 3, "labels": {}, "attrs": {"z": "1", "y": "2"}}\n{"id": 4, "labels": 5}'])
+    assert [(row["id"], row["labels"], row["attrs"]) for row in written(result)] == [
+        (1, [("", "e"), ("b", "x")], None), (2, None, []), (3, [], [("y", "2"), ("z", "1")]), (4, None, None)]
     assert result.dlq is None
 
 
