@@ -741,7 +741,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             for column in data.columns:
                 valid = pc.is_valid(column)
                 present = valid if present is None else pc.or_(present, valid)
-            if not pc.all(present).as_py():
+            if not pc.all(present, min_count=0).as_py():  # (no rows: a where kept none, nothing to say)
                 return "an event has no field of the table"
             return None
 
@@ -797,9 +797,9 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         if target_file_size and not changes:  # kept changes are files of the run's, not the table's
             taken = sum(events for _receipt, _seq, events in places)
             per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
-        written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file)
+        written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
         for path, _rows, _key in written[:-1]:
             yield answer(path=path)
-        yield answer(path=written[-1][0], counts=counts, last=True)
+        yield answer(path=written[-1][0] if written else None, counts=counts, last=True)
 
     return append

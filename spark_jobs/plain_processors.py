@@ -1,6 +1,8 @@
 """The processors the short way (direct_append.py) applies itself: `where` and `set` whose
 expressions are comparisons, AND/OR/NOT, IS [NOT] NULL and IN over the table's own columns of
-plain types (strings, integers, doubles, booleans) and literals, evaluated by pyarrow's compute
+plain types (strings, integers, doubles, booleans), a map of strings' values by key (`labels.job`,
+`labels['job']`: NULL where the map lacks it; the Spark job parses such columns as maps) and
+literals, evaluated by pyarrow's compute
 functions with SQL's three-valued logic, as Spark evaluates them in the Spark job
 (processors.py), and `drop` of fields the table lacks (no other processor can read them: the
 short way leaves them out of the rows, and a request with a field the table lacks that no drop
@@ -31,7 +33,7 @@ the table's types (the request with the text goes to the Spark job either way).
 
 A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
-| ("not", a) | ("isnull", a) | ("in", a, values, kind); steps ("where", node), ("set", {column: node})
+| ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key); steps ("where", node), ("set", {column: node})
 and ("drop", [name, ...]) (`dropped` reads them; `apply` has nothing left to do for them).
 """
 
@@ -79,6 +81,7 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
     """(the steps, the numeric columns whose values must stay below 2**53) for `processors` over a
     table of `schema`, or None when one is outside what this module evaluates."""
     kinds = {f.name: kind for f in schema if f.name != extra_fields and (kind := kind_of(f.type))}
+    kinds.update({f.name: "map" for f in schema if f.name != extra_fields and _is_text_map(f.type)})  # read by key only
     steps: list[tuple] = []
     guarded: set[str] = set()
     try:
@@ -146,9 +149,15 @@ def _assignable(node: tuple, kind: str, column: str, schema: pa.Schema, name: st
 def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
     if isinstance(node, exp.Paren):
         return _compile(node.this, kinds, guarded)
+    if isinstance(node, exp.Column) and node.table and not node.args.get("db") and kinds.get(node.table) == "map":
+        return ("key", node.table, node.name), "string"  # labels.job: the map's value of key "job", NULL without
+    if isinstance(node, exp.Bracket) and isinstance(node.this, exp.Column) and not node.this.table and kinds.get(node.this.name) == "map":
+        if len(node.expressions) != 1 or not isinstance(key := node.expressions[0], exp.Literal) or not key.is_string:
+            raise NotPlain("a map read by other than a string")
+        return ("key", node.this.name, str(key.this)), "string"  # labels['job']
     if isinstance(node, exp.Column):
-        if node.table or node.name not in kinds:
-            raise NotPlain(f"not a column of the table: {node.sql()}")
+        if node.table or node.name not in kinds or kinds[node.name] == "map":
+            raise NotPlain(f"not a plain column of the table: {node.sql()}")
         return ("col", node.name), kinds[node.name]
     if isinstance(node, exp.Boolean):
         return ("lit", bool(node.this), "bool"), "bool"
@@ -177,7 +186,7 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
         return ("isnull", a), "bool"
     if isinstance(node, exp.In) and not node.args.get("query") and not node.args.get("unnest") and not node.args.get("field"):
         a, ka = _compile(node.this, kinds, guarded)
-        if a[0] != "col":
+        if a[0] not in ("col", "key"):
             raise NotPlain("IN of other than a column")
         values = [_compile(item, kinds, guarded) for item in node.expressions]
         for value, kind in values:
@@ -187,6 +196,10 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
         common = "double" if ka == "double" or any(kind == "number" for _v, kind in values) else ka
         return ("in", a, [value[1] for value, _kind in values], common), "bool"
     raise NotPlain(f"{node.key} is not evaluated by the short way")
+
+
+def _is_text_map(data_type: pa.DataType) -> bool:
+    return pa.types.is_map(data_type) and kind_of(data_type.key_type) == kind_of(data_type.item_type) == "string"
 
 
 def _literal(node: exp.Expression) -> tuple[tuple, str]:
@@ -265,6 +278,8 @@ def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a sca
     op = node[0]
     if op == "col":
         return table.column(node[1])
+    if op == "key":
+        return pc.map_lookup(table.column(node[1]), pa.scalar(node[2], pa.string()), "last")
     if op == "lit":
         return pa.scalar(node[1], pa.null() if node[2] == "null" else ARROW[node[2]])
     if op == "cmp":

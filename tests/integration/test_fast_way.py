@@ -432,11 +432,27 @@ def test_processors_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark
 
 
 
+MAP_WHERE = st.sampled_from([
+    "labels.job = 'a'", "labels['level'] IS NULL", "attrs.host IN ('a', 'b', '')", "labels.`a b` != 'x' OR attrs.B IS NOT NULL",
+    "NOT (labels.job > 'm')", "attrs['é'] < 'z' AND n > 0", "labels.missing IS NULL", "upper(labels.job) = 'A'", "labels.job = 5",
+])
+
+
 @st.composite
 def processed_mapped_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
-    """processed_batch's definitions, events with the table's fields and objects of strings as
-    mapped_batch draws them (empty ones too): the shippers' pipelines with a where or a set."""
-    definition, _bodies = draw(processed_batch())
+    """A definition with a where over the maps' values (the shippers' filters by label or
+    attribute), a where or a set of processed_batch's, a drop of the field requests_of adds (each
+    most of the time), and events with the table's fields and objects of strings as mapped_batch
+    draws them (empty ones too). Most such definitions are planned: the short way is compared."""
+    processors = [{"where": draw(MAP_WHERE)}] if draw(st.integers(0, 9)) < 7 else []
+    if draw(st.integers(0, 9)) < 6 or not processors:
+        processors.append({"where": draw(WHERE)} if draw(st.booleans()) else {"set": draw(SET)})
+    if draw(st.integers(0, 9)) < 8:
+        processors.insert(draw(st.integers(0, len(processors))), {"drop": ["level"]})
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors,
+        "sinks": [{"table": "events", "extra_fields": "_extra"}],
+    })
 
     def fields(chance: random.Random, _request: None) -> list[tuple[str, str]]:
         pairs = []

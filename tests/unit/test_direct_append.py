@@ -353,6 +353,32 @@ def test_with_processors_maps_are_read_as_without_and_a_drop_leaves_fields_the_t
     assert "lacks" in run(b'{"id": 2, "trace": 1}')["refused"]
 
 
+def test_a_where_reads_a_maps_values_by_key(tmp_path) -> None:  # noqa: ANN001
+    # `labels.job` and `labels['job']` read the value of key "job", NULL where the map lacks it
+    # or is absent, as Spark reads a map column; the map itself, or its value against a number,
+    # is not planned (the Spark job's).
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    for where in ("labels = 'x'", "labels.job = 5", "labels[1] = 'x'", "labels.job.x = 'a'", "labels.job + 1 > 2"):
+        assert plan([Processor(where=where)], LABELLED, None) is None, where
+    body = b'{"id": 1, "labels": {"job": "a"}}\n{"id": 2, "labels": {"job": "b", "x": "1"}}\n{"id": 3, "labels": {}}\n{"id": 4}'
+
+    def kept(where: str) -> list[int]:
+        append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parse_schema(LABELLED, None), LABELLED, frozenset({"id"}), None, [],
+                           processors=plan([Processor(where=where)], LABELLED, None))
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+        assert answer["refused"] is None, answer
+        return sorted(pq.read_table(answer["path"]).column("id").to_pylist()) if answer["path"] else []
+
+    assert kept("labels.job = 'a'") == [1]
+    assert kept("labels.job = 'c'") == []  # a where that keeps no event: nothing written, nothing refused
+    assert kept("labels['job'] != 'a'") == [2]
+    assert kept("labels.job IS NULL") == [3, 4]
+    assert kept("labels.job IN ('a', 'b') AND labels.x IS NOT NULL") == [2]
+
+
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "amount", DecimalType(10, 2)),
