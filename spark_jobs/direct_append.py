@@ -693,6 +693,8 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             if drops and (unknown := [name for name in table.column_names if name not in known]):
                 if any(name not in drops and name.casefold() in folded_drops for name in unknown):
                     raise Refused("a field a drop names in other letter case")
+                if not extra_fields and (other := next((name for name in unknown if name not in drops), None)):
+                    raise Refused(f"a field the table lacks: {other[:200]!r}")  # read as "infer" for the drops: not left out unsaid
                 table = table.drop_columns([name for name in unknown if name in drops])
             lines = [line for line in body.split(b"\n") if line.strip()]
             events = len(lines)

@@ -351,6 +351,18 @@ def test_with_processors_maps_are_read_as_without_and_a_drop_leaves_fields_the_t
     assert "object" in run(b'{"id": 2, "labels": {"a": "1"}}\n{"id": 3, "labels": "text"}')["refused"]
     assert "other letter case" in run(b'{"id": 2, "Debug": 1}')["refused"]
     assert "lacks" in run(b'{"id": 2, "trace": 1}')["refused"]
+    # A table without maps and without extra_fields: a field no drop names is refused there too
+    # (the drops make pyarrow infer the fields the table lacks instead of refusing them itself).
+    plain = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())])
+    append = _appender(str(tmp_path / "plain"), pafs.LocalFileSystem(), parse_schema(plain, None), plain, frozenset({"id"}), None, [],
+                       processors=plan([Processor(drop=["debug"])], plain, None))
+
+    def answer(body: bytes) -> dict:
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        return [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+
+    assert "lacks: 'trace'" in answer(b'{"id": 2, "debug": 1, "trace": 1}')["refused"]
+    assert pq.read_table(answer(b'{"id": 3, "debug": {"x": 1}, "msg": "m"}')["path"]).to_pylist() == [{"id": 3, "msg": "m"}]
 
 
 def test_a_where_reads_a_maps_values_by_key(tmp_path) -> None:  # noqa: ANN001
