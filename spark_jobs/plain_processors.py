@@ -22,9 +22,10 @@ still differ, and is refused or ruled out:
   with a backslash or such literals is not planned.
 - Column names: Spark resolves them ignoring case; a plan names the table's columns exactly, and
   an event with a field the table lacks is refused by the short way.
-- Maps of strings: the Spark job infers an object as a struct for its processors, then reads each
-  map column they left alone again as a map (convert.py), written in key order as the short way
-  writes it. A plan does not read a map column.
+- Maps of strings: the Spark job parses the map columns its processors leave alone as maps
+  (pipeline_job._with_table_maps; convert.py reads them again where the batch may go to more
+  than one table), written in key order as the short way writes them. A plan reads a map only
+  by a string key, as a string: never the map itself.
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
