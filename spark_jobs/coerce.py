@@ -60,7 +60,31 @@ def _null(target: T.DataType) -> Column:
     return F.lit(None).cast(target)
 
 
-def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerced:
+def exact_type(target: T.DataType) -> T.DataType | None:
+    """The type that reads a column's decimals exactly from JSON (`coerce`'s `exact`): each as
+    decimal(38, its scale), through structs (a list's or a map's are not); None where there is none."""
+    if isinstance(target, T.DecimalType):
+        return T.DecimalType(38, target.scale)
+    if isinstance(target, T.StructType):
+        fields = [T.StructField(f.name, found, True) for f in target.fields if (found := exact_type(f.dataType)) is not None]
+        return T.StructType(fields) if fields else None
+    return None
+
+
+# A number as JSON spells it, or as Spark spells a double (1.0E18): text that Spark's two decimal
+# readers (a cast, and JSON's parse as a decimal) read alike, by java.math.BigDecimal.
+PLAIN_NUMBER = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+def coerce(source: Column, source_type: T.DataType, target: T.DataType, exact: Column | None = None) -> Coerced:
+    """`source` (parsed as `source_type`) converted to `target`. `exact`: the same JSON value
+    parsed as `exact_type(target)`, for its decimals. Parsed as text (or inferred as a double), a
+    JSON number with a fraction or an exponent goes through a double: Jackson copies the token as
+    Java's Double.toString spells it, 17 significant digits at most (1234567890123456789.12
+    becomes 1.23456789012345677E18). The parse as a decimal reads the token's digits (rounded half
+    up to the scale, as the text's conversion rounds). It reads a string too, but with its commas
+    taken out ("1,5" is 15): its value is taken only where the text is a plain number, which both
+    read alike, and where it read one (not beyond 38 digits): elsewhere the text's conversion decides."""
     present = source.isNotNull()
     if isinstance(target, T.StructType):
         if not isinstance(source_type, T.StructType):
@@ -69,7 +93,8 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
         parts, oks = [], []
         for field in target.fields:
             if field.name in fields:
-                converted = coerce(source.getField(field.name), fields[field.name], field.dataType)
+                inner = exact.getField(field.name) if exact is not None and exact_type(field.dataType) is not None else None
+                converted = coerce(source.getField(field.name), fields[field.name], field.dataType, inner)
             else:
                 converted = Coerced(_null(field.dataType), F.lit(True))
             parts.append(converted.value.alias(field.name))
@@ -108,7 +133,11 @@ def coerce(source: Column, source_type: T.DataType, target: T.DataType) -> Coerc
         if isinstance(target, T.StringType):
             return Coerced(F.to_json(source), F.lit(True))
         return Coerced(_null(target), ~present)
-    value = scalar(source if isinstance(source_type, T.StringType) else source.cast("string"), target)
+    text = source if isinstance(source_type, T.StringType) else source.cast("string")
+    value = scalar(text, target)
+    if exact is not None and isinstance(target, T.DecimalType):
+        digits = exact.try_cast(target)
+        value = F.when(text.rlike(PLAIN_NUMBER) & digits.isNotNull(), digits).otherwise(value)
     return Coerced(value, ~present | value.isNotNull())
 
 

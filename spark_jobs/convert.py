@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.coerce import coerce, shadow_type
+from spark_jobs.coerce import coerce, exact_type, shadow_type
 from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of
 from spark_jobs.targets import Target
 
@@ -37,6 +37,8 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
         rows = _read_late(rows, [f for f in target_fields if holds_maps(f.dataType) and f.name != target.extra_fields
                                  and f.name not in processed | produced and parsed.get(f.name) != shadow_type(f.dataType)])
     source_types = {f.name: f.dataType for f in rows.schema.fields}
+    exact = [f for f in target_fields if f.name in source_types and f.name not in processed | produced and exact_type(f.dataType) is not None]
+    rows = _with_exact_decimals(rows, exact)
     keys = set(target.changes.keys) if target.changes is not None else set()
     # A delete needs only the row's key: the table's other required fields may be absent.
     not_delete = F.col(OP) != F.lit("D") if keys else F.lit(True)
@@ -48,7 +50,8 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
             present.append(kept.isNotNull())
             continue
         if column.name in source_types:
-            converted = coerce(F.col(column.name), source_types[column.name], column.dataType)
+            converted = coerce(F.col(column.name), source_types[column.name], column.dataType,
+                               F.col(_exact_name(column.name)) if column in exact else None)
             present.append(F.col(column.name).isNotNull())
         else:
             converted = coerce(F.lit(None), T.NullType(), column.dataType)
@@ -82,6 +85,20 @@ def _read_late(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:
         return rows
     late = F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, shadow_type(f.dataType), True) for f in columns]))
     return rows.withColumn(LATE, late).withColumns({f.name: F.col(LATE).getField(f.name) for f in columns}).drop(LATE)
+
+
+def _with_exact_decimals(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:
+    """The rows with these columns' decimals parsed once more from the events' text, exactly
+    (coerce's `exact`), each column by a parse of its own: a value one of them cannot read
+    (beyond 38 digits) leaves the others exact."""
+    return rows.withColumns({
+        _exact_name(f.name): F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, exact_type(f.dataType), True)])).getField(f.name)
+        for f in columns
+    }) if columns else rows
+
+
+def _exact_name(name: str) -> str:
+    return f"{INTERNAL}exact_{name}"
 
 
 def holds_maps(data_type: T.DataType) -> bool:

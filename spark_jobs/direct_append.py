@@ -20,15 +20,12 @@ without zone; a date alone) from 1900 on, and epoch milliseconds (days for a dat
 integers. Any other spelling, a day that does not exist or a column sent both ways in one request
 refuses the batch.
 
-Decimals of up to 15 digits are parsed by pyarrow from JSON numbers and text alike, exactly. The
-Spark job reads text and integers exactly too, but a JSON number with a fraction or an exponent
-through a double, spelled by Java's Double.toString: for a value v of at most 15 significant
-digits that spelling lies within 2.3e-16 |v| of v, less than half a unit of the column's scale,
-so rounded to the scale it is v again. A wider column (691991118726246.3 read as ...246.2) is the
-Spark job's. A value with more fractional digits than the column's scale (which the Spark job
-rounds half up) or more digits than its precision (its NULL) refuses the request. Binary is
-read from base64 text spelled canonically (`binaries`); any other spelling, which the Spark job's
-decoder reads by rules of its own (no padding, line breaks), refuses it.
+Decimals are parsed by pyarrow from JSON numbers and text alike, exactly, as the Spark job reads
+them (coerce.coerce's `exact`: a JSON number's digits, not a double's). A value with more fractional
+digits than the column's scale (which the Spark job rounds half up) or more digits than its
+precision (its NULL) refuses the request. Binary is read from base64 text spelled canonically
+(`binaries`); any other spelling, which the Spark job's decoder reads by rules of its own (no
+padding, line breaks), refuses it.
 
 A map of strings (the shippers' labels and attributes) is inferred by pyarrow as a struct, whose
 fields give each event's entries (`_struct_maps`), written in key order as the Spark job writes
@@ -75,7 +72,7 @@ from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
-from spark_jobs.plain_processors import dropped
+from spark_jobs.plain_processors import dropped, is_text_map
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -95,10 +92,6 @@ ISO = {"timestamptz": f"^{_DATE}({_CLOCK}{_OFFSET}?)?$", "timestamp": f"^{_DATE}
 # Epoch milliseconds (days for a date) from 1900-01-01 through 9999-12-31, as JSON integers.
 EPOCH_RANGE = {"timestamptz": (-2_208_988_800_000, 253_402_300_799_999), "timestamp": (-2_208_988_800_000, 253_402_300_799_999),
                "date": (-25_567, 2_932_896)}
-# Decimals of at most this many digits: the Spark job reads a JSON number with a fraction through
-# a double (Jackson copies the token as Java's Double.toString spells it), which these survive
-# exactly once rounded to the column's scale (see the module's docstring); pyarrow reads the text.
-EXACT_DECIMAL_DIGITS = 15
 _TIME_TYPES = {"timestamptz": pa.timestamp("us", "UTC"), "timestamp": pa.timestamp("us"), "date": pa.date32()}
 # Partition transforms of time columns whose rows this path groups itself (partition_keys).
 _TEMPORAL = {"year", "month", "day", "hour"}
@@ -118,12 +111,6 @@ RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.s
                           pa.field("rejected", pa.string())])
 
 
-def is_text_map(data_type: pa.DataType) -> bool:
-    """A map of strings to strings: the one map type this path reads (`text_maps`)."""
-    texts = (pa.types.is_string, pa.types.is_large_string)
-    return pa.types.is_map(data_type) and any(is_text(data_type.key_type) for is_text in texts) and any(is_text(data_type.item_type) for is_text in texts)
-
-
 def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tuple[str, str]] | tuple = ()) -> pa.Schema | None:
     """The schema pyarrow parses with (the table's, without its extra_fields column, its maps of
     strings (read after: `text_maps`) and field metadata; time columns as text, converted after:
@@ -134,7 +121,7 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
             continue
         if time_kind(f.type) or is_binary(f.type):
             fields.append(pa.field(f.name, pa.string()))
-        elif pa.types.is_decimal128(f.type) and f.type.precision <= EXACT_DECIMAL_DIGITS:
+        elif pa.types.is_decimal128(f.type):
             fields.append(pa.field(f.name, f.type))  # the precision checked after: `decimals`
         elif (parsed := nested_parsing(f.type)) is not None:
             fields.append(pa.field(f.name, parsed))

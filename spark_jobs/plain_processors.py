@@ -82,7 +82,7 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
     """(the steps, the numeric columns whose values must stay below 2**53) for `processors` over a
     table of `schema`, or None when one is outside what this module evaluates."""
     kinds = {f.name: kind for f in schema if f.name != extra_fields and (kind := kind_of(f.type))}
-    kinds.update({f.name: "map" for f in schema if f.name != extra_fields and _is_text_map(f.type)})  # read by key only
+    kinds.update({f.name: "map" for f in schema if f.name != extra_fields and is_text_map(f.type)})  # read by key only
     steps: list[tuple] = []
     guarded: set[str] = set()
     try:
@@ -199,7 +199,9 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
     raise NotPlain(f"{node.key} is not evaluated by the short way")
 
 
-def _is_text_map(data_type: pa.DataType) -> bool:
+def is_text_map(data_type: pa.DataType) -> bool:
+    """A map of strings to strings: the one map type the short way reads (direct_append.text_maps)
+    and a plan reads by key."""
     return pa.types.is_map(data_type) and kind_of(data_type.key_type) == kind_of(data_type.item_type) == "string"
 
 

@@ -16,7 +16,8 @@ fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) part
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
 a list of strings (`tags`); `orders`, the declared shape with a customer and an amount of money
-(`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `labelled`, the declared shape with a
+(`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `ledger`, the orders with a running
+balance of 22 digits as a JSON number (`decimal(38,6)`), partitioned by day(ts); `labelled`, the declared shape with a
 map of labels (two to four keys in any order) and a `where` processor. The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
@@ -121,6 +122,14 @@ def ordered(event: dict) -> dict:
     return event
 
 
+def ledgered(event: dict) -> dict:
+    """The order with a running balance of 22 digits (a JSON number, spliced in by _encode: orjson
+    writes no Decimal), into a decimal(38,6) column: money as a ledger keeps it."""
+    event = ordered(event)
+    event["balance"] = f"{random.randrange(10**16)}.{random.randrange(10**6):06d}"
+    return event
+
+
 def labelled(event: dict) -> dict:
     """The event with a map of labels (two to four of a few keys, in any order), as a shipper's pipeline has them."""
     keys = random.sample(["region", "pod", "team", "version"], k=random.randint(2, 4))
@@ -135,7 +144,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
-          "labelled": lambda i: labelled(with_days(i)),
+          "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -164,6 +173,12 @@ PIPELINES = {
         "table": "orders", "auto_create": True, "schema": {"columns": [
             *DECLARED_COLUMNS, {"name": "user", "type": "string"}, {"name": "amount", "type": "decimal(12,2)"},
         ], "partition_spec": [{"column": "ts", "transform": "day"}, {"column": "user", "transform": "bucket[8]"}]},
+    }]},
+    "ledger": {"name": "ledger", "source": {"http": {"path": "/ledger"}}, "sinks": [{
+        "table": "ledger", "auto_create": True, "schema": {"columns": [
+            *DECLARED_COLUMNS, {"name": "user", "type": "string"}, {"name": "amount", "type": "decimal(12,2)"},
+            {"name": "balance", "type": "decimal(38,6)"},
+        ], "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],
@@ -212,6 +227,9 @@ def _encode(shape: str, events: list[dict]) -> bytes:
                                          for (service, level), values in streams.items()]})
     if shape == "bulk":
         return b"\n".join(b'{"index":{"_index":"logs"}}\n' + orjson.dumps(event) for event in events) + b"\n"
+    if shape == "ledger":
+        return b"\n".join(orjson.dumps({k: v for k, v in e.items() if k != "balance"})[:-1] + b',"balance":' + e["balance"].encode() + b"}"
+                          for e in events)
     return b"\n".join(orjson.dumps(event) for event in events)
 
 

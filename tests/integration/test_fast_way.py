@@ -14,6 +14,7 @@ import base64
 import json
 import random
 from datetime import datetime
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -610,7 +611,7 @@ def test_a_processor_over_a_field_no_event_of_the_batch_has_reads_null(fresh_spa
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "big", DecimalType(15, 6)),
     NestedField(4, "blob", BinaryType()), NestedField(5, "user", StringType()), NestedField(6, "n", LongType()),
-    NestedField(7, "_extra", MapType(8, StringType(), 9, StringType())),
+    NestedField(7, "_extra", MapType(8, StringType(), 9, StringType())), NestedField(10, "wide", DecimalType(38, 10)),
 ).as_arrow()
 BUCKETED = [("user", "bucket[4]"), ("n", "truncate[5]")]
 ODD_AMOUNTS = st.sampled_from(['"12.505"', "1e-400", '"  1.5"', "123456789.5", '"abc"', "true", '"1,5"', "-100000000", '"\\u0661\\u0662"',
@@ -626,7 +627,9 @@ def _fixed(digits: int, scale: int) -> st.SearchStrategy:
             text = f"{abs(value)}E-{places}"
         return ("-" if value < 0 else "") + text
 
-    return st.builds(spelled, st.integers(-(10**digits) + 1, 10**digits - 1), st.integers(0, scale), st.booleans())
+    # As many values of each length (hypothesis's integers are mostly small): the widest are those a double cannot hold.
+    sized = st.integers(1, digits).flatmap(lambda n: st.integers(10 ** (n - 1), 10**n - 1)) | st.just(0)
+    return st.builds(spelled, st.builds(lambda v, negative: -v if negative else v, sized, st.booleans()), st.integers(0, scale), st.booleans())
 
 
 @st.composite
@@ -635,15 +638,16 @@ def amounts_batch(draw) -> list[bytes]:  # noqa: ANN001
     binary, a user and a number to partition by; now and then a value spelled otherwise."""
 
     def fields(chance: random.Random, as_text: bool) -> list[tuple[str, str]]:
-        amount, big = draw(_fixed(10, 2)), draw(_fixed(15, 6))
+        amount, big, wide = draw(_fixed(10, 2)), draw(_fixed(15, 6)), draw(_fixed(28, 10))
         values = {
             "amount": json.dumps(amount) if as_text else amount,
             "big": json.dumps(big) if as_text else big,
+            "wide": json.dumps(wide) if as_text else wide,
             "blob": json.dumps(base64.b64encode(draw(st.binary(max_size=7))).decode()),
             "user": json.dumps(draw(TEXT), ensure_ascii=chance.random() < 0.5),
             "n": str(draw(st.integers(-30, 30) | st.integers(-(2**63), 2**63 - 1))),
         }
-        odd = {"amount": ODD_AMOUNTS, "big": ODD_AMOUNTS, "blob": ODD_BLOBS, "user": st.just("null"), "n": st.just("null")}
+        odd = {"amount": ODD_AMOUNTS, "big": ODD_AMOUNTS, "wide": ODD_AMOUNTS, "blob": ODD_BLOBS, "user": st.just("null"), "n": st.just("null")}
         return [(name, value if chance.random() > 0.03 else draw(odd[name])) for name, value in values.items() if chance.random() < 0.85]
 
     return requests_of(draw, fields, lambda: draw(st.booleans()))
@@ -660,6 +664,59 @@ def test_decimals_binary_and_buckets_give_the_same_rows_the_fast_way_and_the_ful
         assert len(keys) == 1, (path, keys)
 
     compare_ways(fresh_spark, tmp_path, AMOUNTS, BUCKETED, amounts_batch(), examples=10, least_written=3, check_file=one_partition)
+
+
+WIDE = Schema(
+    NestedField(1, "id", LongType(), required=True), NestedField(2, "wide", DecimalType(38, 10)), NestedField(3, "small", DecimalType(5, 2)),
+    NestedField(4, "price", StructType(NestedField(5, "amount", DecimalType(24, 4)), NestedField(6, "currency", StringType()))),
+).as_arrow()
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["table-types", "inferred"])
+def test_the_full_job_reads_a_decimal_from_a_json_numbers_digits_not_a_doubles(fresh_spark, tmp_path, known: bool) -> None:  # noqa: ANN001
+    """A JSON number with a fraction used to reach a decimal column (or a struct's decimal field)
+    through a double (17 significant digits at most); its digits are read now, whether the batch
+    is parsed with the table's types or its own (processors), and a string still by the
+    conversion rules."""
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}],
+        **({} if known else {"processors": [{"where": "id > 0"}]}),
+    })
+
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=WIDE, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri())
+
+    lines = {
+        1: b'{"id": 1, "wide": 1234567890123456789.0123456789, "small": 999.994, "price": {"amount": 12345678901234567890.1234, "currency": "EUR"}}',
+        2: b'{"id": 2, "wide": "1234567890123456789.0123456789", "small": "12.345", "price": {"amount": "1,5"}}',
+        3: b'{"id": 3, "wide": "1,5", "small": 999.995}',         # a string with a comma: not a number; past the precision once rounded
+        4: b'{"id": 4, "wide": 12345678901234567890123456789.5}',  # 29 digits before the point: beyond decimal(38,10)
+        5: b'{"id": 5, "wide": 1.23456789012345678901E+20, "small": -0.005}',
+        6: b'{"id": 6, "wide": 1e39, "small": 1}',                 # beyond what the exact parse reads: the conversion rules decide
+        7: b'{"id": 7, "wide": " 7.25 ", "small": "  -1.5"}',      # text with spaces: trimmed, as before
+    }
+    price = {1: {"amount": Decimal("12345678901234567890.1234"), "currency": "EUR"}, 2: {"amount": None, "currency": None}}
+    expected = {
+        1: (Decimal("1234567890123456789.0123456789"), Decimal("999.99")),
+        2: (Decimal("1234567890123456789.0123456789"), Decimal("12.35")),
+        3: (None, None),
+        4: (None, None),
+        5: (Decimal("123456789012345678901.0000000000"), Decimal("-0.01")),
+        6: (None, Decimal("1.00")),
+        7: (Decimal("7.2500000000"), Decimal("-1.50")),
+    }
+    pipeline_job._direct_off_until = float("inf")  # the full job only
+    try:
+        # All of them (inferred as text where strings and numbers mix), then numbers only (inferred as doubles).
+        for ids in [list(lines), [1, 4, 5, 6]]:
+            job = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
+                              known_schema=WIDE if known else None)
+            result = job.run(["r0"], [b"\n".join(lines[i] for i in ids)])
+            assert [(row["id"], row["wide"], row["small"], row["price"]) for row in written(result)] == [(i, *expected[i], price.get(i)) for i in ids]
+    finally:
+        pipeline_job._direct_off_until = 0.0
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["table-types", "inferred"])

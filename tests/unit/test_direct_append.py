@@ -166,8 +166,9 @@ def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> 
     with_decimal = Schema(NestedField(1, "id", LongType()), NestedField(2, "amount", DecimalType(10, 2)), NestedField(3, "blob", BinaryType())).as_arrow()
     assert parse_schema(with_decimal, None).types == [pa.int64(), pa.decimal128(10, 2), pa.string()]  # binary as its base64 text
     assert parse_schema(with_decimal, None, [("amount", "bucket[4]")]) is None  # the Spark job has no bucket of a decimal
-    # Wider decimals: the Spark job reads a JSON number with a fraction through a double.
-    assert parse_schema(Schema(NestedField(1, "id", LongType()), NestedField(2, "big", DecimalType(16, 2))).as_arrow(), None) is None
+    # Wider decimals too: the Spark job reads a JSON number's digits, not a double's (coerce.coerce's exact).
+    assert parse_schema(Schema(NestedField(1, "id", LongType()), NestedField(2, "big", DecimalType(38, 10))).as_arrow(), None).types == [
+        pa.int64(), pa.decimal128(38, 10)]
     decimal_inside = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StructType(NestedField(3, "a", DecimalType(10, 2))))).as_arrow()
     assert parse_schema(decimal_inside, None) is None
     nested = Schema(
