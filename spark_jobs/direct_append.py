@@ -133,19 +133,20 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
     return pa.schema(fields) if fields else None
 
 
-def nested_parsing(data_type: pa.DataType) -> pa.DataType | None:
+def nested_parsing(data_type: pa.DataType, in_list: bool = False) -> pa.DataType | None:
     """The type pyarrow parses a column of `data_type` with: a plain type as it is; a list or a
-    struct of those (at any depth) without the table's field metadata. None for anything else,
-    and for a list or struct with a required element or field (the Spark job says what a null
-    there becomes)."""
-    if any(check(data_type) for check in _PLAIN_TYPES):
+    struct of those (at any depth) without the table's field metadata, and a struct's decimals
+    (not a list's: the Spark job reads those through a double, coerce.exact_type). None for
+    anything else, and for a list or struct with a required element or field (the Spark job says
+    what a null there becomes)."""
+    if any(check(data_type) for check in _PLAIN_TYPES) or (pa.types.is_decimal128(data_type) and not in_list):
         return data_type
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
         element = data_type.value_field
-        inner = nested_parsing(element.type) if element.nullable else None
+        inner = nested_parsing(element.type, in_list=True) if element.nullable else None
         return pa.list_(inner) if inner is not None else None
     if pa.types.is_struct(data_type):
-        children = [(child.name, nested_parsing(child.type) if child.nullable else None) for child in data_type]
+        children = [(child.name, nested_parsing(child.type, in_list) if child.nullable else None) for child in data_type]
         if not children or any(inner is None for _name, inner in children):
             return None
         return pa.struct(children)
@@ -239,20 +240,36 @@ def binaries(table: pa.Table, names: list[str]) -> pa.Table:
     return table
 
 
-def decimals(table: pa.Table, names: list[str]) -> None:
-    """Raises Refused when a decimal column (`names`, parsed by pyarrow, which rounds nothing: a
-    value of more fractional digits than the scale refuses the parse) holds a value of more
-    digits than its precision: the Spark job's NULL (pyarrow does not check the precision)."""
+def decimal_paths(schema: pa.Schema) -> list[tuple[str, ...]]:
+    """Where the decimals of a parsing schema are: columns, and fields of structs at any depth."""
+    def below(data_type: pa.DataType, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if pa.types.is_decimal(data_type):
+            return [path]
+        if pa.types.is_struct(data_type):
+            return [found for child in data_type for found in below(child.type, (*path, child.name))]
+        return []
+
+    return [found for f in schema for found in below(f.type, (f.name,))]
+
+
+def decimals(table: pa.Table, paths: list[tuple[str, ...]]) -> None:
+    """Raises Refused when a decimal (at `paths`, parsed by pyarrow, which rounds nothing: a value
+    of more fractional digits than the scale refuses the parse) holds a value of more digits
+    than its precision: the Spark job's NULL (pyarrow does not check the precision)."""
     import pyarrow.compute as pc
 
-    for name in names:
-        column = table.column(name)
+    for path in paths:
+        if path[0] not in table.column_names:
+            continue
+        column = table.column(path[0])
+        for name in path[1:]:
+            column = pc.struct_field(column, name)
         if column.null_count == len(column):
             continue
         limit = 10 ** (column.type.precision - column.type.scale)
         bounds = pc.min_max(column)
         if bounds["max"].as_py() >= limit or bounds["min"].as_py() <= -limit:
-            raise Refused(f"{name!r}: a number beyond {column.type}")
+            raise Refused(f"{'.'.join(path)!r}: a number beyond {column.type}")
 
 
 def partition_keys(data: pa.Table, partition: list[tuple[str, str]]) -> list[pa.ChunkedArray]:
@@ -612,7 +629,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
               target_file_size: int | None = None):
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
-    decimal = [f.name for f in parsing if pa.types.is_decimal(f.type)]
+    decimal = decimal_paths(parsing)
     maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])

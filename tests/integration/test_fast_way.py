@@ -483,13 +483,14 @@ NESTED = Schema(
     NestedField(1, "id", LongType(), required=True), NestedField(2, "tags", ListType(3, StringType(), element_required=False)),
     NestedField(4, "user", StructType(
         NestedField(5, "name", StringType()), NestedField(6, "age", IntegerType()), NestedField(7, "admin", BooleanType()),
-        NestedField(8, "scores", ListType(9, DoubleType(), element_required=False)),
+        NestedField(8, "scores", ListType(9, DoubleType(), element_required=False)), NestedField(17, "balance", DecimalType(30, 6)),
     )),
     NestedField(10, "points", ListType(11, StructType(NestedField(12, "x", LongType()), NestedField(13, "label", StringType())), element_required=False)),
     NestedField(14, "_extra", MapType(15, StringType(), 16, StringType())),
 ).as_arrow()
 ODD_NESTED = st.sampled_from(['"text"', "[1, 2]", '{"name": 5}', '{"age": 3000000000}', '{"name": "a", "name": "b"}', '{"email": "e"}',
-                              '[{"x": 1, "y": 2}]', '["a", {"b": 1}]', '[[1]]', "{}", "[]", "null", '{"scores": ["1"]}', '{"admin": "true"}'])
+                              '[{"x": 1, "y": 2}]', '["a", {"b": 1}]', '[[1]]', "{}", "[]", "null", '{"scores": ["1"]}', '{"admin": "true"}',
+                              '{"balance": "1,5"}', '{"balance": 1.1234567}', '{"balance": 1e30}', '{"balance": " 2.5"}'])
 
 
 @st.composite
@@ -507,7 +508,11 @@ def nested_batch(draw) -> list[bytes]:  # noqa: ANN001
                 ("name", draw(TEXT | st.none())), ("age", draw(st.integers(-(2**31), 2**31 - 1))), ("admin", draw(st.booleans() | st.none())),
                 ("scores", draw(st.lists(st.floats(-1e6, 1e6) | st.integers(-1000, 1000) | st.none(), max_size=3) | st.none())),
             ) if chance.random() < 0.8}
-            pairs.append(("user", json.dumps(user)))
+            text = json.dumps(user)
+            if chance.random() < 0.7:  # a decimal past a double's digits, as a JSON number or text
+                balance = draw(_fixed(24, 6))
+                text = text[:-1] + (", " if user else "") + f'"balance": {json.dumps(balance) if chance.random() < 0.3 else balance}' + "}"
+            pairs.append(("user", text))
         if chance.random() < 0.6:
             points = draw(st.lists(st.fixed_dictionaries({}, optional={"x": st.integers(-(2**62), 2**62), "label": TEXT}) | st.none(), max_size=3))
             pairs.append(("points", json.dumps(points)))
@@ -628,7 +633,7 @@ def _fixed(digits: int, scale: int) -> st.SearchStrategy:
         return ("-" if value < 0 else "") + text
 
     # As many values of each length (hypothesis's integers are mostly small): the widest are those a double cannot hold.
-    sized = st.integers(1, digits).flatmap(lambda n: st.integers(10 ** (n - 1), 10**n - 1)) | st.just(0)
+    sized = st.sampled_from(range(digits, 0, -1)).flatmap(lambda n: st.integers(10 ** (n - 1), 10**n - 1)) | st.just(0)
     return st.builds(spelled, st.builds(lambda v, negative: -v if negative else v, sized, st.booleans()), st.integers(0, scale), st.booleans())
 
 

@@ -169,8 +169,11 @@ def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> 
     # Wider decimals too: the Spark job reads a JSON number's digits, not a double's (coerce.coerce's exact).
     assert parse_schema(Schema(NestedField(1, "id", LongType()), NestedField(2, "big", DecimalType(38, 10))).as_arrow(), None).types == [
         pa.int64(), pa.decimal128(38, 10)]
-    decimal_inside = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StructType(NestedField(3, "a", DecimalType(10, 2))))).as_arrow()
-    assert parse_schema(decimal_inside, None) is None
+    # A struct's decimals too (the Spark job reads their digits: coerce.exact_type), not a list's (it reads those through a double).
+    decimal_inside = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StructType(NestedField(3, "a", DecimalType(30, 2))))).as_arrow()
+    assert parse_schema(decimal_inside, None).field("s").type == pa.struct([("a", pa.decimal128(30, 2))])
+    decimals_listed = Schema(NestedField(1, "id", LongType()), NestedField(2, "l", ListType(3, DecimalType(10, 2), element_required=False))).as_arrow()
+    assert parse_schema(decimals_listed, None) is None
     nested = Schema(
         NestedField(1, "id", LongType()), NestedField(2, "tags", ListType(3, StringType(), element_required=False)),
         NestedField(4, "user", StructType(NestedField(5, "name", StringType()), NestedField(6, "nums", ListType(7, LongType(), element_required=False)))),
