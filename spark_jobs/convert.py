@@ -51,7 +51,7 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
             continue
         if column.name in source_types:
             converted = coerce(F.col(column.name), source_types[column.name], column.dataType,
-                               F.col(_exact_name(column.name)) if column in exact else None)
+                               F.col(EXACT).getField(column.name) if column in exact else None)
             present.append(F.col(column.name).isNotNull())
         else:
             converted = coerce(F.lit(None), T.NullType(), column.dataType)
@@ -89,16 +89,15 @@ def _read_late(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:
 
 def _with_exact_decimals(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:
     """The rows with these columns' decimals parsed once more from the events' text, exactly
-    (coerce's `exact`), each column by a parse of its own: a value one of them cannot read
-    (beyond 38 digits) leaves the others exact."""
-    return rows.withColumns({
-        _exact_name(f.name): F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, exact_type(f.dataType), True)])).getField(f.name)
-        for f in columns
-    }) if columns else rows
+    (coerce's `exact`), in EXACT: one parse for all of them, so that a table of many decimal
+    columns costs one parse more, not one per column. An event with a value beyond 38 digits
+    (beyond any decimal column) may leave its other decimals to their text's conversion."""
+    if not columns:
+        return rows
+    return rows.withColumn(EXACT, F.from_json(F.col(EVENT), T.StructType([T.StructField(f.name, exact_type(f.dataType), True) for f in columns])))
 
 
-def _exact_name(name: str) -> str:
-    return f"{INTERNAL}exact_{name}"
+EXACT = f"{INTERNAL}exact"
 
 
 def holds_maps(data_type: T.DataType) -> bool:
