@@ -72,7 +72,7 @@ from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
-from spark_jobs.plain_processors import dropped, is_text_map
+from spark_jobs.plain_processors import dropped, is_text_map, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -121,8 +121,6 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
             continue
         if time_kind(f.type) or is_binary(f.type):
             fields.append(pa.field(f.name, pa.string()))
-        elif pa.types.is_decimal128(f.type):
-            fields.append(pa.field(f.name, f.type))  # the precision checked after: `decimals`
         elif (parsed := nested_parsing(f.type)) is not None:
             fields.append(pa.field(f.name, parsed))
         else:
@@ -631,8 +629,12 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
     binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
     decimal = decimal_paths(parsing)
     maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
+    # Renamed columns parsed by their old names (each the new name's type), renamed after the parse.
+    renames = renamed(processors[0]) if processors is not None else {}
+    names = {new: old for old, new in renames.items()}
+    reading = pa.schema([f.with_name(names.get(f.name, f.name)) for f in parsing])
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
-    epoch_parsing = pa.schema([pa.field(f.name, pa.int64()) if f.name in kinds else f for f in parsing])
+    epoch_reading = pa.schema([pa.field(f.name, pa.int64()) if original.name in kinds else f for f, original in zip(reading, parsing)])
 
     def append(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import io
@@ -647,7 +649,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                                                 "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
         def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False) -> pa.Table:
-            schema = epoch_parsing if epoch else parsing
+            schema = epoch_reading if epoch else reading
             if shells:  # the maps as empty structs: which events have an object, its keys not inferred
                 schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
             options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
@@ -687,6 +689,8 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             nonlocal wide_maps
             try:
                 table, every_line, epoch = parse(body)
+                if renames:
+                    table = renamed_columns(table)
                 if kinds:
                     table = times(table, kinds, epoch)
                 if binary:
@@ -738,6 +742,15 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 events = table.num_rows  # the rows a where kept
             return table, events
 
+        def renamed_columns(table: pa.Table) -> pa.Table:
+            """The parse's columns by the table's names. A field in any letter case of a new name
+            (which the Spark job would rename onto) or of an old name but its own (which Spark's
+            rename would take too, or leave alone) refuses the request."""
+            for name in table.column_names:
+                if name not in renames and name.casefold() in folded_renames:
+                    raise Refused(f"a field a rename gives or reads in other letter case, or both names: {name[:200]!r}")
+            return table.rename_columns([renames.get(name, name) for name in table.column_names])
+
         def fault(data: pa.Table) -> str | None:
             """What makes rows other than plain rows (the Spark job's DLQ), or None."""
             missing = [name for name in required if name in data.column_names and data.column(name).null_count]
@@ -754,6 +767,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         known = [*parsing.names, *maps]
         drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
         folded_drops = {name.casefold() for name in drops}
+        folded_renames = {name.casefold() for pair in renames.items() for name in pair}
         nested = [f.name for f in parsing if is_nested(f.type)]
         wide_maps = False  # True once a body's maps had many keys
         epoch_order = [False, True]

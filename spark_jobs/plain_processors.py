@@ -4,11 +4,15 @@ plain types (strings, integers, doubles, booleans), a map of strings' values by 
 `labels['job']`: NULL where the map lacks it; the Spark job parses such columns as maps) and
 literals, evaluated by pyarrow's compute
 functions with SQL's three-valued logic, as Spark evaluates them in the Spark job
-(processors.py), and `drop` of fields the table lacks (no other processor can read them: the
+(processors.py), `drop` of fields the table lacks (no other processor can read them: the
 short way leaves them out of the rows, and a request with a field the table lacks that no drop
-names, or one that a drop names in other letter case, which Spark's drop ignores, is refused).
+names, or one that a drop names in other letter case, which Spark's drop ignores, is refused),
+and `rename` of a field the table lacks to a column of the table (`_renamable`: the short way
+parses the old name as the column and renames it after the parse; a request with the new name
+too, or either in other letter case, is refused: Spark would hold two columns of one name).
 Anything else (functions, arithmetic, CASE, casts, time columns, a field the table lacks, a drop
-of a column of the table, rename) leaves the batch to the Spark job, as before: `plan` answers None.
+of a column of the table, a rename of one) leaves the batch to the Spark job, as before: `plan`
+answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -35,7 +39,8 @@ the table's types (the request with the text goes to the Spark job either way).
 A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
 | ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key); steps ("where", node), ("set", {column: node})
-and ("drop", [name, ...]) (`dropped` reads them; `apply` has nothing left to do for them).
+("drop", [name, ...]) and ("rename", {old: new}) (`dropped` and `renamed` read them; `apply` has
+nothing left to do for them).
 """
 
 from __future__ import annotations
@@ -105,11 +110,61 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
                 if any(name.casefold() in columns for name in processor.drop):
                     return None  # Spark drops a column of the table by any letter case: its NULLs are the Spark job's
                 steps.append(("drop", list(processor.drop)))
-            else:
+            elif not _renamable(processor.rename, schema, extra_fields, steps):
                 return None
+            else:
+                steps.append(("rename", dict(processor.rename)))
     except NotPlain:
         return None
+    names = {name.casefold() for old, new in renamed(steps).items() for name in (old, new)}
+    if any(name.casefold() in names for name in dropped(steps)):
+        return None  # a drop of a field a rename reads or gives: the order of the two is the Spark job's
     return steps, sorted(guarded)
+
+
+def _renamable(rename: dict[str, str], schema: pa.Schema, extra_fields: str | None, before: list[tuple]) -> bool:
+    """Whether the short way reads `rename` as the Spark job does: each old name a top-level field
+    the table lacks (in any letter case: Spark's rename resolves names ignoring it) and no other
+    rename's, read at the parse as its new name's column (`renamed`); each new name a column of the
+    table the parse reads as it is (no map, no decimal: the Spark job reads a renamed column
+    through its inferred type, not as the table's map or a JSON number's digits), that no step
+    before reads or sets, nor another rename gives (Spark would then hold two columns of one name)."""
+    columns = {name.casefold() for name in schema.names}
+    taken = {name.casefold() for old, new in renamed(before).items() for name in (old, new)}
+    touched = set().union(*(_read(step) for step in before)) if before else set()
+    news = list(rename.values())
+    for old, new in rename.items():
+        if old.casefold() in columns or old.casefold() in taken:
+            return False
+        if new not in schema.names or new == extra_fields or new in touched or new.casefold() in taken or news.count(new) > 1:
+            return False
+        if is_text_map(schema.field(new).type) or _holds_decimals(schema.field(new).type):
+            return False
+    return True
+
+
+def _holds_decimals(data_type: pa.DataType) -> bool:
+    if pa.types.is_decimal(data_type):
+        return True
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_map(data_type):
+        return _holds_decimals(data_type.value_type) or pa.types.is_map(data_type) and _holds_decimals(data_type.key_type)
+    return pa.types.is_struct(data_type) and any(_holds_decimals(child.type) for child in data_type)
+
+
+def _read(node: object) -> set[str]:
+    """The columns a step (or a node of one) reads or sets."""
+    if not isinstance(node, (tuple, list, dict)):
+        return set()
+    if isinstance(node, dict):  # a set's {column: node}
+        return set(node).union(*(_read(value) for value in node.values()))
+    if isinstance(node, tuple) and node and node[0] in ("col", "key"):
+        return {node[1]}
+    return set().union(*(_read(part) for part in node))
+
+
+def renamed(steps: list[tuple]) -> dict[str, str]:
+    """The plan's renames, {old name: new name} (the short way parses each old name as its new)."""
+    return {old: new for step in steps if step[0] == "rename" for old, new in step[1].items()}
 
 
 def dropped(steps: list[tuple]) -> frozenset[str]:

@@ -18,7 +18,8 @@ fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) part
 a list of strings (`tags`); `orders`, the declared shape with a customer and an amount of money
 (`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `ledger`, the orders with a running
 balance of 22 digits as a JSON number (`decimal(38,6)`), partitioned by day(ts); `labelled`, the declared shape with a
-map of labels (two to four keys in any order) and a `where` processor. The shippers'
+map of labels (two to four keys in any order) and a `where` processor; `renamed`, the declared shape
+with a shipper's names (`message`, `severity`) that the pipeline renames to the table's. The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -137,6 +138,12 @@ def labelled(event: dict) -> dict:
     return event
 
 
+def renamed(event: dict) -> dict:
+    """The event with a shipper's names for two of the table's columns (renamed by the pipeline)."""
+    event["message"], event["severity"] = event.pop("msg"), event.pop("level")
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -144,7 +151,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
-          "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)),
+          "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -180,6 +187,9 @@ PIPELINES = {
             {"name": "balance", "type": "decimal(38,6)"},
         ], "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
+    "renamed": {"name": "renamed", "source": {"http": {"path": "/renamed"}}, "processors": [{"rename": {"message": "msg", "severity": "level"}}],
+                "sinks": [{"table": "renamed", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS,
+                                                                              "partition_spec": [{"column": "ts", "transform": "day"}]}}]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],
                    "sinks": [{
