@@ -19,6 +19,7 @@ from service.core import keys, metrics
 from service.core.config import Settings
 from service.core.exceptions import ChangesFailed, ChangesNotApplied, FilesNotLive
 from service.iceberg.files import catalog_io, delete_files
+from service.iceberg.watermark import appended_ahead_since
 from service.protocol import changes
 from service.protocol.changes import ApplyRequest, ApplyResult
 from service.protocol.stream_ids import id_after
@@ -69,7 +70,7 @@ class ChangeCommits:
             raise ChangesFailed(result.error)
         covered = CommitPlan([e for e in segment.entries if not id_after(e.entry_id, request.last_entry)], applied=result)
         try:
-            if result.base_snapshot != current:
+            if result.base_snapshot != current and not appended_ahead_since(table, result.base_snapshot):
                 raise ChangesNotApplied(f"snapshot {current} is not {result.base_snapshot}, which they were applied to")
             committed = self.commits.apply(tenant, table_name, table, covered, lease)
         except (ChangesNotApplied, FilesNotLive) as exc:
@@ -103,8 +104,10 @@ class ChangeCommits:
 
     def _ask(self, tenant: str, table_name: str, segment: CommitPlan, current: int | None) -> None:
         first = segment.entries[0]
+        # Appends committed ahead of these changes came after them: the run does not see their files.
         request = ApplyRequest(tenant, table_name, uuid.uuid4().hex, current,
-                               [(entry.entry_id, entry.files) for entry in segment.entries], first.keys, first.upsert)
+                               [(entry.entry_id, entry.files) for entry in segment.entries], first.keys, first.upsert,
+                               unseen=self.commits.ahead_files.get(keys.member(tenant, table_name), []))
         key = keys.applying_key(tenant, table_name)
         self.asked_at[keys.member(tenant, table_name)] = time.monotonic()
         pipe = self.client.pipeline(transaction=True)

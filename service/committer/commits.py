@@ -7,6 +7,12 @@ announce, then fast-append the files of every entry after it in one snapshot who
 carries the new watermark, a commit id and this leader's fence. A compare-and-swap conflict
 reloads the table and filters against the new watermark before trying again, so retried or
 overlapping commits never add a file twice.
+
+Appends queued behind row changes that are not committed yet (their run not due, or being
+applied) are committed ahead of them (`commit_ahead`): the summary names them beyond the watermark
+(iceberg/watermark.py), the next plans leave them out, and the run of changes does not see
+their files (it is applied as if they were not there yet: they came after it). The watermark
+moves over them once the changes before them are committed.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from service.iceberg.catalog import CATALOG_UNAVAILABLE, ensure_commit_propertie
 from service.iceberg.conflicts import retry_on_conflict
 from service.iceberg.files import catalog_io, delete_files
 from service.iceberg.rewrites import Rewritten, live_data_files, overwrite_files, replace_files, row_delta
-from service.iceberg.watermark import calve_snapshots, watermark
+from service.iceberg.watermark import advance, ahead, appended_ahead_since, calve_snapshots, spell_runs, watermark, within
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import next_id, parse_id, text
 from service.protocol.upkeep import UpkeepOutcome, UpkeepRun
@@ -46,6 +52,7 @@ from spark_jobs.contract import layout_path
 log = logging.getLogger(__name__)
 
 ISOLATE_AT_MOST = 20  # entries committed one at a time per isolation of a stuck table
+MAX_AHEAD_RUNS = 16  # runs of appends committed beyond the watermark at most: more wait for the changes before them
 # Commit failures that say nothing about the entries: the catalog unreachable or busy, conflicts.
 TRANSIENT: tuple[type[Exception], ...] = (*CATALOG_UNAVAILABLE, CommitFailedException)
 
@@ -61,6 +68,9 @@ class TableCommits:
         self.publisher = publisher
         self.changes = ChangeCommits(settings, client, catalog, self)
         self.waiting_for_run: set[str] = set()  # tables whose next entries are row changes whose run is not due
+        self.ahead_files: dict[str, list[str]] = {}  # by table: the files of the entries committed beyond its watermark
+        self.announced: dict[str, set[str]] = {}  # by table: entries beyond its watermark whose receipts this leader published
+        self.planned_to: dict[str, str] = {}  # by table: the last entry its last plan read
 
     def reload(self, tenant: str, table_name: str) -> Table:
         return self.catalog.load_table(table_identifier(self.catalog, tenant, table_name))
@@ -88,8 +98,10 @@ class TableCommits:
             if index:
                 table = self.reload(tenant, table_name)
             if segment.changes:
-                # Appends queued behind the changes wait for their run: it is asked for now.
-                if not run_due and member not in self.changes.asked_at and not appends_behind(segments[index + 1:]):
+                behind = segments[index + 1:]
+                # Appends queued behind the changes are committed ahead of them, and their run is
+                # asked for now: a table taking appends too gets its changes in as soon as it can.
+                if not run_due and member not in self.changes.asked_at and not appends_behind(behind):
                     self.waiting_for_run.add(member)
                     break
                 done = self.changes.commit(tenant, table_name, table, segment, lease)
@@ -101,8 +113,9 @@ class TableCommits:
                         continue
                 # Being applied, or committed now but covering only the entries queued when it
                 # was asked (the segment read since holds more), or to be applied again: the
-                # entries after it wait for the next round, planned from the new watermark.
-                # Going on would commit them past row changes not yet in the table.
+                # entries after it are planned from the new watermark in the next round, but for
+                # the appends, committed now ahead of the changes.
+                committed |= self.commit_ahead(tenant, table_name, None if committed else table, behind, lease)
                 break
             if segment.rewrite is None:
                 committed |= self.apply(tenant, table_name, table, segment, lease)
@@ -115,11 +128,27 @@ class TableCommits:
                 self.drop_rewrite(tenant, table_name, segment.rewrite, exc)
         return committed
 
-    def newest_is_append(self, tenant: str, table_name: str) -> bool:
-        """Whether the table's newest commit-stream entry is an append (one now waits behind
-        the row changes ahead of it)."""
+    def commit_ahead(self, tenant: str, table_name: str, table: Table | None, behind: list[CommitPlan], lease: TableLease) -> bool:
+        """Commit the appends of `behind` (the segments queued behind row changes not committed
+        yet) in one snapshot ahead of those changes; True when one was made. They hold no key a
+        change before them may touch: the changes' run is applied without their files
+        (ChangeCommits: `ahead_files`). Rewrites, DLQ replays and registered files wait their turn.
+        `table`: the table as it is now (None: reloaded)."""
+        entries = [entry for segment in behind if segment.operation is Operation.APPEND and not segment.deletes
+                   and not segment.registered_files for entry in segment.entries]
+        if not entries:
+            return False
+        table = table or self.reload(tenant, table_name)
+        if len(ahead(table)) >= MAX_AHEAD_RUNS:
+            return False
+        return self.apply(tenant, table_name, table, CommitPlan(entries), lease)
+
+    def append_waiting(self, tenant: str, table_name: str) -> bool:
+        """Whether the table's newest commit-stream entry is an append that its last plan did not
+        read (one now waits behind the row changes ahead of it, to be committed ahead of them)."""
         newest = self.client.xrevrange(keys.commit_stream_key(tenant, table_name), count=1)
-        return bool(newest) and CommitEntry.from_fields(*newest[0]).operation is Operation.APPEND
+        return bool(newest) and text(newest[0][0]) != self.planned_to.get(keys.member(tenant, table_name)) and (
+            CommitEntry.from_fields(*newest[0]).operation is Operation.APPEND)
 
     def plan(self, tenant: str, table_name: str) -> tuple[Table, CommitPlan] | None:
         """The table as it is now and the entries after its watermark (None when nothing is pending)."""
@@ -130,8 +159,29 @@ class TableCommits:
         self.acknowledge_committed(tenant, table_name, table)
         stream = keys.commit_stream_key(tenant, table_name)
         raw = self.client.xrange(stream, min=f"({watermark(table)}", count=self.settings.commit_max_entries)
-        plan = CommitPlan([CommitEntry.from_fields(entry_id, fields, tenant, table_name) for entry_id, fields in raw])
+        entries = [CommitEntry.from_fields(entry_id, fields, tenant, table_name) for entry_id, fields in raw]
+        if entries:
+            self.planned_to[keys.member(tenant, table_name)] = entries[-1].entry_id
+        runs = ahead(table)
+        committed = [entry for entry in entries if within(entry.entry_id, runs)]
+        self.ahead_files[keys.member(tenant, table_name)] = [path for entry in committed for path in entry.files]
+        if committed:
+            self.announce_ahead(tenant, table_name, table, committed)
+        # A run of changes never spans entries committed ahead of it: they came after its first.
+        breaks = frozenset(later.entry_id for earlier, later in zip(entries, entries[1:])
+                           if within(earlier.entry_id, runs) and not within(later.entry_id, runs))
+        plan = CommitPlan([entry for entry in entries if not within(entry.entry_id, runs)], breaks=breaks)
         return None if plan.empty else (table, plan)
+
+    def announce_ahead(self, tenant: str, table_name: str, table: Table, committed: list[CommitEntry]) -> None:
+        """Publish the receipts of entries the table holds beyond its watermark, once per leader:
+        a leader that died between such a commit and its acknowledgement left them unpublished."""
+        announced = self.announced.setdefault(keys.member(tenant, table_name), set())
+        announced &= {entry.entry_id for entry in committed}
+        for entry in committed:
+            if entry.entry_id not in announced:
+                self.publisher.mark_committed(tenant, table_name, table.metadata.current_snapshot_id, entry.rows_by_receipt)
+                announced.add(entry.entry_id)
 
     def apply(self, tenant: str, table_name: str, table: Table, plan: CommitPlan, lease: TableLease) -> bool:
         """One snapshot of the plan's entries, retried on conflict against a reloaded watermark;
@@ -144,7 +194,8 @@ class TableCommits:
                 # Someone else changed the table (possibly a stale leader that committed some of
                 # these very entries): keep only what is still missing. Applied row changes lose
                 # their answer here: it was computed against the snapshot that just moved.
-                planned = CommitPlan.after(plan.entries, watermark(current))
+                runs = ahead(current)
+                planned = CommitPlan.after(plan.entries, watermark(current), runs)
                 if planned.empty:
                     self.acknowledge_committed(tenant, table_name, current)
                     return None
@@ -175,27 +226,32 @@ class TableCommits:
                 tenant, table_name, snapshot.snapshot_id, len(plan.files), plan.rows, plan.watermark, seconds,
             )
         counts = plan.applied.counts if plan.applied is not None else None
+        member = keys.member(tenant, table_name)
         self.publisher.mark_committed(tenant, table_name, snapshot.snapshot_id, plan.rows_by_receipt(), counts)
-        self.client.xtrim(keys.commit_stream_key(tenant, table_name), minid=next_id(plan.watermark))
+        mark, runs = watermark(table), ahead(table)
+        if runs:  # these receipts are published: not again by this leader's next plan
+            self.announced.setdefault(member, set()).update(entry.entry_id for entry in plan.entries if within(entry.entry_id, runs))
+        self.client.xtrim(keys.commit_stream_key(tenant, table_name), minid=next_id(mark))
         return True
 
     def _commit(self, table: Table, plan: CommitPlan, lease: TableLease) -> Rewritten | None:
         fault_point(faults.COMMITTER_BEFORE_CATALOG_COMMIT)
         summary = {
             keys.SUMMARY_COMMIT_ID: uuid.uuid4().hex,
-            keys.SUMMARY_WATERMARK: plan.watermark,
             keys.SUMMARY_FENCE: str(lease.fence),
             keys.SUMMARY_COMMITTER: self.name,
+            **self._watermark_after(table, plan),
         }
         operation = plan.operation
         if operation is Operation.REPLACE:
             with table.transaction() as transaction:
                 return replace_files(table, transaction, plan.rewrite.removes, plan.rewrite.files, summary, plan.rewrite.folded)
         if operation is Operation.CHANGES or (
-            operation is Operation.OVERWRITE and plan.applied.base_snapshot != table.metadata.current_snapshot_id
+            operation is Operation.OVERWRITE and not appended_ahead_since(table, plan.applied.base_snapshot)
         ):
-            # Only a writer's answer computed against this very snapshot may be committed; a plan
-            # rebuilt after a conflict has none, and goes back to be applied again.
+            # Only a writer's answer computed against this very snapshot (or one that appends
+            # committed ahead of these changes followed) may be committed; a plan rebuilt after a
+            # conflict has none, and goes back to be applied again.
             raise ChangesNotApplied("the table moved since the changes were applied")
         if operation is Operation.OVERWRITE:
             with table.transaction() as transaction:
@@ -214,6 +270,17 @@ class TableCommits:
                 live=lambda: set(live_data_files(table)),
             )
         return None
+
+    def _watermark_after(self, table: Table, plan: CommitPlan) -> dict[str, str]:
+        """The summary's watermark (and runs beyond it) once the plan's entries are in the table
+        too: it moves over every entry the table then holds from the watermark on."""
+        mark, runs = watermark(table), ahead(table)
+        last = max([plan.watermark, *(run[1] for run in runs)], key=parse_id)
+        first = plan.entries[0]
+        stream = [text(entry_id) for entry_id, _fields in self.client.xrange(
+            keys.commit_stream_key(first.tenant, first.table), min=f"({mark}", max=last)]
+        mark, runs = advance(mark, runs, stream, {entry.entry_id for entry in plan.entries})
+        return {keys.SUMMARY_WATERMARK: mark, **({keys.SUMMARY_AHEAD: spell_runs(runs)} if runs else {})}
 
     def acknowledge_committed(self, tenant: str, table_name: str, table: Table) -> None:
         """Announce and drop entries the table already holds but whose receipts were not published.
@@ -305,6 +372,7 @@ class TableCommits:
             "bytes_rewritten": rewritten.bytes_removed, "bytes_written": rewritten.bytes_added, "rows": rewritten.rows,
             "delete_files_removed": rewritten.delete_files_removed,
         }))
+
 
 
 def appends_behind(segments: list[CommitPlan]) -> bool:

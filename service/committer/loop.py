@@ -115,15 +115,18 @@ class Committer:
                 self.feed_schedule.record_upkeep(member, now)
             # Only a table with entries in its commit stream (files handed off, row changes, or
             # entries committed but not yet announced) is loaded from the catalog; one whose next
-            # entries are row changes waiting for their run, only once the run is due or an
-            # append waits behind them (nothing behind them can be committed before them); one
-            # whose run is being applied, only once its answer is in.
+            # entries are row changes waiting for their run, only once the run is due or, when its
+            # commit is due, a new append waits behind them (committed ahead of them, and their run
+            # asked for at once); one whose run is being applied, once its answer is in or such an
+            # append waits.
+            commit_due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
             if member in self.commits.changes.asked_at:
-                due = self.commits.changes.answered(tenant, table)  # its run's answer is looked for at every tick
+                # Its run's answer is looked for at every tick.
+                due = self.commits.changes.answered(tenant, table) or commit_due and self.commits.append_waiting(tenant, table)
             elif member in self.commits.waiting_for_run:
-                due = self.schedule.is_run_due(member, now) or self.commits.newest_is_append(tenant, table)
+                due = self.schedule.is_run_due(member, now) or commit_due and self.commits.append_waiting(tenant, table)
             else:
-                due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
+                due = commit_due
             if due and self.client.xlen(keys.commit_stream_key(tenant, table)):
                 self.commit(member, lease, now)
 

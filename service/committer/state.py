@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from service.iceberg.watermark import Runs, within
 from service.protocol.changes import ApplyResult
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import id_after
@@ -16,12 +17,14 @@ class CommitPlan:
 
     entries: list[CommitEntry]
     applied: ApplyResult | None = None  # row changes: a writer's answer, to commit as one overwrite
+    breaks: frozenset[str] = frozenset()  # entries after one committed ahead: a segment starts there
 
     @classmethod
-    def after(cls, entries: list[CommitEntry], watermark: str) -> "CommitPlan":
-        # Entries at or below the watermark are already in the table (a commit whose
-        # acknowledgement step did not finish, or another leader's commit): never add them again.
-        return cls([entry for entry in entries if id_after(entry.entry_id, watermark)])
+    def after(cls, entries: list[CommitEntry], watermark: str, ahead: Runs = ()) -> "CommitPlan":
+        # Entries at or below the watermark, or committed ahead of it, are already in the table (a
+        # commit whose acknowledgement step did not finish, or another leader's commit): never
+        # add them again.
+        return cls([entry for entry in entries if id_after(entry.entry_id, watermark) and not within(entry.entry_id, ahead)])
 
     @property
     def empty(self) -> bool:
@@ -68,7 +71,8 @@ class CommitPlan:
         segments: list[CommitPlan] = []
         for entry in self.entries:
             last = segments[-1].entries[-1] if segments else None
-            joins = last is not None and not entry.is_rewrite and not last.is_rewrite and last.is_changes == entry.is_changes and (
+            joins = last is not None and entry.entry_id not in self.breaks and not entry.is_rewrite and not last.is_rewrite and (
+                last.is_changes == entry.is_changes) and (
                 not entry.is_changes or (last.keys, last.upsert) == (entry.keys, entry.upsert)
             )
             if joins:

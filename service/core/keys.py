@@ -28,6 +28,7 @@ HEARTBEATS = f"{PREFIX}:heartbeats"  # hash: "<role>/<name>" -> JSON {at, ...} (
 # Snapshot summary properties written by the committer.
 SUMMARY_COMMIT_ID = "calve.commit-id"
 SUMMARY_WATERMARK = "calve.watermark"
+SUMMARY_AHEAD = "calve.ahead"  # entries committed beyond the watermark: "first:last" runs of stream ids (iceberg/watermark.py)
 SUMMARY_FENCE = "calve.fence"
 SUMMARY_COMMITTER = "calve.committer"
 SUMMARY_REGISTERED = "calve.registered-files"  # files written elsewhere that the snapshot added

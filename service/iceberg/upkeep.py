@@ -28,7 +28,7 @@ from service.core import keys
 from service.iceberg import files, private
 from service.iceberg.compaction import TARGET_FILE_SIZE_PROPERTY
 from service.iceberg.rewrites import WRITE_MODE_PROPERTIES
-from service.iceberg.watermark import calve_snapshots, watermark
+from service.iceberg.watermark import ahead, calve_snapshots, spell_runs, watermark
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,9 @@ def merge_manifests(table: Table) -> int:
     manifests = len(snapshot.manifests(table.io)) if snapshot is not None else 0
     if manifests < 2:
         return 0
-    mark = watermark(table)
-    properties = {keys.SUMMARY_WATERMARK: mark} if calve_snapshots(table) else {}
+    properties = {keys.SUMMARY_WATERMARK: watermark(table)} if calve_snapshots(table) else {}
+    if runs := ahead(table):  # the entries committed beyond the watermark are still in the table
+        properties[keys.SUMMARY_AHEAD] = spell_runs(runs)
     with table.transaction() as transaction, private.merge_manifests_producer(transaction, properties):
         pass
     return manifests

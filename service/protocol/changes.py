@@ -29,6 +29,7 @@ class ApplyRequest:
     entries: list[tuple[str, list[str]]]  # (entry id, its change files), in commit order
     keys: list[str]
     upsert: bool
+    unseen: list[str] = field(default_factory=list)  # data files committed ahead of these changes: never candidates
 
     @property
     def last_entry(self) -> str:
@@ -38,13 +39,14 @@ class ApplyRequest:
         return orjson.dumps({
             "tenant": self.tenant, "table": self.table, "request": self.request, "base_snapshot": self.base_snapshot,
             "entries": [[entry_id, files] for entry_id, files in self.entries], "keys": self.keys, "upsert": self.upsert,
+            "unseen": self.unseen,
         })
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ApplyRequest:
         body = orjson.loads(raw)
         return cls(body["tenant"], body["table"], body["request"], body["base_snapshot"],
-                   [(entry_id, files) for entry_id, files in body["entries"]], body["keys"], body["upsert"])
+                   [(entry_id, files) for entry_id, files in body["entries"]], body["keys"], body["upsert"], body.get("unseen", []))
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,12 @@ class ChangeApplier(LeaderRequests):
 
     def _candidates(self, table, request: ApplyRequest, changed: pa.Table) -> list[tuple[str, list[str]]]:  # noqa: ANN001
         """Data files of the base snapshot that may hold a changed key, each with its position
-        delete files (service/iceberg/candidates.py)."""
+        delete files (service/iceberg/candidates.py), but for those committed ahead of these
+        changes (appends queued after them: they come after them)."""
         if request.base_snapshot is None:
             return []
-        return candidate_files(table, request.base_snapshot, request.keys, changed)
+        unseen = set(request.unseen)
+        return [candidate for candidate in candidate_files(table, request.base_snapshot, request.keys, changed) if candidate[0] not in unseen]
 
     def _answer(self, request: ApplyRequest, result: ApplyResult) -> None:
         key = keys.applying_key(request.tenant, request.table)

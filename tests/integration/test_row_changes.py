@@ -16,6 +16,7 @@ from pyiceberg.manifest import DataFileContent
 from service.cli.processes import free_port
 from service.core import keys
 from service.iceberg.rewrites import live_data_files, live_files
+from service.iceberg.watermark import ahead
 from tests.conftest import Stack, wait_until
 from tests.harness import duckdb_rows, move_first_entry_files_away, put_back
 
@@ -212,7 +213,9 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
 
     Changes apply in hand-off order across requests (two writers may hand off requests sent a
     moment apart either way round), so requests in flight together touch different keys: each
-    wave's requests split the keys between them, and a wave is sent once the last is handed off."""
+    wave's requests split the keys between them, and a wave is sent once the last is handed off.
+    Each wave appends rows of keys of their own too (an append pipeline into the same table),
+    committed ahead of the changes queued before them when those are not in yet."""
     stack = stack_factory(CALVE_WRITER_BATCH_WAIT_S="0.3")
     stack.start("writer", name="writer-2")
     with stack.client() as http:
@@ -229,6 +232,8 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
                 answer = http.post("/v1/tables/people/consumers", json={"name": "copy", "start": "earliest", "initial_load": True})
                 assert answer.status_code == 201, answer.text
                 feed.thread.start()
+                log = {"name": "people_log", "source": {"http": {"path": "/people_log"}}, "sinks": [{"table": "people"}]}  # the table is there now
+                assert http.post("/v1/pipelines", json=log).status_code == 201
             if wave == 4:
                 stack.kill("api-2", signal.SIGKILL)
                 stack.start("api", name="api-2", port=feed_port)
@@ -244,6 +249,13 @@ def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_mod
                     events.append(event)
                     apply_model(model, event, upsert=False)
                 sent.append(send(stack, events, wait=False)["receipt"])
+            if wave:
+                appended = [{"id": 1000 + wave * 3 + i, "name": f"log{wave}", "n": i} for i in range(3)]
+                answer = http.post("/people_log", content=b"\n".join(orjson.dumps(row) for row in appended),
+                                   headers={"Content-Type": "application/x-ndjson"})
+                assert answer.status_code == 202, answer.text
+                sent.append(answer.json()["receipt"])
+                model.update({row["id"]: row for row in appended})
             wait_until(lambda: all(http.get(f"/v1/receipts/{r}").json()["status"] in ("written", "committed") for r in sent),
                        timeout_s=60, what="the wave handed off")
             receipts += sent
@@ -320,8 +332,9 @@ def append_one(stack: Stack) -> str:
 
 def test_entries_queued_behind_changes_never_commit_past_changes_not_yet_applied(stack_factory) -> None:  # noqa: ANN001
     """A change run answers for the entries queued when it was asked; a change queued after the
-    ask, and an append to the same table queued after that, wait for it: the append's commit must
-    not carry the table's watermark past the second change (which would then never be applied)."""
+    ask waits for the next run, and an append to the same table queued after that commits ahead of
+    it: the append's commit must not carry the table's watermark past the second change (which
+    would then never be applied)."""
     stack, leader, lease = leader_here(stack_factory)
     first = first_change_applied(stack, leader, lease)
     second = second_change(stack)
@@ -379,30 +392,96 @@ def test_a_committed_run_asks_for_a_compaction_once_small_files_pile_up(stack_fa
     assert rows[1]["name"] == "a" and rows[2]["name"] == "b", rows
 
 
-def test_an_append_queued_behind_changes_not_yet_due_has_their_run_asked_for_at_once(stack_factory) -> None:  # noqa: ANN001
-    """Row changes wait for their run's schedule, and an append queued behind them waits for that
-    run: so the append asks for it now, instead of waiting out the changes' schedule too."""
+def people_rows(stack: Stack) -> list[tuple[int, str]]:
+    table = stack.catalog().load_table(("demo", "people"))
+    return sorted((row["id"], row["name"]) for row in table.scan().to_arrow().to_pylist())
+
+
+def test_an_append_queued_behind_changes_commits_ahead_of_them_and_they_never_touch_its_rows(stack_factory) -> None:  # noqa: ANN001
+    """An append queued behind row changes not committed yet commits ahead of them. It came after
+    them: their run, asked for after it is in the table, does not see its rows, even of a key they
+    change (here both insert key 50: the table ends with both rows, as in the order they were
+    sent). The table's watermark then moves over the append."""
+    stack, leader, lease = leader_here(stack_factory)
+    first = first_change_applied(stack, leader, lease)
+    second = send(stack, [{"op": "i", "id": 50, "name": "changed", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: status(stack, second) == b"written", what="the second change handed off")
+    appended = append_one(stack)
+    assert leader.commits.append_waiting("demo", "people"), "the tick sees an append waiting behind the changes"
+    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is True
+    assert status(stack, first) == status(stack, appended) == b"committed", "the first run, and the append ahead of the second"
+    assert status(stack, second) == b"written"
+    assert not leader.commits.append_waiting("demo", "people"), "nothing new to commit ahead"
+    assert people_rows(stack) == [(1, "a"), (50, "appended")]
+
+    def committed() -> bool:
+        leader.commits.commit_table("demo", "people", lease, run_due=True)
+        return status(stack, second) == b"committed"
+
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="the second change committed")
+    assert people_rows(stack) == [(1, "a"), (50, "appended"), (50, "changed")]
+    table = stack.catalog().load_table(("demo", "people"))
+    assert ahead(table) == () and not stack.redis.xlen(keys.commit_stream_key("demo", "people")), "the watermark moved over the append"
+
+
+def test_changes_applied_before_an_append_committed_ahead_of_them_commit_without_being_applied_again(stack_factory) -> None:  # noqa: ANN001
+    """Changes whose run is not due yet, and an append queued behind them: their run is asked for
+    at once, and the append commits ahead of them while the writer applies it. The answer,
+    computed against the snapshot before the append, is committed as it is (only an append ahead
+    of it followed that snapshot), not applied again."""
+    from service.core import metrics
+
     stack, leader, lease = leader_here(stack_factory)
     change = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
     wait_until(lambda: status(stack, change) == b"written", what="the change handed off")
-    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is False
-    assert not stack.redis.exists(keys.applying_key("demo", "people")), "changes alone wait for their schedule"
-    assert keys.member("demo", "people") in leader.commits.waiting_for_run
-    assert not leader.commits.newest_is_append("demo", "people")
-
     appended = append_one(stack)
-    assert leader.commits.newest_is_append("demo", "people"), "the tick sees an append waiting behind the changes"
-    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is False
-    assert stack.redis.exists(keys.applying_key("demo", "people")), "the run is asked for, not due though it is"
+    writer = stack.procs["writer"]
+    writer.send_signal(signal.SIGSTOP)
+    try:
+        before = stack.catalog().load_table(("demo", "people")).metadata.current_snapshot_id  # None: the table is empty yet
+        assert leader.commits.commit_table("demo", "people", lease, run_due=False) is True, "the append committed ahead"
+        asked = orjson.loads(stack.redis.hget(keys.applying_key("demo", "people"), "request"))
+        assert asked["base_snapshot"] == before and status(stack, appended) == b"committed" and status(stack, change) == b"written"
+    finally:
+        writer.send_signal(signal.SIGCONT)
+    reapplied = metrics.CHANGES_REAPPLIED.labels("demo", "people")._value.get()
 
     def committed() -> bool:
-        leader.commits.commit_table("demo", "people", lease, run_due=False)
-        return status(stack, appended) == b"committed"
+        leader.commits.commit_table("demo", "people", lease)
+        return status(stack, change) == b"committed"
 
-    wait_until(committed, timeout_s=90, interval_s=0.2, what="the run and the append behind it committed")
-    assert status(stack, change) == b"committed"
-    rows = table_rows(stack)
-    assert rows[1]["name"] == "a" and rows[50]["name"] == "appended", rows
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="the change committed")
+    assert metrics.CHANGES_REAPPLIED.labels("demo", "people")._value.get() == reapplied, "committed as applied, not applied again"
+    assert people_rows(stack) == [(1, "a"), (50, "appended")]
+
+
+def test_a_leader_that_died_after_committing_ahead_leaves_it_to_the_next_to_announce_never_to_commit_again(stack_factory) -> None:  # noqa: ANN001
+    """A leader commits an append ahead of changes, then dies before publishing its receipts (a
+    fake: the receipts are dropped, as a killed process cannot be resumed here). The next leader
+    reads the entries beyond the watermark from the snapshot: it announces the append, commits
+    nothing twice, and the changes commit after it."""
+    from service.committer.loop import Committer
+
+    stack, leader, lease = leader_here(stack_factory)
+    change = send(stack, [{"op": "i", "id": 1, "name": "a", "n": 1}], wait=False)["receipt"]
+    wait_until(lambda: status(stack, change) == b"written", what="the change handed off")
+    appended = append_one(stack)
+    leader.commits.publisher.mark_committed = lambda *args, **kwargs: []  # dies before acknowledging
+    assert leader.commits.commit_table("demo", "people", lease, run_due=False) is True
+    assert status(stack, appended) == b"written"
+    snapshots = len(stack.catalog().load_table(("demo", "people")).snapshots())
+
+    successor = Committer(stack.settings, stack.redis, stack.catalog(), name="leader")
+    assert successor.commits.commit_table("demo", "people", lease, run_due=False) is False, "nothing is committed again"
+    assert status(stack, appended) == b"committed", "the successor announced the append"
+    assert len(stack.catalog().load_table(("demo", "people")).snapshots()) == snapshots
+
+    def committed() -> bool:
+        successor.commits.commit_table("demo", "people", lease, run_due=True)
+        return status(stack, change) == b"committed"
+
+    wait_until(committed, timeout_s=90, interval_s=0.2, what="the changes committed")
+    assert people_rows(stack) == [(1, "a"), (50, "appended")]
 
 
 def test_an_append_behind_a_run_commits_with_it_and_the_next_run_waits_for_its_schedule(stack_factory) -> None:  # noqa: ANN001

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service.committer.state import ChangeFailures, CommitPlan, CommitSchedule
+from service.iceberg.watermark import advance, parse_runs, spell_runs, within
 from service.protocol.commit_entry import CommitEntry, Operation
 from service.protocol.stream_ids import next_id
 from service.protocol.upkeep import UpkeepOutcome, UpkeepRun
@@ -34,6 +35,31 @@ def test_plan_merges_rows_per_receipt() -> None:
     assert plan.rows_by_receipt() == {"a": 5, "b": 1}
     assert plan.rows == 6
     assert len(plan.files) == 3
+
+
+def test_the_watermark_moves_over_entries_committed_ahead_once_those_before_them_are_in() -> None:
+    stream = ["2-0", "3-0", "4-0", "5-0", "6-0"]
+    # Appends behind changes 2-0 committed ahead of them: named beyond the watermark, in runs.
+    mark, runs = advance("1-0", (), stream[:4], {"3-0", "4-0"})
+    assert (mark, runs) == ("1-0", (("3-0", "4-0"),))
+    assert within("3-0", runs) and within("4-0", runs) and not within("2-0", runs) and not within("10-0", runs)
+    mark, runs = advance(mark, runs, stream, {"6-0"})  # 5-0 (more changes) still waits
+    assert (mark, runs) == ("1-0", (("3-0", "4-0"), ("6-0", "6-0")))
+    assert parse_runs(spell_runs(runs)) == runs
+    mark, runs = advance(mark, runs, stream, {"2-0"})  # the changes' run: the watermark moves over the appends
+    assert (mark, runs) == ("4-0", (("6-0", "6-0"),))
+    assert advance(mark, runs, stream[3:], {"5-0"}) == ("6-0", ())
+    # An entry gone from the stream (parked) is no gap.
+    assert advance("1-0", (), ["3-0"], {"3-0"}) == ("3-0", ())
+
+
+def test_a_run_of_changes_never_spans_an_entry_committed_ahead_of_it() -> None:
+    changes = [read_back(entry_id, CommitEntry("demo", "people", [f"file://{entry_id}"], {"r": 1}, operation=Operation.CHANGES,
+                                               keys=["id"], upsert=True)) for entry_id in ("1-0", "3-0")]
+    assert len(CommitPlan(changes).segments()) == 1
+    assert [len(segment.entries) for segment in CommitPlan(changes, breaks=frozenset({"3-0"})).segments()] == [1, 1]
+    plan = CommitPlan.after([entry("1-0"), entry("2-0"), entry("3-0")], "0-0", (("2-0", "2-0"),))
+    assert [e.entry_id for e in plan.entries] == ["1-0", "3-0"]
 
 
 def test_schedule_commits_at_most_once_per_interval() -> None:
