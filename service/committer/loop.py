@@ -119,14 +119,14 @@ class Committer:
             # commit is due, a new append waits behind them (committed ahead of them, and their run
             # asked for at once); one whose run is being applied, once its answer is in or such an
             # append waits.
-            commit_due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
+            ahead_due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_ahead(member, now)
             if member in self.commits.changes.asked_at:
                 # Its run's answer is looked for at every tick.
-                due = self.commits.changes.answered(tenant, table) or commit_due and self.commits.append_waiting(tenant, table)
+                due = self.commits.changes.answered(tenant, table) or ahead_due and self.commits.append_waiting(tenant, table)
             elif member in self.commits.waiting_for_run:
-                due = self.schedule.is_run_due(member, now) or commit_due and self.commits.append_waiting(tenant, table)
+                due = self.schedule.is_run_due(member, now) or ahead_due and self.commits.append_waiting(tenant, table)
             else:
-                due = commit_due
+                due = self.schedule.is_commit_due(member, now) or self.schedule.may_commit_early(member, now)
             if due and self.client.xlen(keys.commit_stream_key(tenant, table)):
                 self.commit(member, lease, now)
 

@@ -159,6 +159,14 @@ class CommitSchedule:
         since = now - self.last_commit.get(table, float("-inf"))
         return since >= max(self.min_interval_s, self.took.get(table, 0.0)) and self.busy_share(now) < self.BUSY_SHARE
 
+    def may_commit_ahead(self, table: str, now: float) -> bool:
+        """Whether appends queued behind the table's row changes may be committed ahead of them
+        now: as early commits, but however busy the leader is (with the table's own runs,
+        mostly: those appends would otherwise wait for the runs, as before they could go ahead)."""
+        if table in self.intervals or table in self.failures or not 0 < self.min_interval_s < self.interval_s:
+            return False
+        return now - self.last_commit.get(table, float("-inf")) >= max(self.min_interval_s, self.took.get(table, 0.0))
+
     def busy_share(self, now: float) -> float:
         """The share of the last BUSY_WINDOW_S or so that the leader spent committing."""
         return self._decayed(now) / self.BUSY_WINDOW_S

@@ -62,6 +62,20 @@ def test_a_run_of_changes_never_spans_an_entry_committed_ahead_of_it() -> None:
     assert [e.entry_id for e in plan.entries] == ["1-0", "3-0"]
 
 
+def test_appends_behind_row_changes_are_committed_ahead_of_them_however_busy_the_leader() -> None:
+    # The leader busy with the table's runs makes no early commits; appends queued behind those
+    # runs still go ahead of them, spaced as early commits are.
+    schedule = CommitSchedule(interval_s=1.0, min_interval_s=0.2)
+    schedule.record_work("t", started=100.0, now=103.0, committed=True)  # a busy leader
+    schedule.record_commit("t", now=103.0)
+    assert not schedule.may_commit_early("t", now=103.5) and not schedule.is_commit_due("t", now=103.5)
+    assert not schedule.may_commit_ahead("t", now=103.1), "no sooner than the last commit took"
+    schedule.record_work("t", started=103.5, now=103.6, committed=True)
+    assert schedule.may_commit_ahead("t", now=103.8) and not schedule.may_commit_early("t", now=103.8)
+    schedule.set_interval("t", 5.0)
+    assert not schedule.may_commit_ahead("t", now=103.8), "a pipeline's own interval is kept"
+
+
 def test_schedule_commits_at_most_once_per_interval() -> None:
     schedule = CommitSchedule(interval_s=2.0)
     assert schedule.is_commit_due("t", now=100.0)
