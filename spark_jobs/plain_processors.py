@@ -131,7 +131,7 @@ def _renamable(rename: dict[str, str], schema: pa.Schema, extra_fields: str | No
     before reads or sets, nor another rename gives (Spark would then hold two columns of one name)."""
     columns = {name.casefold() for name in schema.names}
     taken = {name.casefold() for old, new in renamed(before).items() for name in (old, new)}
-    touched = set().union(*(_read(step) for step in before)) if before else set()
+    touched = set().union(*(_read(step) for step in before))
     news = list(rename.values())
     for old, new in rename.items():
         if old.casefold() in columns or old.casefold() in taken:

@@ -163,14 +163,15 @@ class TableCommits:
         if entries:
             self.planned_to[keys.member(tenant, table_name)] = entries[-1].entry_id
         runs = ahead(table)
-        committed = [entry for entry in entries if within(entry.entry_id, runs)]
+        held = {entry.entry_id for entry in entries if within(entry.entry_id, runs)}
+        committed = [entry for entry in entries if entry.entry_id in held]
         self.ahead_files[keys.member(tenant, table_name)] = [path for entry in committed for path in entry.files]
         if committed:
             self.announce_ahead(tenant, table_name, table, committed)
         # A run of changes never spans entries committed ahead of it: they came after its first.
         breaks = frozenset(later.entry_id for earlier, later in zip(entries, entries[1:])
-                           if within(earlier.entry_id, runs) and not within(later.entry_id, runs))
-        plan = CommitPlan([entry for entry in entries if not within(entry.entry_id, runs)], breaks=breaks)
+                           if earlier.entry_id in held and later.entry_id not in held)
+        plan = CommitPlan([entry for entry in entries if entry.entry_id not in held], breaks=breaks)
         return None if plan.empty else (table, plan)
 
     def announce_ahead(self, tenant: str, table_name: str, table: Table, committed: list[CommitEntry]) -> None:

@@ -154,10 +154,7 @@ class CommitSchedule:
 
     def may_commit_early(self, table: str, now: float) -> bool:
         """Whether the table may be committed before its interval is up, if files are pending."""
-        if table in self.intervals or table in self.failures or not 0 < self.min_interval_s < self.interval_s:
-            return False
-        since = now - self.last_commit.get(table, float("-inf"))
-        return since >= max(self.min_interval_s, self.took.get(table, 0.0)) and self.busy_share(now) < self.BUSY_SHARE
+        return self.may_commit_ahead(table, now) and self.busy_share(now) < self.BUSY_SHARE
 
     def may_commit_ahead(self, table: str, now: float) -> bool:
         """Whether appends queued behind the table's row changes may be committed ahead of them
