@@ -117,7 +117,8 @@ class TableUpkeep:
         policy = self.compaction.for_table(table)
         if asked:
             policy = policy.everything()
-        groups = plan_compaction(compactable(table), policy, table.spec().spec_id) if table.current_snapshot() else []
+        groups = (plan_compaction(compactable(table), policy, table.spec().spec_id, now_ms=int(time.time() * 1000))
+                  if table.current_snapshot() else [])
         if not groups:
             return UpkeepRun(UpkeepOutcome.OK, detail="no partition holds two small files or a file with deleted rows",
                              facts={"requested_files": 0}) if asked else None

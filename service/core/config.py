@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     compact_min_files: int = Field(default=10, ge=2)
     compact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024)
     compact_timeout_s: float = Field(default=900.0, gt=0)
+    # A partition no file has been added to for compact_cold_after_s is cold: two of its small
+    # files are enough to merge them (by size tier), not compact_min_files.
+    compact_cold_after_s: float = Field(default=3600.0, gt=0)
     # Merge-on-read: a data file whose position deletes delete compact_deleted_share of its rows,
     # or that has compact_delete_files delete files, is rewritten with its deletes applied (folded
     # in) at the next upkeep, whatever its size; its delete files go with it.

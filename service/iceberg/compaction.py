@@ -8,6 +8,14 @@ merges the new files among themselves, not into the large file every time: each 
 a few times (once per doubling), not once per compaction. A compaction asked for by hand takes
 every small file of a partition.
 
+A cold partition, one no file has been added to for `cold_after_s` (yesterday's day partition,
+the days a backfill loaded), has its small files merged once two of them qualify, not
+`min_files`, and by wider tiers (COLD_TIER_GROWTH: a backfill's pieces of a day differ in size
+more than twice): nothing more will come to batch them with, and a reader pays for each file it
+opens (pyiceberg ~2 ms a file), so a table's settled partitions end as one file each, or a few.
+A late event into a cold partition does not have its large file copied: the tier still stops at
+a file more than COLD_TIER_GROWTH times the smaller ones together.
+
 Planning reads only table metadata (file sizes and partitions); the rewrite itself runs on Spark
 (spark_jobs/compact_job.py, submitted by a writer) and is committed as a `replace` snapshot by the
 table's leader (rewrites.py). The target is the table's `write.target-file-size-bytes`, Iceberg's
@@ -25,11 +33,13 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from service.core.config import Settings
+from service.iceberg.manifests import added_by, live_entries
 from service.iceberg.rewrites import deletes_by_file, live_files, referenced_data_file
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 SMALL_FILE_RATIO = 0.75  # a file below this share of the target is small (Iceberg's bin-pack default)
 TIER_GROWTH = 2  # a file joins smaller ones being merged when it is at most this many times their size
+COLD_TIER_GROWTH = 8  # the same, in a cold partition
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,12 @@ class CompactionPolicy:
     deleted_share: float = 0.3
     delete_files: int = 10
     tiered: bool = True  # small files merged by size tier (else every small file of a partition)
+    cold_after_s: float | None = None  # a partition without a new file for this long is cold (None: never)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionPolicy:
         return cls(settings.compact_target_file_bytes, settings.compact_min_files, settings.compact_max_bytes,
-                   settings.compact_deleted_share, settings.compact_delete_files)
+                   settings.compact_deleted_share, settings.compact_delete_files, cold_after_s=settings.compact_cold_after_s)
 
     def for_table(self, table: Table) -> CompactionPolicy:
         own = table.properties.get(TARGET_FILE_SIZE_PROPERTY)
@@ -76,6 +87,7 @@ class Candidate:
 
     file: DataFile
     deletes: list[DataFile] = field(default_factory=list)
+    added_ms: int = 0  # when the snapshot that added it was committed (0: unknown, that snapshot expired)
 
     @property
     def deleted_rows(self) -> int:
@@ -106,39 +118,53 @@ class CompactionGroup:
 
 
 def compactable(table: Table) -> list[Candidate]:
-    """The live data files a compaction may rewrite, each with its delete files: all but those a
-    delete file without file_path bounds may apply to (another engine's, scoped to a partition;
-    or an equality delete), which a rewrite could not account for row by row."""
+    """The live data files a compaction may rewrite, each with its delete files and when it was
+    added: all but those a delete file without file_path bounds may apply to (another engine's,
+    scoped to a partition; or an equality delete), which a rewrite could not account for row by
+    row."""
     data, deletes = live_files(table)
     applying = deletes_by_file(data, deletes)
+    committed = {snapshot.snapshot_id: snapshot.timestamp_ms for snapshot in table.metadata.snapshots}
+    added: dict[str, int] = {}
+    for manifest in table.current_snapshot().manifests(table.io) if table.current_snapshot() else []:
+        for file, snapshot_id in zip(live_entries(manifest, table.io), added_by(manifest, table.io), strict=True):
+            added[file.file_path] = committed.get(snapshot_id, 0)
     return [
-        Candidate(file, applying.get(path, []))
+        Candidate(file, applying.get(path, []), added.get(path, 0))
         for path, file in data.items()
         if all(referenced_data_file(delete) == path for delete in applying.get(path, []))
     ]
 
 
-def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, spec_id: int = 0) -> list[CompactionGroup]:
+def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, spec_id: int = 0,
+                    now_ms: int | None = None) -> list[CompactionGroup]:
     """The partitions worth compacting now, those with files to fold deletes into first, then
     most small files first, within `policy.max_bytes`. Only files of the table's current
-    partition spec (`spec_id`): a file of an older spec may span several of today's partitions."""
+    partition spec (`spec_id`): a file of an older spec may span several of today's partitions.
+    With `now_ms`, a partition no file was added to for `policy.cold_after_s` is cold: two of
+    its small files are enough."""
     small_limit = policy.target_file_bytes * SMALL_FILE_RATIO
     by_partition: dict[tuple, list[Candidate]] = defaultdict(list)
+    newest: dict[tuple, int] = defaultdict(int)
     for candidate in candidates:
         file = candidate.file
+        newest[(file.spec_id, file.partition)] = max(newest[(file.spec_id, file.partition)], candidate.added_ms)
         if file.spec_id == spec_id and (file.file_size_in_bytes < small_limit or policy.folds(candidate)):
             by_partition[(file.spec_id, file.partition)].append(candidate)
+    cold_before = None if now_ms is None or policy.cold_after_s is None else now_ms - policy.cold_after_s * 1000
     groups, planned = [], 0
     ordered = sorted(by_partition.values(), key=lambda chosen: (any(policy.folds(c) for c in chosen), len(chosen)), reverse=True)
     for chosen in ordered:
+        file = chosen[0].file
+        cold = cold_before is not None and newest[(file.spec_id, file.partition)] < cold_before
         folding = any(policy.folds(candidate) for candidate in chosen)
         # Files to fold first, then the rest, smallest first; the same choice every time for the same files.
         chosen.sort(key=lambda candidate: (not policy.folds(candidate), candidate.file.file_size_in_bytes, candidate.file.file_path))
         if policy.tiered:
-            chosen = _tier(chosen, policy)
+            chosen = _tier(chosen, policy, COLD_TIER_GROWTH if cold else TIER_GROWTH)
         if not folding:
             total = sum(candidate.file.file_size_in_bytes for candidate in chosen)
-            if len(chosen) < 2 or (len(chosen) < policy.min_files and total < policy.target_file_bytes):
+            if len(chosen) < 2 or (not cold and len(chosen) < policy.min_files and total < policy.target_file_bytes):
                 continue
         taken, size, kept = [], 0, 0.0
         for candidate in chosen:
@@ -156,16 +182,25 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
     return groups
 
 
-def _tier(chosen: list[Candidate], policy: CompactionPolicy) -> list[Candidate]:
+def _tier(chosen: list[Candidate], policy: CompactionPolicy, growth: float) -> list[Candidate]:
     """Of a partition's files (those to fold first, then the rest smallest first), those to fold
-    and the smallest of the rest, up to the first file more than TIER_GROWTH times everything
+    and the smallest of the rest, up to the first file more than `growth` times everything
     before it together: a large file is merged with smaller ones only once they add up to a share
-    of its size (those to fold are rewritten anyway, and take every smaller file with them)."""
+    of its size (those to fold are rewritten anyway, and take every smaller file with them).
+
+    A file too small to make a tier alone (a backfill's one-row piece of a day) does not keep the
+    larger files from theirs: the tier starts again at the file that outgrew it, and once that
+    tier holds two files, the smaller ones join it (together less than its first file: each was
+    outgrown `growth` times over)."""
+    below: list[Candidate] = []  # files outgrown while alone
     taken, total = [], 0
     for candidate in chosen:
         size = candidate.file.file_size_in_bytes
-        if taken and not policy.folds(candidate) and size > TIER_GROWTH * total:
-            break
+        if taken and not policy.folds(candidate) and size > growth * total:
+            if len(taken) > 1 or policy.folds(taken[0]):
+                break
+            below += taken
+            taken, total = [], 0
         taken.append(candidate)
         total += size
-    return taken
+    return below + taken if len(taken) > 1 or any(map(policy.folds, taken)) else taken

@@ -6,7 +6,10 @@ and no public way to commit a `replace` snapshot (files swapped, rows unchanged;
 folded in removed with their data files), which rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
 (`merge_manifests_producer`, for upkeep.py); and no public way to stream one data file's rows
 in the table's schema (`file_batches`, for changelog.py); and no way at all to commit position
-delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes).
+delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes). Those two merge
+their snapshot's small data manifests with pyiceberg's `_ManifestMergeManager`, as its merge
+append does (public replacement: every snapshot producer honouring `commit.manifest-merge.*`, as
+Java's merging producers do).
 
 One patch, not a call: `cache_transaction_metadata` (applied when a catalog is opened).
 """
@@ -32,10 +35,11 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionField
 from pyiceberg.schema import Schema
-from pyiceberg.table import FileScanTask, Table, Transaction
+from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _ManifestMergeManager, _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
+from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from service.iceberg.manifests import live_entries
 
@@ -110,6 +114,25 @@ class _AddsDeleteFiles:
             self._added_data_files = added
 
 
+class _MergesDataManifests:
+    """A producer that merges the snapshot's small data manifests as a merge append does, by the
+    table's `commit.manifest-merge.*` properties (pyiceberg's fast append and overwrite never do):
+    a table taking a run of row changes a second would otherwise gain a data manifest per run,
+    and every reader pays about a millisecond to plan each (pyiceberg, here)."""
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        manifests = super()._process_manifests(manifests)  # type: ignore[misc]
+        properties = self._transaction.table_metadata.properties  # type: ignore[attr-defined]
+        merger = _ManifestMergeManager(
+            property_as_int(properties, TableProperties.MANIFEST_TARGET_SIZE_BYTES, TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT),  # type: ignore[arg-type]
+            property_as_int(properties, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT),  # type: ignore[arg-type]
+            property_as_bool(properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT),
+            self,  # type: ignore[arg-type]
+        )
+        data = [manifest for manifest in manifests if manifest.content == ManifestContent.DATA]
+        return merger.merge_manifests(data) + [manifest for manifest in manifests if manifest.content != ManifestContent.DATA]
+
+
 class _AsReplace:
     """A producer whose snapshot says `replace`: files or manifests swapped, rows unchanged."""
 
@@ -124,7 +147,7 @@ class _AsReplace:
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
 
-class _RemovesDeleteFiles(_AddsDeleteFiles, _OverwriteFiles):
+class _RemovesDeleteFiles(_MergesDataManifests, _AddsDeleteFiles, _OverwriteFiles):
     """An overwrite that removes delete files as well as data files, and adds both. Its commit
     checks, as an overwrite's does, that every file it removes is live in the parent.
 
@@ -235,7 +258,7 @@ def merge_manifests_producer(transaction: Transaction, snapshot_properties: dict
     )
 
 
-class _RowDelta(_AddsDeleteFiles, _FastAppendFiles):
+class _RowDelta(_MergesDataManifests, _AddsDeleteFiles, _FastAppendFiles):
     """A fast append of data files that also adds position delete files. The snapshot says
     `overwrite`, as Iceberg's RowDelta does when it adds rows and deletes some."""
 

@@ -308,8 +308,9 @@ def start_stack(data_dir: Path, port: int) -> subprocess.Popen:
 
 @contextlib.contextmanager
 def embedded_stack(prefix: str) -> Iterator[tuple[Path, int]]:
-    """`calve up` on a fresh data directory: (data directory, api port); stopped and removed on leaving."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+    """`calve up` on a fresh data directory: (data directory, api port); stopped and removed on
+    leaving (kept, for a look afterwards, with BENCH_KEEP=1)."""
+    with contextlib.nullcontext(tempfile.mkdtemp(prefix=prefix)) if os.environ.get("BENCH_KEEP") else tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
         port = free_port()

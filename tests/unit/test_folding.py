@@ -17,7 +17,7 @@ from service.iceberg.compaction import CompactionPolicy, compactable, plan_compa
 from service.iceberg.rewrites import live_files, overwrite_files, referenced_data_file, replace_files, row_delta
 from spark_jobs.compact_job import _copier
 from tests.harness import duckdb_rows
-from tests.unit.tables import three_files
+from tests.unit.tables import SCHEMA, START, three_files
 
 
 @pytest.fixture
@@ -200,3 +200,35 @@ def test_a_delete_file_whose_data_file_is_gone_goes_with_the_next_replace(table,
         done = replace_files(table, transaction, [first, third], [merged], {})
     assert done.delete_files_removed == 1 and live_files(table.refresh())[1] == []
     assert ids(table) == [i for i in range(300) if i != 105]
+
+
+def test_row_deltas_merge_small_data_manifests_as_a_merge_append_does(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """A run of row changes a second adds a data manifest per run: merged by the table's
+    commit.manifest-merge properties, a reader plans a bounded number of them, and every row
+    version and delete survives the merges."""
+    with table.transaction() as transaction:
+        transaction.set_properties({"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "4"})
+    table = table.refresh()
+    expected = set(range(300))
+    for run in range(10):
+        new_id = 1000 + run
+        added = tmp_path / f"added-{run}.parquet"
+        pq.write_table(pa.table({
+            "id": pa.array([new_id], pa.int64()), "ts": pa.array([START], pa.timestamp("us", "UTC")), "name": pa.array([f"v{run}"]),
+        }, schema=SCHEMA.as_arrow()), added)
+        first = data_paths(table)[0]
+        position = run  # the first file's rows 0..9, one per run (replacing its earlier delete file after the first)
+        deletes = []
+        _data, live_deletes = live_files(table)
+        earlier = [file.file_path for file in live_deletes if referenced_data_file(file) == first]
+        rows = sorted({position, *(pos for path in earlier for pos in pq.read_table(path.removeprefix("file://")).column("pos").to_pylist())})
+        path = str(tmp_path / f"deletes-run-{run}.parquet")
+        pq.write_table(pa.table({"file_path": [first] * len(rows), "pos": pa.array(rows, pa.int64())}), path)
+        deletes.append([path, first, len(rows), Path(path).stat().st_size, earlier])
+        with table.transaction() as transaction:
+            row_delta(table, transaction, [added.as_uri()], deletes, {})
+        table = table.refresh()
+        expected = (expected - {position}) | {new_id}
+        data_manifests = [m for m in table.current_snapshot().manifests(table.io) if m.content == ManifestContent.DATA]
+        assert len(data_manifests) <= 4, f"run {run}: {len(data_manifests)} data manifests, merged at 4"
+    assert ids(table) == sorted(expected)

@@ -4,6 +4,7 @@ what it keeps, the files it deletes, and the manifests merged at commit time."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,11 +16,12 @@ from service.core import keys
 from service.core.exceptions import FilesNotLive, RowsChanged
 from service.iceberg.appends import append_files
 from service.iceberg.catalog import create_table_once, get_catalog
-from service.iceberg.compaction import CompactionPolicy, compactable, plan_compaction
+from service.iceberg.compaction import COLD_TIER_GROWTH, TIER_GROWTH, CompactionPolicy, compactable, plan_compaction
 from service.iceberg.rewrites import live_data_files, replace_files
 from service.iceberg.upkeep import (
     ExpiryPolicy,
     expire_snapshots,
+    merge_manifests,
     sink_properties,
     snapshots_to_expire,
 )
@@ -160,6 +162,37 @@ def test_scheduled_compaction_merges_small_files_by_size_tier_and_by_hand_takes_
         n += 1
     (group,) = plan_compaction(compactable(table), policy)
     assert len(group.files) == n - 1 and large.file_path in {file.file_path for file in group.files}
+
+
+def test_a_cold_partition_merges_two_small_files_by_wider_tiers_and_a_warm_one_waits_for_min_files(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n, rows in enumerate((3000, 700), start=1):  # a backfill's pieces of one partition
+        commit(table, tmp_path, n, rows=rows)
+    committed = sorted(snapshot.timestamp_ms for snapshot in table.metadata.snapshots)
+    merge_manifests(table)  # existing entries keep the snapshot that added their file
+    assert sorted(candidate.added_ms for candidate in compactable(table)) == committed
+    smallest, larger = sorted(candidate.file.file_size_in_bytes for candidate in compactable(table))
+    assert TIER_GROWTH * smallest < larger <= COLD_TIER_GROWTH * smallest, "sizes apart by more than a warm tier, within a cold one"
+    policy = CompactionPolicy(target_file_bytes=64 * 1024 * 1024, min_files=2, max_bytes=1 << 30, cold_after_s=60)
+    newest = committed[-1]
+    assert plan_compaction(compactable(table), policy, now_ms=newest + 59_000) == [], "warm: the larger file is not the small one's tier"
+    assert plan_compaction(compactable(table), replace(policy, cold_after_s=None), now_ms=newest + 3_600_000) == []
+    (group,) = plan_compaction(compactable(table), replace(policy, min_files=10), now_ms=newest + 61_000)
+    assert len(group.files) == 2 and group.outputs == 1, "cold: two small files are enough, in the wider tier"
+    # A late file beside a cold partition's larger one stays alone: the large file is not copied for it.
+    with table.transaction() as transaction:
+        merged = tmp_path / "merged.parquet"
+        pq.write_table(pa.concat_tables([pq.read_table(file.file_path.removeprefix("file://")) for file in group.files]), merged)
+        replace_files(table, transaction, [file.file_path for file in group.files], [merged.as_uri()], {keys.SUMMARY_WATERMARK: "3-0"})
+    commit(table, tmp_path, 4)
+    late = max(snapshot.timestamp_ms for snapshot in table.metadata.snapshots)
+    assert plan_compaction(compactable(table), policy, now_ms=late + 61_000) == []
+
+
+def test_a_file_too_small_for_a_tier_alone_joins_the_next_tier_and_never_holds_it_back(table, tmp_path: Path) -> None:  # noqa: ANN001
+    for n, rows in enumerate((1, 3000, 3000), start=1):  # a backfill's one-row piece of a day, then its larger pieces
+        commit(table, tmp_path, n, rows=rows)
+    (group,) = plan_compaction(compactable(table), CompactionPolicy(target_file_bytes=64 * 1024 * 1024, min_files=2, max_bytes=1 << 30))
+    assert len(group.files) == 3, "the larger pieces make a tier, and the one-row piece joins it"
 
 
 def test_a_replace_keeps_the_rows_and_refuses_files_no_longer_live(table, tmp_path: Path) -> None:  # noqa: ANN001
