@@ -10,9 +10,11 @@ names, or one that a drop names in other letter case, which Spark's drop ignores
 and `rename` of a field the table lacks to a column of the table (`_renamable`: the short way
 parses the old name as the column and renames it after the parse; a request with the new name
 too, or either in other letter case, is refused: Spark would hold two columns of one name).
-Anything else (functions, arithmetic, CASE, casts, time columns, a field the table lacks, a drop
-of a column of the table, a rename of one) leaves the batch to the Spark job, as before: `plan`
-answers None.
+Functions: lower, upper, length and trim (ltrim, rtrim) of text, concat (and `||`) of text,
+coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, integers or
+booleans (NULLs aside). Anything else (other functions, arithmetic, casts, time columns, values
+Spark would widen, a field the table lacks, a drop of a column of the table, a rename of one)
+leaves the batch to the Spark job, as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -38,7 +40,8 @@ the table's types (the request with the text goes to the Spark job either way).
 
 A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
-| ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key); steps ("where", node), ("set", {column: node})
+| ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key) | ("text", pyarrow function, a)
+| ("concat", [a, ...]) | ("coalesce", [a, ...], kind) | ("case", [(test, value), ...], default, kind); steps ("where", node), ("set", {column: node})
 ("drop", [name, ...]) and ("rename", {old: new}) (`dropped` and `renamed` read them; `apply` has
 nothing left to do for them).
 """
@@ -67,6 +70,11 @@ _INTEGER = re.compile(r"^[0-9]+$")
 _DECIMAL = re.compile(r"^([0-9]+\.[0-9]*|\.[0-9]+)$")
 _DOUBLE = re.compile(r"^([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+$")
 ARROW = {"string": pa.string(), "int": pa.int64(), "double": pa.float64(), "number": pa.float64(), "bool": pa.bool_()}
+# Functions of text, by pyarrow's name: Spark's lower and upper follow Java's case rules, which
+# agree with utf8proc's on ASCII only (`apply` refuses a request with other text there); its
+# length counts code points, as utf8_length does; its trims remove spaces, not other whitespace.
+TEXT_FUNCTIONS = {exp.Lower: "utf8_lower", exp.Upper: "utf8_upper", exp.Length: "utf8_length"}
+TRIMS = {"BOTH": "utf8_trim", "LEADING": "utf8_ltrim", "TRAILING": "utf8_rtrim"}
 
 
 class NotPlain(ValueError):
@@ -251,7 +259,68 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
             _comparable(a, ka, value, kind, guarded)
         common = "double" if ka == "double" or any(kind == "number" for _v, kind in values) else ka
         return ("in", a, [value[1] for value, _kind in values], common), "bool"
+    if type(node) in TEXT_FUNCTIONS or isinstance(node, exp.Trim):
+        return _text_function(node, kinds, guarded)
+    if isinstance(node, (exp.Concat, exp.DPipe)):
+        parts = [_compile(part, kinds, guarded) for part in (node.expressions if isinstance(node, exp.Concat) else [node.this, node.expression])]
+        if not parts or any(kind != "string" for _part, kind in parts):
+            raise NotPlain("concat of other than text")
+        return ("concat", [part for part, _kind in parts]), "string"
+    if isinstance(node, exp.Coalesce):
+        parts = [_compile(part, kinds, guarded) for part in [node.this, *node.expressions]]
+        kind = _common([kind for _part, kind in parts])
+        return ("coalesce", [part for part, _kind in parts], kind), kind
+    if isinstance(node, (exp.Case, exp.If)):
+        return _case(node, kinds, guarded)
     raise NotPlain(f"{node.key} is not evaluated by the short way")
+
+
+def _text_function(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
+    """lower, upper, length and trim (of spaces, as Spark's) of text."""
+    if isinstance(node, exp.Trim):
+        if node.args.get("expression") is not None or node.args.get("collation") is not None:
+            raise NotPlain("a trim of other characters than spaces")
+        function = TRIMS.get(str(node.args.get("position") or "BOTH").upper())
+        if function is None:
+            raise NotPlain("a trim of another kind")
+    else:
+        if set(node.args) - {"this"} and any(value is not None for key, value in node.args.items() if key != "this"):
+            raise NotPlain(f"{node.key} with more than its text")
+        function = TEXT_FUNCTIONS[type(node)]
+    argument, kind = _compile(node.this, kinds, guarded)
+    if kind != "string":
+        raise NotPlain(f"{node.key} of other than text")
+    return ("text", function, argument), "int" if function == "utf8_length" else "string"
+
+
+def _common(kinds: list[str]) -> str:
+    """The one kind of a CASE's or a coalesce's values (NULLs aside): text, integers or booleans;
+    Spark widens anything else (an integer beside a decimal literal makes a decimal), not here."""
+    found = set(kinds) - {"null"}
+    if len(found) != 1 or (kind := found.pop()) not in ("string", "int", "bool"):
+        raise NotPlain(f"values of kinds {sorted(set(kinds))}")
+    return kind
+
+
+def _case(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
+    """CASE WHEN c THEN v ... [ELSE d] END, CASE x WHEN v THEN ... (x = v), and IF(c, a, b): the
+    first branch whose condition is true (NULL is not), else the default (NULL without one)."""
+    if isinstance(node, exp.If):
+        pairs, default = [(node.this, node.args["true"])], node.args.get("false")
+    else:
+        subject = node.this
+        pairs = [(exp.EQ(this=subject.copy(), expression=branch.this.copy()) if subject is not None else branch.this, branch.args["true"])
+                 for branch in node.args["ifs"]]
+        default = node.args.get("default")
+    branches = []
+    for condition, value in pairs:
+        test, kind = _compile(condition, kinds, guarded)
+        if kind not in ("bool", "null"):
+            raise NotPlain("a CASE condition of other than a boolean")
+        branches.append((test, _compile(value, kinds, guarded)))
+    otherwise = _compile(default, kinds, guarded) if default is not None else (("lit", None, "null"), "null")
+    kind = _common([value_kind for _test, (_value, value_kind) in branches] + [otherwise[1]])
+    return ("case", [(test, value) for test, (value, _kind) in branches], otherwise[0], kind), kind
 
 
 def is_text_map(data_type: pa.DataType) -> bool:
@@ -358,7 +427,34 @@ def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a sca
         wanted = ARROW[node[3]]
         found = pc.is_in(column.cast(wanted), value_set=pa.array(node[2], wanted))
         return pc.if_else(pc.is_valid(column), found, pa.scalar(None, pa.bool_()))
+    if op == "text":
+        value = _evaluate(node[2], table)
+        if _is_null(value):
+            return pa.scalar(None, pa.int32() if node[1] == "utf8_length" else pa.string())
+        if node[1] in ("utf8_lower", "utf8_upper") and pc.any(pc.invert(pc.string_is_ascii(value))).as_py():
+            raise ValueError("lower or upper of text beyond ASCII: Java's case rules are the Spark job's")
+        return getattr(pc, node[1])(value, characters=" ") if node[1] in TRIMS.values() else getattr(pc, node[1])(value)
+    if op == "concat":
+        parts = [_evaluate(part, table) for part in node[1]]
+        if any(_is_null(part) for part in parts):
+            return pa.scalar(None, pa.string())
+        return pc.binary_join_element_wise(*(part.cast(pa.string()) for part in parts), "")
+    if op == "coalesce":
+        return pc.coalesce(*(_as(_evaluate(part, table), ARROW[node[2]]) for part in node[1]))
+    if op == "case":
+        wanted = ARROW[node[3]]
+        tests = [_as(_evaluate(test, table), pa.bool_()) for test, _value in node[1]]
+        tests = [pa.repeat(test, table.num_rows) if isinstance(test, pa.Scalar) else test for test in tests]
+        values = [_as(_evaluate(value, table), wanted) for _test, value in node[1]]
+        conditions = pc.make_struct(*tests, field_names=[str(i) for i in range(len(tests))])
+        return pc.case_when(conditions, *values, _as(_evaluate(node[2], table), wanted))
     raise ValueError(f"no such step {op}")
+
+
+def _as(value, data_type: pa.DataType):  # noqa: ANN001, ANN202 - an array or a scalar, in `data_type`
+    if isinstance(value, pa.Scalar) and not value.is_valid:
+        return pa.scalar(None, data_type)
+    return value.cast(data_type)
 
 
 def _is_null(value) -> bool:  # noqa: ANN001

@@ -216,6 +216,19 @@ def loaded_read(data_dir: Path, name: str) -> dict:
     return {"pyiceberg_s": round(py, 3), "duckdb_s": round(duck, 3), "shape": shape_of(table)}
 
 
+def settle(data_dir: Path, name: str, timeout_s: float = 180) -> None:
+    """Wait until the days no change will touch are merged into a file each (cold partitions:
+    compaction.py), as they are in a table older than the bench's minute."""
+    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    started = time.monotonic()
+    while (settled := shape_of(catalog.load_table(("demo", name)))["days_of_one_file"]) < DAYS - RECENT_DAYS:
+        if time.monotonic() - started > timeout_s:
+            say(f"{name}: {settled} of its {DAYS - RECENT_DAYS} older days merged into one file after {timeout_s:.0f} s; going on")
+            return
+        time.sleep(2)
+    say(f"{name}: its older days merged, a file each, in {time.monotonic() - started:.0f} s")
+
+
 def reads(data_dir: Path, port: int, name: str) -> dict:
     """Full-read times of the table as the changes left it and after a compaction by hand, and of
     two copies of the rows, all timed once the compaction is over: the stack still runs upkeep
@@ -278,13 +291,15 @@ def main() -> None:
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_AGE_S", "86400")  # keep the measured window's snapshots
     os.environ.setdefault("CALVE_SNAPSHOT_MAX_COUNT", "100000")
     # The load puts 30 days in the table within a minute; in a table of that age the 23 days no
-    # change touches would have been cold for weeks, and merged (compaction.py): so they are here.
-    os.environ.setdefault("CALVE_COMPACT_COLD_AFTER_S", "30")
+    # change touches would have been cold for weeks, and merged (compaction.py): so they are here,
+    # before the changes start (settle), not during them.
+    os.environ.setdefault("CALVE_COMPACT_COLD_AFTER_S", "5")
     results = {}
     with embedded_stack("calve-upsert-") as (data_dir, port):
         for write_mode in modes:
             setup(port, rows, write_mode)
             loaded = loaded_read(data_dir, table_name(write_mode))
+            settle(data_dir, table_name(write_mode))
             say(f"{write_mode}: {producers} producers, {PER_REQUEST}-key upserts over the last {RECENT_DAYS} days, wait=true, "
                 f"{seconds:.0f} s")
             since_ms = int(time.time() * 1000)

@@ -436,6 +436,51 @@ def test_processors_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark
 
 
 
+# Functions the short way evaluates (text functions, concat, coalesce, CASE, IF), over text that
+# is now and then beyond ASCII (lower and upper of it are the Spark job's: Java's case rules), and
+# a few it leaves to the Spark job (a double's coalesce, lower of a number).
+FUNCTION_WHERE = st.sampled_from([
+    "lower(msg) = 'a'", "upper(msg) IN ('A', 'M')", "length(msg) > 1", "trim(msg) = ''", "concat(msg, '!') != 'a!'",
+    "msg || 'x' > 'm'", "coalesce(msg, 'none') = 'none'", "CASE WHEN n > 0 THEN ok ELSE NOT ok END",
+    "IF(n IS NULL, false, n > 3)", "CASE n WHEN 1 THEN true WHEN 2 THEN false END", "coalesce(ok, n > 0)",
+    "length(ltrim(msg)) < length(msg)", "lower(msg) = msg", "nvl(upper(msg), 'Z') < 'N'",
+])
+FUNCTION_SET = st.sampled_from([
+    {"msg": "upper(msg)"}, {"msg": "lower(trim(msg))"}, {"msg": "coalesce(msg, 'none')"}, {"msg": "concat(msg, '-', msg)"},
+    {"msg": "CASE WHEN n > 10 THEN 'big' WHEN n < 0 THEN 'negative' ELSE msg END"}, {"n": "length(msg)"},
+    {"n": "coalesce(n, 0)"}, {"n": "CASE WHEN ok THEN 1 ELSE 0 END"}, {"ok": "IF(msg IS NULL, NULL, length(msg) > 0)"},
+    {"msg": "rtrim(msg) || '.'"}, {"n": "CASE msg WHEN 'a' THEN 1 WHEN 'b' THEN 2 END"}, {"ok": "coalesce(ok, false)", "msg": "ltrim(msg)"},
+    {"x": "coalesce(x, 0)"}, {"msg": "lower(n)"},
+])
+
+
+@st.composite
+def function_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
+    """A definition with one or two processors, one at least with a function, and requests of
+    the table's fields in their types, each now and then missing or null: text with spaces, tabs
+    and letters beyond ASCII, integers around the expressions' literals."""
+    processors = [{"where": draw(FUNCTION_WHERE)} if draw(st.booleans()) else {"set": draw(FUNCTION_SET)}]
+    if draw(st.integers(0, 2)) == 0:
+        processors.insert(draw(st.integers(0, 1)), {"where": draw(WHERE)} if draw(st.booleans()) else {"set": draw(FUNCTION_SET)})
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors,
+        "sinks": [{"table": "events", "extra_fields": "_extra"}],
+    })
+    return definition, requests_of(draw, function_fields)
+
+
+def function_fields(chance: random.Random, _request: None) -> list[tuple[str, str]]:
+    values = {
+        "msg": json.dumps(chance.choice(["a", "A", " a ", "\tb ", "", "é", "Z z", "mm", "b", "É"]), ensure_ascii=chance.random() < 0.5),
+        "n": str(chance.choice([-4, 0, 1, 2, 3, 11, 15])), "x": chance.choice(["0.5", "2.5", "-1.25"]), "ok": chance.choice(["true", "false"]),
+    }
+    return [(name, value if chance.random() < 0.85 else "null") for name, value in values.items() if chance.random() < 0.85]
+
+
+@pytest.mark.timeout(600)
+def test_functions_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    compare_ways(fresh_spark, tmp_path, TABLE, [], function_batch(), examples=40, least_written=6)
+
 # A rename of fields the table lacks onto its columns (the shippers' `message` for `msg`), and
 # one the short way does not take ("msg" is a column of the table).
 RENAME = st.sampled_from([{"message": "msg"}, {"message": "msg", "num": "n"}, {"num": "n"}, {"flag": "ok", "num": "x"}, {"message": "n"},

@@ -427,6 +427,39 @@ def test_a_rename_onto_a_column_of_the_table_is_read_at_the_parse_and_both_names
     assert "a rename" in run(b'{"id": 1, "num": 2, "N": 3}')
 
 
+def test_functions_of_text_coalesce_and_case_are_applied_over_one_kind_and_lower_of_other_than_ascii_refuses(tmp_path) -> None:  # noqa: ANN001
+    # Java's case rules and utf8proc's agree on ASCII only: a request lowering other text is the
+    # Spark job's. Values Spark would widen (an integer beside a decimal, a double), other
+    # functions, and trims of other characters are not planned.
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    for refused in ({"x": "coalesce(x, 0)"}, {"msg": "lower(n)"}, {"msg": "trim(BOTH 'x' FROM msg)"}, {"n": "coalesce(n, 1.5)"},
+                    {"msg": "CASE WHEN ok THEN 'a' ELSE 1 END"}, {"msg": "substring(msg, 1, 2)"}, {"n": "length(n)"},
+                    {"msg": "concat(msg, n)"}, {"ok": "CASE WHEN msg THEN true END"}):
+        assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
+    places = iter(range(100))
+
+    def run(processors: list, body: bytes) -> list[dict] | str:
+        steps = plan(processors, TABLE, "_extra")
+        assert steps is not None, processors
+        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
+                           frozenset({"id"}), "_extra", [], processors=steps)
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "msg", "n", "ok"]).to_pylist()
+
+    body = b'{"id": 1, "msg": " Ab ", "n": 1, "ok": true}\n{"id": 2, "n": 12}\n{"id": 3, "msg": "z", "n": -4, "ok": false}'
+    assert run([Processor(set={"msg": "upper(trim(msg))", "n": "coalesce(length(msg), n)"})], body) == [
+        {"id": 1, "msg": "AB", "n": 4, "ok": True}, {"id": 2, "msg": None, "n": 12, "ok": None}, {"id": 3, "msg": "Z", "n": 1, "ok": False}]
+    assert run([Processor(set={"msg": "CASE WHEN n > 10 THEN 'big' WHEN n < 0 THEN 'negative' ELSE msg || '!' END", "ok": "IF(ok, NULL, true)"})],
+               body) == [{"id": 1, "msg": " Ab !", "n": 1, "ok": None}, {"id": 2, "msg": "big", "n": 12, "ok": True},
+                         {"id": 3, "msg": "negative", "n": -4, "ok": True}]
+    assert run([Processor(where="coalesce(ok, true) AND CASE n WHEN 1 THEN true WHEN 12 THEN concat(msg, 'x') IS NULL END")], body) == [
+        {"id": 1, "msg": " Ab ", "n": 1, "ok": True}, {"id": 2, "msg": None, "n": 12, "ok": None}]
+    assert "beyond ASCII" in run([Processor(set={"msg": "lower(msg)"})], '{"id": 1, "msg": "ÉCOLE"}'.encode())
+
+
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "amount", DecimalType(10, 2)),
