@@ -14,7 +14,10 @@ the days a backfill loaded), has its small files merged once two of them qualify
 more than twice): nothing more will come to batch them with, and a reader pays for each file it
 opens (pyiceberg ~2 ms a file), so a table's settled partitions end as one file each, or a few.
 A late event into a cold partition does not have its large file copied: the tier still stops at
-a file more than COLD_TIER_GROWTH times the smaller ones together.
+a file more than COLD_TIER_GROWTH times the smaller ones together. When a file was added is read
+from its snapshot; a file whose snapshot has expired counts as old, so on a table that commits
+more often than `snapshot_max_count` an hour, a partition none of whose files a kept snapshot
+added is cold sooner than `cold_after_s` (its merges are tiered all the same).
 
 Planning reads only table metadata (file sizes and partitions); the rewrite itself runs on Spark
 (spark_jobs/compact_job.py, submitted by a writer) and is committed as a `replace` snapshot by the
