@@ -306,7 +306,9 @@ def _case(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tup
     """CASE WHEN c THEN v ... [ELSE d] END, CASE x WHEN v THEN ... (x = v), and IF(c, a, b): the
     first branch whose condition is true (NULL is not), else the default (NULL without one)."""
     if isinstance(node, exp.If):
-        pairs, default = [(node.this, node.args["true"])], node.args.get("false")
+        if node.args.get("false") is None:
+            raise NotPlain("IF without its third argument: Spark refuses it")
+        pairs, default = [(node.this, node.args["true"])], node.args["false"]
     else:
         subject = node.this
         pairs = [(exp.EQ(this=subject.copy(), expression=branch.this.copy()) if subject is not None else branch.this, branch.args["true"])
