@@ -261,16 +261,16 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
         return ("in", a, [value[1] for value, _kind in values], common), "bool"
     if type(node) in TEXT_FUNCTIONS or isinstance(node, exp.Trim):
         return _text_function(node, kinds, guarded)
-    if isinstance(node, (exp.Concat, exp.DPipe)):
+    if type(node) in (exp.Concat, exp.DPipe):  # not concat_ws (a subclass): it joins with a separator and skips NULLs
         parts = [_compile(part, kinds, guarded) for part in (node.expressions if isinstance(node, exp.Concat) else [node.this, node.expression])]
         if not parts or any(kind != "string" for _part, kind in parts):
             raise NotPlain("concat of other than text")
         return ("concat", [part for part, _kind in parts]), "string"
-    if isinstance(node, exp.Coalesce):
+    if type(node) is exp.Coalesce:
         parts = [_compile(part, kinds, guarded) for part in [node.this, *node.expressions]]
         kind = _common([kind for _part, kind in parts])
         return ("coalesce", [part for part, _kind in parts], kind), kind
-    if isinstance(node, (exp.Case, exp.If)):
+    if type(node) in (exp.Case, exp.If):
         return _case(node, kinds, guarded)
     raise NotPlain(f"{node.key} is not evaluated by the short way")
 

@@ -436,7 +436,8 @@ def test_functions_of_text_coalesce_and_case_are_applied_over_one_kind_and_lower
 
     for refused in ({"x": "coalesce(x, 0)"}, {"msg": "lower(n)"}, {"msg": "trim(BOTH 'x' FROM msg)"}, {"n": "coalesce(n, 1.5)"},
                     {"msg": "CASE WHEN ok THEN 'a' ELSE 1 END"}, {"msg": "substring(msg, 1, 2)"}, {"n": "length(n)"},
-                    {"msg": "concat(msg, n)"}, {"ok": "CASE WHEN msg THEN true END"}, {"msg": "IF(ok, 'a')"}):
+                    {"msg": "concat(msg, n)"}, {"ok": "CASE WHEN msg THEN true END"}, {"msg": "IF(ok, 'a')"},
+                    {"msg": "concat_ws('-', msg, 'a')"}, {"msg": "nvl2(msg, 'a', 'b')"}, {"msg": "initcap(msg)"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
     places = iter(range(100))
 
