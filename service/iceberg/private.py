@@ -6,8 +6,8 @@ and no public way to commit a `replace` snapshot (files swapped, rows unchanged;
 folded in removed with their data files), which rewrites.py commits with `replace_producer`, nor to merge manifests outside a commit of files
 (`merge_manifests_producer`, for upkeep.py); and no public way to stream one data file's rows
 in the table's schema (`file_batches`, for changelog.py); and no way at all to commit position
-delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes). Those two merge
-their snapshot's small data manifests with pyiceberg's `_ManifestMergeManager`, as its merge
+delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes). The producers
+`replace_producer` and `row_delta_producer` give merge their snapshot's small data manifests with pyiceberg's `_ManifestMergeManager`, as its merge
 append does (public replacement: every snapshot producer honouring `commit.manifest-merge.*`, as
 Java's merging producers do).
 
