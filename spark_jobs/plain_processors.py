@@ -284,7 +284,7 @@ def _text_function(node: exp.Expression, kinds: dict[str, str], guarded: set[str
         if function is None:
             raise NotPlain("a trim of another kind")
     else:
-        if set(node.args) - {"this"} and any(value is not None for key, value in node.args.items() if key != "this"):
+        if any(value is not None for key, value in node.args.items() if key != "this"):
             raise NotPlain(f"{node.key} with more than its text")
         function = TEXT_FUNCTIONS[type(node)]
     argument, kind = _compile(node.this, kinds, guarded)

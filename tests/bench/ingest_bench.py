@@ -331,6 +331,11 @@ def embedded_stack(prefix: str) -> Iterator[tuple[Path, int]]:
             stack.wait(120)
 
 
+def stack_catalog(data_dir: Path) -> SqlCatalog:
+    """The catalog of an embedded stack's data directory (`calve up`'s SQLite catalog)."""
+    return SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+
+
 def operator_token(data_dir: Path) -> str:
     """An operator token of the stack's metadata DB: /metrics is theirs to read."""
     from sqlmodel import Session

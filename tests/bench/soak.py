@@ -26,10 +26,9 @@ from pathlib import Path
 import aiohttp
 import httpx
 import orjson
-from pyiceberg.catalog.sql import SqlCatalog
 
 from service.cli.processes import free_port
-from tests.bench.ingest_bench import TOKEN, make_event, say, start_stack
+from tests.bench.ingest_bench import TOKEN, make_event, say, stack_catalog, start_stack
 
 COMMIT_LINE = re.compile(rb"committed demo\.logs snapshot \d+: .* in ([0-9.]+) s")
 SOAK_SETTINGS = {
@@ -129,7 +128,7 @@ class Soak:
 
 def check_exactly_once(data_dir: Path, acked: list[tuple[int, int]], per_request: int) -> tuple[int, int]:
     """(acknowledged events missing, events duplicated) in the table as read back."""
-    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    catalog = stack_catalog(data_dir)
     ids = catalog.load_table(("demo", "logs")).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
     counts = collections.Counter(ids)
     duplicated = sum(count - 1 for count in counts.values() if count > 1)

@@ -39,11 +39,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import ManifestContent
 
 from service.iceberg.rewrites import live_files
-from tests.bench.ingest_bench import TOKEN, embedded_stack, say
+from tests.bench.ingest_bench import TOKEN, embedded_stack, say, stack_catalog
 
 DAYS = 30
 RECENT_DAYS = 7
@@ -163,7 +162,7 @@ def amplification(data_dir: Path, name: str, since_ms: int) -> tuple[int, int, i
     overwrite snapshots committed since `since_ms`: rows and new position deletes both count as
     rows written; the positions of the delete files a run replaces, which its own delete file
     holds again, are counted apart."""
-    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    catalog = stack_catalog(data_dir)
     table = catalog.load_table(("demo", name))
     written = rewritten = delete_files = copied = 0
     for snapshot in table.snapshots():
@@ -210,7 +209,7 @@ def loaded_read(data_dir: Path, name: str) -> dict:
     """Full-read times of the table as loaded, before any row change: what its files cost a
     reader before any delete file (the load leaves a few files per day, which the compaction by
     hand below merges too)."""
-    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    catalog = stack_catalog(data_dir)
     table = catalog.load_table(("demo", name))
     py, duck, _rows = read_seconds(table)
     return {"pyiceberg_s": round(py, 3), "duckdb_s": round(duck, 3), "shape": shape_of(table)}
@@ -219,7 +218,7 @@ def loaded_read(data_dir: Path, name: str) -> dict:
 def settle(data_dir: Path, name: str, timeout_s: float = 180) -> None:
     """Wait until the days no change will touch are merged into a file each (cold partitions:
     compaction.py), as they are in a table older than the bench's minute."""
-    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    catalog = stack_catalog(data_dir)
     started = time.monotonic()
     while (settled := shape_of(catalog.load_table(("demo", name)))["days_of_one_file"]) < DAYS - RECENT_DAYS:
         if time.monotonic() - started > timeout_s:
@@ -233,7 +232,7 @@ def reads(data_dir: Path, port: int, name: str) -> dict:
     """Full-read times of the table as the changes left it and after a compaction by hand, and of
     two copies of the rows, all timed once the compaction is over: the stack still runs upkeep
     after the last change, and a read beside it would time the machine's other work too."""
-    catalog = SqlCatalog("calve", uri=f"sqlite:///{data_dir / 'catalog.db'}", warehouse=(data_dir / "warehouse").as_uri())
+    catalog = stack_catalog(data_dir)
     left = catalog.load_table(("demo", name))
     left_snapshot = left.current_snapshot().snapshot_id
     shape = {"before": shape_of(left)}
