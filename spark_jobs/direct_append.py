@@ -72,7 +72,7 @@ from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
-from spark_jobs.plain_processors import dropped, is_text_map, renamed
+from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -735,6 +735,8 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                         raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
                 table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
             if processors is not None:
+                if any(negative_zero(column) for column in table.columns):
+                    raise Refused("a double's -0 with processors: the Spark job reads an integral batch's as a bigint's 0")
                 try:
                     table = apply_processors(*processors, table)
                 except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:

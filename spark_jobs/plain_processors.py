@@ -12,9 +12,10 @@ parses the old name as the column and renames it after the parse; a request with
 too, or either in other letter case, is refused: Spark would hold two columns of one name).
 Functions: lower, upper, length and trim (ltrim, rtrim) of text, concat (and `||`) of text,
 coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, integers or
-booleans (NULLs aside). Anything else (other functions, arithmetic, casts, time columns, values
-Spark would widen, a field the table lacks, a drop of a column of the table, a rename of one)
-leaves the batch to the Spark job, as before: `plan` answers None.
+booleans (NULLs aside). Arithmetic: +, -, * and / of integers and doubles, and unary minus
+(`_arithmetic`). Anything else (other functions, decimal literals in arithmetic, %, div, casts,
+time columns, values Spark would widen, a field the table lacks, a drop of a column of the table,
+a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -32,6 +33,14 @@ still differ, and is refused or ruled out:
   (pipeline_job._with_table_maps; convert.py reads them again where the batch may go to more
   than one table), written in key order as the short way writes them. A plan reads a map only
   by a string key, as a string: never the map itself.
+- Arithmetic: the Spark job's integers are 64 bits (a JSON integer is inferred as bigint) but for
+  integer literals and length(), which are 32 (an int with an int wraps at 32 bits there); a
+  double column whose values in the batch are all integral is a bigint there, exact where the
+  short way's doubles round; `/` is a double's division, NULL for a divisor of 0 (ANSI off); a
+  decimal literal makes decimal arithmetic, rounded to scales of Spark's own (not planned). The
+  short way computes with checked 64-bit integers and doubles and refuses a request (the Spark
+  job's then) where an answer may differ: an integer overflow, a result of two 32-bit operands
+  outside 32 bits, a result at or beyond 2**53, infinite, or a double's -0.0 (a bigint's 0 there).
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
@@ -41,7 +50,8 @@ the table's types (the request with the text goes to the Spark job either way).
 A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
 | ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key) | ("text", pyarrow function, a)
-| ("concat", [a, ...]) | ("coalesce", [a, ...], kind) | ("case", [(test, value), ...], default, kind); steps ("where", node), ("set", {column: node})
+| ("concat", [a, ...]) | ("coalesce", [a, ...], kind) | ("case", [(test, value), ...], default, kind)
+| ("arith", pyarrow function, a, b or None, kind, 32 bits or not); steps ("where", node), ("set", {column: node})
 ("drop", [name, ...]) and ("rename", {old: new}) (`dropped` and `renamed` read them; `apply` has
 nothing left to do for them).
 """
@@ -75,6 +85,10 @@ ARROW = {"string": pa.string(), "int": pa.int64(), "double": pa.float64(), "numb
 # length counts code points, as utf8_length does; its trims remove spaces, not other whitespace.
 TEXT_FUNCTIONS = {exp.Lower: "utf8_lower", exp.Upper: "utf8_upper", exp.Length: "utf8_length"}
 TRIMS = {"BOTH": "utf8_trim", "LEADING": "utf8_ltrim", "TRAILING": "utf8_rtrim"}
+# Arithmetic, by pyarrow's name (the checked ones raise on an integer overflow): Spark's `/` is a
+# double's division whatever its operands (but decimals, not planned).
+ARITHMETIC = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked", exp.Div: "divide"}
+INT32 = 2**31
 
 
 class NotPlain(ValueError):
@@ -229,6 +243,8 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
         return ("lit", None, "null"), "null"
     if isinstance(node, exp.Literal) or isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
         return _literal(node)
+    if type(node) in ARITHMETIC or type(node) is exp.Neg:
+        return _arithmetic(node, kinds, guarded)
     if type(node) in COMPARISONS:
         (a, ka), (b, kb) = _compile(node.this, kinds, guarded), _compile(node.expression, kinds, guarded)
         _comparable(a, ka, b, kb, guarded)
@@ -291,6 +307,40 @@ def _text_function(node: exp.Expression, kinds: dict[str, str], guarded: set[str
     if kind != "string":
         raise NotPlain(f"{node.key} of other than text")
     return ("text", function, argument), "int" if function == "utf8_length" else "string"
+
+
+def _arithmetic(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
+    """a + b, a - b, a * b, a / b and -a of integers and doubles (a NULL on one side: NULL).
+    Integer literals only: a decimal one makes Spark's arithmetic decimal."""
+    if type(node) is exp.Div and node.args.get("typed"):
+        raise NotPlain("an integer division")  # Spark's `/` parses as typed=False, safe=True (NULL for a divisor of 0)
+    parts = [_compile(part, kinds, guarded) for part in ([node.this] if type(node) is exp.Neg else [node.this, node.expression])]
+    for part, kind in parts:
+        if kind not in ("int", "double", "null"):
+            raise NotPlain(f"arithmetic of {kind}")
+        if part[0] == "col" and kind == "double":
+            guarded.add(part[1])  # a bigint in the Spark job when the batch's values are all integral
+    known = [kind for _part, kind in parts if kind != "null"]
+    if not known:
+        raise NotPlain("arithmetic of NULLs")
+    kind = "double" if type(node) is exp.Div or "double" in known else "int"
+    narrow = kind == "int" and all(_narrow(part) for part, _kind in parts)
+    function = "negate_checked" if type(node) is exp.Neg else ARITHMETIC[type(node)]
+    return ("arith", function, parts[0][0], parts[1][0] if len(parts) > 1 else None, kind, narrow), kind
+
+
+def _narrow(node: tuple) -> bool:
+    """Whether the Spark job holds this integer in 32 bits: an integer literal within them, a
+    length, or what is made of those alone (a column is a bigint there: inferred from JSON)."""
+    if node[0] == "lit":
+        return node[2] == "null" or node[2] == "int" and -INT32 <= node[1] < INT32
+    if node[0] == "text":
+        return node[1] == "utf8_length"
+    if node[0] == "coalesce":
+        return all(_narrow(part) for part in node[1])
+    if node[0] == "case":
+        return all(_narrow(value) for _test, value in node[1]) and _narrow(node[2])
+    return node[0] == "arith" and node[5]
 
 
 def _common(kinds: list[str]) -> str:
@@ -443,6 +493,8 @@ def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a sca
         return pc.binary_join_element_wise(*(part.cast(pa.string()) for part in parts), "")
     if op == "coalesce":
         return pc.coalesce(*(_as(_evaluate(part, table), ARROW[node[2]]) for part in node[1]))
+    if op == "arith":
+        return _arithmetic_value(node, table)
     if op == "case":
         wanted = ARROW[node[3]]
         tests = [_as(_evaluate(test, table), pa.bool_()) for test, _value in node[1]]
@@ -451,6 +503,58 @@ def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a sca
         conditions = pc.make_struct(*tests, field_names=[str(i) for i in range(len(tests))])
         return pc.case_when(conditions, *values, _as(_evaluate(node[2], table), wanted))
     raise ValueError(f"no such step {op}")
+
+
+def _arithmetic_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a scalar
+    """An arithmetic node's values; ValueError where the Spark job's may differ (the module's docstring)."""
+    import pyarrow.compute as pc
+
+    _op, function, a_node, b_node, kind, narrow = node
+    wanted = ARROW[kind]
+    operands = [_evaluate(part, table) for part in (a_node, b_node) if part is not None]
+    if any(_is_null(part) for part in operands):
+        return pa.scalar(None, wanted)
+    operands = [_as(part, wanted) for part in operands]  # a safe cast: an integer beyond 2**53 as a double raises
+    value = getattr(pc, function)(*operands)
+    if function == "divide":  # NULL for a divisor of 0, as Spark's (ANSI off)
+        divisor = operands[1]
+        zero = pc.equal(divisor, pa.scalar(0.0))
+        value = pa.scalar(None, wanted) if isinstance(zero, pa.Scalar) and zero.as_py() else (
+            value if isinstance(zero, pa.Scalar) else pc.if_else(zero, pa.scalar(None, wanted), value))
+    if isinstance(value, pa.Scalar):
+        values = pa.array([value.as_py()], wanted)
+    else:
+        values = value.drop_null()
+    if len(values):
+        bound = INT32 if narrow else EXACT_INTEGERS
+        if kind == "double" and not pc.all(pc.is_finite(values)).as_py():
+            raise ValueError("arithmetic: an infinite result")
+        if pc.max(pc.abs(values)).as_py() >= bound:
+            raise ValueError(f"arithmetic: a result at or beyond 2**{31 if narrow else 53}")
+        if kind == "double" and negative_zero(values):
+            raise ValueError("arithmetic: -0.0, which a bigint's 0 is in the Spark job")
+    return value
+
+
+def negative_zero(values: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether a double anywhere in `values` (through structs, lists and maps) is -0.0. pyarrow
+    reads a JSON `-0` so; the Spark job, where it infers the batch's types (processors), reads a
+    field whose values are all integral as a bigint, whose 0 has no sign."""
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        return any(negative_zero(chunk) for chunk in values.chunks)
+    data_type = values.type
+    if pa.types.is_floating(data_type):
+        zeros = values.filter(pc.fill_null(pc.equal(values, pa.scalar(0.0, data_type)), False))
+        return len(zeros) > 0 and pc.any(pc.less(pc.divide(pa.scalar(1.0, data_type), zeros), 0.0)).as_py()
+    if pa.types.is_struct(data_type):
+        return any(negative_zero(child) for child in values.flatten())
+    if pa.types.is_map(data_type):
+        return negative_zero(values.keys) or negative_zero(values.items)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return negative_zero(values.flatten())
+    return False
 
 
 def _as(value, data_type: pa.DataType):  # noqa: ANN001, ANN202 - an array or a scalar, in `data_type`

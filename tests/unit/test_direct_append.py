@@ -461,6 +461,39 @@ def test_functions_of_text_coalesce_and_case_are_applied_over_one_kind_and_lower
     assert "beyond ASCII" in run([Processor(set={"msg": "lower(msg)"})], '{"id": 1, "msg": "ÉCOLE"}'.encode())
 
 
+def test_arithmetic_of_integers_and_doubles_is_applied_and_a_result_the_spark_job_may_hold_otherwise_refuses(tmp_path) -> None:  # noqa: ANN001
+    # The Spark job's integers are bigints (literals and length(): 32 bits), an integral batch's
+    # doubles bigints too, its `/` a double's division with NULL for a divisor of 0 and a decimal
+    # literal's arithmetic decimal: a result that may differ refuses the request (the Spark job's).
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    for refused in ({"x": "x * 1.5"}, {"n": "n % 2"}, {"n": "n div 2"}, {"n": "n / 2"}, {"x": "msg + 1"}, {"x": "NULL + NULL"},
+                    {"ok": "ok + 1"}, {"n": "x + 1"}):
+        assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
+    places = iter(range(100))
+
+    def run(processors: list, body: bytes) -> list[dict] | str:
+        steps = plan(processors, TABLE, "_extra")
+        assert steps is not None, processors
+        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
+                           frozenset({"id"}), "_extra", [], processors=steps)
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "n", "x"]).to_pylist()
+
+    body = b'{"id": 1, "n": 0, "x": 0.5}\n{"id": 2, "n": 2, "x": 3}\n{"id": 3, "x": 2.5}\n{"id": 4, "n": -3}'
+    assert run([Processor(set={"n": "n * 2 - 1", "x": "x / n"})], body) == [
+        {"id": 1, "n": -1, "x": None}, {"id": 2, "n": 3, "x": 1.5}, {"id": 3, "n": None, "x": None}, {"id": 4, "n": -7, "x": None}]
+    assert run([Processor(where="x * 2 > n OR -n > 2"), Processor(set={"x": "(x + 1) / 4"})], body) == [
+        {"id": 1, "n": 0, "x": 0.375}, {"id": 2, "n": 2, "x": 1.0}, {"id": 4, "n": -3, "x": None}]
+    assert "2**31" in run([Processor(set={"n": "length(msg) * 1000000000"})], b'{"id": 1, "msg": "abc"}')  # an int's, in Spark
+    assert isinstance(run([Processor(set={"n": "n * 1000000000"})], b'{"id": 1, "n": 3}'), str)  # a bigint, but beyond n's int
+    assert "2**53" in run([Processor(set={"x": "x * 4503599627370496"})], b'{"id": 1, "x": 3}')
+    assert "-0.0" in run([Processor(set={"x": "-x"})], b'{"id": 1, "x": 0}')
+    assert "-0" in run([Processor(where="n > 0")], b'{"id": 1, "n": 1, "x": -0}')
+
+
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "amount", DecimalType(10, 2)),
