@@ -13,9 +13,10 @@ too, or either in other letter case, is refused: Spark would hold two columns of
 Functions: lower, upper, length and trim (ltrim, rtrim) of text, concat (and `||`) of text,
 coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, integers or
 booleans (NULLs aside). Arithmetic: +, -, * and / of integers and doubles, and unary minus
-(`_arithmetic`). Anything else (other functions, decimal literals in arithmetic, %, div, casts,
-time columns, values Spark would widen, a field the table lacks, a drop of a column of the table,
-a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
+(`_arithmetic`). Casts (`_cast`): integers and booleans to text, text and doubles to integers,
+integers to doubles. Anything else (other functions, decimal literals in arithmetic, %, div, other
+casts, time columns, values Spark would widen, a field the table lacks, a drop of a column of the
+table, a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -41,6 +42,12 @@ still differ, and is refused or ruled out:
   short way computes with checked 64-bit integers and doubles and refuses a request (the Spark
   job's then) where an answer may differ: an integer overflow, a result of two 32-bit operands
   outside 32 bits, a result at or beyond 2**53, infinite, or a double's -0.0 (a bigint's 0 there).
+- Casts: Spark (ANSI off) reads text as an integer after trimming it, with a sign or a fraction
+  (truncated), and makes anything else or an overflow NULL; the short way casts text of digits
+  alone (a minus at most) and refuses a request with other text or an overflow. A double becomes
+  an integer truncated (a bigint there when the batch's values are all integral: the same), and
+  one beyond the integer's range, which Spark saturates or wraps, refuses it. A double's text is
+  not planned: an integral batch's is a bigint's there ("3", not "3.0").
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
@@ -51,7 +58,7 @@ A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 ("col", name) | ("lit", value, kind) | ("cmp", function, a, b) | ("and", a, b) | ("or", a, b)
 | ("not", a) | ("isnull", a) | ("in", a, values, kind) | ("key", map column, key) | ("text", pyarrow function, a)
 | ("concat", [a, ...]) | ("coalesce", [a, ...], kind) | ("case", [(test, value), ...], default, kind)
-| ("arith", pyarrow function, a, b or None, kind, 32 bits or not); steps ("where", node), ("set", {column: node})
+| ("arith", pyarrow function, a, b or None, kind, 32 bits or not) | ("cast", into, a, from kind); steps ("where", node), ("set", {column: node})
 ("drop", [name, ...]) and ("rename", {old: new}) (`dropped` and `renamed` read them; `apply` has
 nothing left to do for them).
 """
@@ -89,6 +96,13 @@ TRIMS = {"BOTH": "utf8_trim", "LEADING": "utf8_ltrim", "TRAILING": "utf8_rtrim"}
 # double's division whatever its operands (but decimals, not planned).
 ARITHMETIC = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked", exp.Div: "divide"}
 INT32 = 2**31
+# Casts by Spark's type, into: the kinds each may come from (identities aside).
+CASTS = {
+    exp.DataType.Type.TEXT: ("string", ("int", "bool")), exp.DataType.Type.INT: ("int32", ("string", "double", "int", "bool")),
+    exp.DataType.Type.BIGINT: ("int64", ("string", "double", "int", "bool")), exp.DataType.Type.DOUBLE: ("double", ("int",)),
+}
+CAST_KINDS = {"string": "string", "int32": "int", "int64": "int", "double": "double"}
+_DIGITS = r"^-?[0-9]+$"
 
 
 class NotPlain(ValueError):
@@ -245,6 +259,8 @@ def _compile(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> 
         return _literal(node)
     if type(node) in ARITHMETIC or type(node) is exp.Neg:
         return _arithmetic(node, kinds, guarded)
+    if type(node) in (exp.Cast, exp.TryCast):  # Spark's dialect reads CAST as TryCast: NULL where it cannot (ANSI off)
+        return _cast(node, kinds, guarded)
     if type(node) in COMPARISONS:
         (a, ka), (b, kb) = _compile(node.this, kinds, guarded), _compile(node.expression, kinds, guarded)
         _comparable(a, ka, b, kb, guarded)
@@ -329,6 +345,21 @@ def _arithmetic(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) 
     return ("arith", function, parts[0][0], parts[1][0] if len(parts) > 1 else None, kind, narrow), kind
 
 
+def _cast(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
+    """CAST(a AS t) where the short way reads it as Spark does (the module's docstring)."""
+    if any(node.args.get(key) is not None for key in ("format", "action", "default")) or node.to.expressions or node.to.this not in CASTS:
+        raise NotPlain(f"a cast to {node.to.sql()}")
+    into, sources = CASTS[node.to.this]
+    value, kind = _compile(node.this, kinds, guarded)
+    if kind == CAST_KINDS[into] and into != "int32":
+        return value, kind  # a cast to its own kind (a bigint's to BIGINT)
+    if kind not in sources:
+        raise NotPlain(f"a cast of {kind} to {node.to.sql()}")
+    if value[0] == "col" and kind == "double":
+        guarded.add(value[1])
+    return ("cast", into, value, kind), CAST_KINDS[into]
+
+
 def _narrow(node: tuple) -> bool:
     """Whether the Spark job holds this integer in 32 bits: an integer literal within them, a
     length, or what is made of those alone (a column is a bigint there: inferred from JSON)."""
@@ -340,6 +371,8 @@ def _narrow(node: tuple) -> bool:
         return all(_narrow(part) for part in node[1])
     if node[0] == "case":
         return all(_narrow(value) for _test, value in node[1]) and _narrow(node[2])
+    if node[0] == "cast":
+        return node[1] == "int32"
     return node[0] == "arith" and node[5]
 
 
@@ -495,6 +528,8 @@ def _evaluate(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a sca
         return pc.coalesce(*(_as(_evaluate(part, table), ARROW[node[2]]) for part in node[1]))
     if op == "arith":
         return _arithmetic_value(node, table)
+    if op == "cast":
+        return _cast_value(node, table)
     if op == "case":
         wanted = ARROW[node[3]]
         tests = [_as(_evaluate(test, table), pa.bool_()) for test, _value in node[1]]
@@ -534,6 +569,25 @@ def _arithmetic_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array 
         if kind == "double" and negative_zero(values):
             raise ValueError("arithmetic: -0.0, which a bigint's 0 is in the Spark job")
     return value
+
+
+def _cast_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a scalar
+    """A cast's values; ValueError where the Spark job's may differ (text other than digits, an
+    integer beyond the type's range)."""
+    import pyarrow.compute as pc
+
+    _op, into, part, kind = node
+    wanted = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "double": pa.float64()}[into]
+    value = _evaluate(part, table)
+    if _is_null(value):
+        return pa.scalar(None, wanted)
+    if kind == "string":
+        texts = pa.array([value.as_py()], pa.string()) if isinstance(value, pa.Scalar) else value.drop_null()
+        if len(texts) and not pc.all(pc.match_substring_regex(texts, _DIGITS)).as_py():
+            raise ValueError("a cast of text other than digits: Spark's reading of it is its own")
+    elif kind == "double":
+        value = pc.trunc(value)
+    return value.cast(wanted)  # a safe cast: beyond the type's range (or 2**53 as a double) raises
 
 
 def negative_zero(values: pa.Array | pa.ChunkedArray) -> bool:

@@ -494,6 +494,39 @@ def test_arithmetic_of_integers_and_doubles_is_applied_and_a_result_the_spark_jo
     assert "-0" in run([Processor(where="n > 0")], b'{"id": 1, "n": 1, "x": -0}')
 
 
+def test_casts_are_applied_where_spark_reads_them_alike_and_other_text_or_an_overflow_refuses(tmp_path) -> None:  # noqa: ANN001
+    # Spark (ANSI off) reads text as an integer its own way (trimmed, a sign, a fraction
+    # truncated, NULL for anything else): only digits are cast here ("0x1f" is 31 to pyarrow). A
+    # double becomes an integer truncated; a cast to INT is 32 bits in Spark's arithmetic.
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    for refused in ({"msg": "cast(x as string)"}, {"x": "cast(msg as double)"}, {"n": "cast(x as decimal(3,1))"}, {"ok": "cast(n as boolean)"},
+                    {"x": "cast(ok as double)"}):
+        assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
+    places = iter(range(100))
+
+    def run(processors: list, body: bytes) -> list[dict] | str:
+        steps = plan(processors, TABLE, "_extra")
+        assert steps is not None, processors
+        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
+                           frozenset({"id"}), "_extra", [], processors=steps)
+        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "msg", "n", "x"]).to_pylist()
+
+    body = b'{"id": 1, "msg": "007", "x": 3.9, "ok": true}\n{"id": 2, "msg": "-12", "x": -2.7, "ok": false}\n{"id": 3}'
+    assert run([Processor(set={"n": "CAST(msg AS INT) + cast(x as int)", "x": "cast(cast(ok as int) as double)"})], body) == [
+        {"id": 1, "msg": "007", "n": 10, "x": 1.0}, {"id": 2, "msg": "-12", "n": -14, "x": 0.0}, {"id": 3, "msg": None, "n": None, "x": None}]
+    assert run([Processor(where="int(msg) > 0"), Processor(set={"msg": "concat(cast(ok as string), cast(cast(x as bigint) as string))"})], body) == [
+        {"id": 1, "msg": "true3", "n": None, "x": 3.9}]
+    for text in ("0x1f", " 5", "+4", "1.9"):
+        assert "digits" in run([Processor(set={"n": "cast(msg as int)"})], b'{"id": 1, "msg": "%s"}' % text.encode()), text
+    assert isinstance(run([Processor(set={"n": "cast(msg as int)"})], b'{"id": 1, "msg": "99999999999"}'), str)  # beyond an int
+    assert isinstance(run([Processor(set={"n": "cast(x as int)"})], b'{"id": 1, "x": 3000000000.5}'), str)  # Spark saturates or wraps
+    assert "2**31" in run([Processor(set={"n": "cast(msg as int) * 1000"})], b'{"id": 1, "msg": "3000000"}')  # an int's product, in Spark
+
+
 AMOUNTS = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "amount", DecimalType(10, 2)),
