@@ -12,11 +12,11 @@ parses the old name as the column and renames it after the parse; a request with
 too, or either in other letter case, is refused: Spark would hold two columns of one name).
 Functions: lower, upper, length and trim (ltrim, rtrim) of text, concat (and `||`) of text,
 coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, integers or
-booleans (NULLs aside). Arithmetic: +, -, * and / of integers and doubles, and unary minus
-(`_arithmetic`). Casts (`_cast`): integers and booleans to text, text and doubles to integers,
-integers to doubles. Anything else (other functions, decimal literals in arithmetic, %, div, other
-casts, time columns, values Spark would widen, a field the table lacks, a drop of a column of the
-table, a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
+booleans (NULLs aside). Arithmetic: +, -, *, / and % of integers and doubles, div of integers,
+and unary minus (`_arithmetic`). Casts (`_cast`): integers and booleans to text, text and doubles
+to integers, integers to doubles. Anything else (other functions, decimal literals in arithmetic,
+other casts, time columns, values Spark would widen, a field the table lacks, a drop of a column
+of the table, a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -37,7 +37,8 @@ still differ, and is refused or ruled out:
 - Arithmetic: the Spark job's integers are 64 bits (a JSON integer is inferred as bigint) but for
   integer literals and length(), which are 32 (an int with an int wraps at 32 bits there); a
   double column whose values in the batch are all integral is a bigint there, exact where the
-  short way's doubles round; `/` is a double's division, NULL for a divisor of 0 (ANSI off); a
+  short way's doubles round; `/` is a double's division, NULL (as `%` and `div`) for a divisor
+  of 0 (ANSI off); `div` a bigint's; a
   decimal literal makes decimal arithmetic, rounded to scales of Spark's own (not planned). The
   short way computes with checked 64-bit integers and doubles and refuses a request (the Spark
   job's then) where an answer may differ: an integer overflow, a result of two 32-bit operands
@@ -94,7 +95,11 @@ TEXT_FUNCTIONS = {exp.Lower: "utf8_lower", exp.Upper: "utf8_upper", exp.Length: 
 TRIMS = {"BOTH": "utf8_trim", "LEADING": "utf8_ltrim", "TRAILING": "utf8_rtrim"}
 # Arithmetic, by pyarrow's name (the checked ones raise on an integer overflow): Spark's `/` is a
 # double's division whatever its operands (but decimals, not planned).
-ARITHMETIC = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked", exp.Div: "divide"}
+ARITHMETIC = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked", exp.Div: "divide",
+              exp.Mod: "remainder_checked", exp.IntDiv: "divide_checked"}
+# Those NULL for a divisor of 0 in Spark (ANSI off). `%` is Java's (the dividend's sign; a
+# double's fmod, exact), as pyarrow's remainder; `div` of integers truncates, as pyarrow's divide of them.
+DIVISIONS = ("divide", "remainder_checked", "divide_checked")
 INT32 = 2**31
 # Casts by Spark's type, into: the kinds each may come from (identities aside).
 CASTS = {
@@ -326,8 +331,8 @@ def _text_function(node: exp.Expression, kinds: dict[str, str], guarded: set[str
 
 
 def _arithmetic(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) -> tuple[tuple, str]:
-    """a + b, a - b, a * b, a / b and -a of integers and doubles (a NULL on one side: NULL).
-    Integer literals only: a decimal one makes Spark's arithmetic decimal."""
+    """a + b, a - b, a * b, a / b, a % b and -a of integers and doubles, a div b of integers (a
+    NULL on one side: NULL). Integer literals only: a decimal one makes Spark's arithmetic decimal."""
     if type(node) is exp.Div and node.args.get("typed"):
         raise NotPlain("an integer division")  # Spark's `/` parses as typed=False, safe=True (NULL for a divisor of 0)
     parts = [_compile(part, kinds, guarded) for part in ([node.this] if type(node) is exp.Neg else [node.this, node.expression])]
@@ -339,8 +344,10 @@ def _arithmetic(node: exp.Expression, kinds: dict[str, str], guarded: set[str]) 
     known = [kind for _part, kind in parts if kind != "null"]
     if not known:
         raise NotPlain("arithmetic of NULLs")
+    if type(node) is exp.IntDiv and "double" in known:
+        raise NotPlain("div of doubles")
     kind = "double" if type(node) is exp.Div or "double" in known else "int"
-    narrow = kind == "int" and all(_narrow(part) for part, _kind in parts)
+    narrow = kind == "int" and type(node) is not exp.IntDiv and all(_narrow(part) for part, _kind in parts)  # div: a bigint in Spark
     function = "negate_checked" if type(node) is exp.Neg else ARITHMETIC[type(node)]
     return ("arith", function, parts[0][0], parts[1][0] if len(parts) > 1 else None, kind, narrow), kind
 
@@ -550,12 +557,17 @@ def _arithmetic_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array 
     if any(_is_null(part) for part in operands):
         return pa.scalar(None, wanted)
     operands = [_as(part, wanted) for part in operands]  # a safe cast: an integer beyond 2**53 as a double raises
-    value = getattr(pc, function)(*operands)
-    if function == "divide":  # NULL for a divisor of 0, as Spark's (ANSI off)
-        divisor = operands[1]
-        zero = pc.equal(divisor, pa.scalar(0.0))
-        value = pa.scalar(None, wanted) if isinstance(zero, pa.Scalar) and zero.as_py() else (
-            value if isinstance(zero, pa.Scalar) else pc.if_else(zero, pa.scalar(None, wanted), value))
+    if function in DIVISIONS:  # NULL for a divisor of 0, as Spark's (ANSI off)
+        dividend, divisor = operands
+        zero = pc.equal(divisor, pa.scalar(0, divisor.type))
+        if isinstance(zero, pa.Scalar):
+            if zero.as_py():
+                return pa.scalar(None, wanted)
+            value = getattr(pc, function)(dividend, divisor)
+        else:
+            value = pc.if_else(zero, pa.scalar(None, wanted), getattr(pc, function)(dividend, pc.if_else(zero, pa.scalar(1, divisor.type), divisor)))
+    else:
+        value = getattr(pc, function)(*operands)
     if isinstance(value, pa.Scalar):
         values = pa.array([value.as_py()], wanted)
     else:

@@ -494,17 +494,18 @@ def test_functions_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark,
     compare_ways(fresh_spark, tmp_path, TABLE, [], expression_batch(FUNCTION_WHERE, FUNCTION_SET, function_fields, WHERE), examples=40, least_written=6)
 
 
-# Arithmetic the short way evaluates (+, -, *, / and unary minus of integers and doubles), over
-# doubles that are now and then all integral in a batch (a bigint in the Spark job), divisors of
-# 0, a -0, 32-bit operands (length), and what it leaves to the Spark job (a double into an integer
-# column, a decimal literal's arithmetic, %).
+# Arithmetic the short way evaluates (+, -, *, /, % and unary minus of integers and doubles, div
+# of integers), over doubles that are now and then all integral in a batch (a bigint in the Spark
+# job), divisors of 0, a -0, 32-bit operands (length), and what it leaves to the Spark job (a
+# double into an integer column, a decimal literal's arithmetic, div of doubles).
 ARITHMETIC_WHERE = st.sampled_from([
     "x * 2 > n", "n / 2 >= 1", "x / n > 0", "-n < x", "length(msg) * 2 = 2", "n - x IS NULL", "x + x * n < 3", "n + 1 > 3",
-    "n % 2 = 0",
+    "n % 2 = 0", "n div 3 = 0", "x % 1 = 0",
 ])
 ARITHMETIC_SET = st.sampled_from([
     {"n": "n * 2 - 1"}, {"x": "x / n"}, {"x": "n / 4"}, {"n": "-n"}, {"x": "x * n + 1"}, {"n": "length(msg) + n"}, {"x": "x - x"},
-    {"x": "-x"}, {"x": "(x + 1) / (n - 1)"}, {"n": "n / 2"}, {"x": "x * 1.5"},
+    {"x": "-x"}, {"x": "(x + 1) / (n - 1)"}, {"n": "n / 2"}, {"x": "x * 1.5"}, {"n": "11 % n"}, {"x": "x % n"}, {"n": "n div 2"},
+    {"x": "x % 2"}, {"n": "x div 2"},
 ])
 
 

@@ -468,7 +468,7 @@ def test_arithmetic_of_integers_and_doubles_is_applied_and_a_result_the_spark_jo
     from service.pipelines.spec import Processor
     from spark_jobs.plain_processors import plan
 
-    for refused in ({"x": "x * 1.5"}, {"n": "n % 2"}, {"n": "n div 2"}, {"n": "n / 2"}, {"x": "msg + 1"}, {"x": "NULL + NULL"},
+    for refused in ({"x": "x * 1.5"}, {"n": "x div 2"}, {"n": "n / 2"}, {"x": "msg + 1"}, {"x": "NULL + NULL"},
                     {"ok": "ok + 1"}, {"n": "x + 1"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
     places = iter(range(100))
@@ -488,6 +488,8 @@ def test_arithmetic_of_integers_and_doubles_is_applied_and_a_result_the_spark_jo
     assert run([Processor(where="x * 2 > n OR -n > 2"), Processor(set={"x": "(x + 1) / 4"})], body) == [
         {"id": 1, "n": 0, "x": 0.375}, {"id": 2, "n": 2, "x": 1.0}, {"id": 4, "n": -3, "x": None}]
     assert "2**31" in run([Processor(set={"n": "length(msg) * 1000000000"})], b'{"id": 1, "msg": "abc"}')  # an int's, in Spark
+    assert run([Processor(set={"n": "11 % n", "x": "x % 2 + n div 2"})], body) == [  # Java's %, NULL for a divisor of 0
+        {"id": 1, "n": None, "x": 0.5}, {"id": 2, "n": 1, "x": 2.0}, {"id": 3, "n": None, "x": None}, {"id": 4, "n": 2, "x": None}]
     assert isinstance(run([Processor(set={"n": "n * 1000000000"})], b'{"id": 1, "n": 3}'), str)  # a bigint, but beyond n's int
     assert "2**53" in run([Processor(set={"x": "x * 4503599627370496"})], b'{"id": 1, "x": 3}')
     assert "-0.0" in run([Processor(set={"x": "-x"})], b'{"id": 1, "x": 0}')
