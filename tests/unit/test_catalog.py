@@ -124,3 +124,33 @@ def test_a_transactions_metadata_is_computed_once_per_state_and_follows_each_cha
     after = table.transaction().table_metadata
     assert after.properties["owner"] == "calve" and len(after.snapshots) == 2
     assert sorted(catalog.load_table(("demo", "logs")).scan().to_arrow().column("id").to_pylist()) == [1, 2, 3]
+
+
+def test_a_metadata_file_is_parsed_once_per_process_and_a_commit_is_seen_at_the_next_load(tmp_path: Path) -> None:
+    """private.cache_metadata_files, applied when a catalog is opened: loads of an unchanged table
+    share one parse of its metadata file; a commit (by another handle of the table) writes a new
+    file, which the next load returns as it was written, equal to its parse; at most
+    METADATA_FILES_KEPT files are kept."""
+    import pyarrow as pa
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    from service.iceberg import private
+
+    catalog = get_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
+    catalog.create_namespace("demo")
+    catalog.create_table(("demo", "logs"), pa.schema([("id", pa.int64())]))
+    first, again = catalog.load_table(("demo", "logs")), catalog.load_table(("demo", "logs"))
+    assert again.metadata is first.metadata
+    other = catalog.load_table(("demo", "logs"))
+    other.append(pa.table({"id": [1, 2]}))
+    loaded = catalog.load_table(("demo", "logs"))
+    assert loaded.metadata_location == other.metadata_location != first.metadata_location
+    assert loaded.metadata is other.metadata and len(loaded.metadata.snapshots) == 1
+    assert loaded.metadata == TableMetadataUtil.parse_raw(Path(loaded.metadata_location.removeprefix("file://")).read_bytes())
+    assert sorted(loaded.scan().to_arrow().column("id").to_pylist()) == [1, 2]
+    for value in range(private.METADATA_FILES_KEPT):
+        other.append(pa.table({"id": [value]}))
+    assert catalog.load_table(("demo", "logs")).metadata is other.metadata
+    # The first table's file is no longer kept: a handle on it reads it again.
+    from pyiceberg.serializers import FromInputFile
+    assert FromInputFile.table_metadata(first.io.new_input(first.metadata_location)) is not first.metadata
