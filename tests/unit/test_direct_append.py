@@ -6,8 +6,10 @@ a plain row, it must refuse, leaving nothing behind."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -409,22 +411,29 @@ def test_a_rename_onto_a_column_of_the_table_is_read_at_the_parse_and_both_names
                        [Processor(rename={"m": "msg"}), Processor(rename={"M": "n"})],
                        [Processor(rename={"m": "msg"}), Processor(drop=["M"])]):
         assert plan(processors, TABLE, "_extra") is None, processors
-    steps = plan([Processor(where="x IS NULL"), Processor(rename={"message": "msg", "num": "n"}), Processor(where="n > 1")], TABLE, "_extra")
-    assert steps is not None
-    places = iter(range(100))
-
     def run(body: bytes) -> list[dict] | str:
-        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
-                           frozenset({"id"}), "_extra", [], processors=steps)
-        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
-        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
-        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "msg", "n"]).to_pylist()
+        processors = [Processor(where="x IS NULL"), Processor(rename={"message": "msg", "num": "n"}), Processor(where="n > 1")]
+        return processed(tmp_path, processors, body, ["id", "msg", "n"])
 
     assert run(b'{"id": 1, "message": "a", "num": 2}\n{"id": 2, "num": 5}\n{"id": 3, "num": 0}\n{"id": 4, "num": 9, "x": 1.5}') == [
         {"id": 1, "msg": "a", "n": 2}, {"id": 2, "msg": None, "n": 5}]
     assert "a rename" in run(b'{"id": 1, "message": "a", "num": 2}\n{"id": 2, "msg": null}')
     assert "a rename" in run(b'{"id": 1, "Message": "a", "num": 2}')
     assert "a rename" in run(b'{"id": 1, "num": 2, "N": 3}')
+
+
+def processed(directory: Path, processors: list, body: bytes, columns: list[str]) -> list[dict] | str:
+    """The `columns` of the rows the short way writes of one request `body` through `processors`
+    (planned over TABLE), or why it refused the request."""
+    from spark_jobs.plain_processors import plan
+
+    steps = plan(processors, TABLE, "_extra")
+    assert steps is not None, processors
+    append = _appender(str(directory / f"batch-{uuid.uuid4().hex}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
+                       frozenset({"id"}), "_extra", [], processors=steps)
+    batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+    answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
+    return answer["refused"] or pq.read_table(answer["path"]).select(columns).to_pylist()
 
 
 def test_functions_of_text_coalesce_and_case_are_applied_over_one_kind_and_lower_of_other_than_ascii_refuses(tmp_path) -> None:  # noqa: ANN001
@@ -439,16 +448,9 @@ def test_functions_of_text_coalesce_and_case_are_applied_over_one_kind_and_lower
                     {"msg": "concat(msg, n)"}, {"ok": "CASE WHEN msg THEN true END"}, {"msg": "IF(ok, 'a')"},
                     {"msg": "concat_ws('-', msg, 'a')"}, {"msg": "nvl2(msg, 'a', 'b')"}, {"msg": "initcap(msg)"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
-    places = iter(range(100))
 
     def run(processors: list, body: bytes) -> list[dict] | str:
-        steps = plan(processors, TABLE, "_extra")
-        assert steps is not None, processors
-        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
-                           frozenset({"id"}), "_extra", [], processors=steps)
-        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
-        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
-        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "msg", "n", "ok"]).to_pylist()
+        return processed(tmp_path, processors, body, ["id", "msg", "n", "ok"])
 
     body = b'{"id": 1, "msg": " Ab ", "n": 1, "ok": true}\n{"id": 2, "n": 12}\n{"id": 3, "msg": "z", "n": -4, "ok": false}'
     assert run([Processor(set={"msg": "upper(trim(msg))", "n": "coalesce(length(msg), n)"})], body) == [
@@ -471,16 +473,9 @@ def test_arithmetic_of_integers_and_doubles_is_applied_and_a_result_the_spark_jo
     for refused in ({"x": "x * 1.5"}, {"n": "x div 2"}, {"n": "n / 2"}, {"x": "msg + 1"}, {"x": "NULL + NULL"},
                     {"ok": "ok + 1"}, {"n": "x + 1"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
-    places = iter(range(100))
 
     def run(processors: list, body: bytes) -> list[dict] | str:
-        steps = plan(processors, TABLE, "_extra")
-        assert steps is not None, processors
-        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
-                           frozenset({"id"}), "_extra", [], processors=steps)
-        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
-        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
-        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "n", "x"]).to_pylist()
+        return processed(tmp_path, processors, body, ["id", "n", "x"])
 
     body = b'{"id": 1, "n": 0, "x": 0.5}\n{"id": 2, "n": 2, "x": 3}\n{"id": 3, "x": 2.5}\n{"id": 4, "n": -3}'
     assert run([Processor(set={"n": "n * 2 - 1", "x": "x / n"})], body) == [
@@ -506,16 +501,9 @@ def test_casts_are_applied_where_spark_reads_them_alike_and_other_text_or_an_ove
     for refused in ({"msg": "cast(x as string)"}, {"x": "cast(msg as double)"}, {"n": "cast(x as decimal(3,1))"}, {"ok": "cast(n as boolean)"},
                     {"x": "cast(ok as double)"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
-    places = iter(range(100))
 
     def run(processors: list, body: bytes) -> list[dict] | str:
-        steps = plan(processors, TABLE, "_extra")
-        assert steps is not None, processors
-        append = _appender(str(tmp_path / f"batch-{next(places)}"), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE,
-                           frozenset({"id"}), "_extra", [], processors=steps)
-        batch = pa.record_batch({"receipt": ["r1"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
-        answer = [row for out in append(iter([batch])) for row in out.to_pylist()][-1]
-        return answer["refused"] or pq.read_table(answer["path"]).select(["id", "msg", "n", "x"]).to_pylist()
+        return processed(tmp_path, processors, body, ["id", "msg", "n", "x"])
 
     body = b'{"id": 1, "msg": "007", "x": 3.9, "ok": true}\n{"id": 2, "msg": "-12", "x": -2.7, "ok": false}\n{"id": 3}'
     assert run([Processor(set={"n": "CAST(msg AS INT) + cast(x as int)", "x": "cast(cast(ok as int) as double)"})], body) == [
