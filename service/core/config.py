@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     snapshot_max_age_s: float = Field(default=3600.0, gt=0)
     snapshot_max_count: int = Field(default=100, ge=1)
     snapshot_min_count: int = Field(default=5, ge=1)
-    # Compaction, planned with the other upkeep: a partition holding compact_min_files small files
-    # (below 3/4 of the target size), or small files adding up to the target, is rewritten by a
+    # Compaction, planned with the other upkeep: a partition where a reader opens compact_min_files
+    # files for its small files (below 3/4 of the target size; each small file and each of its
+    # position delete files counted), or small files adding up to the target, is rewritten by a
     # writer's Spark job into files near the target (a table's write.target-file-size-bytes, set
     # from its sink's target_file_size, wins over compact_target_file_bytes); at most
     # compact_max_bytes per request; a small file's position deletes are folded in as it is copied.

@@ -47,7 +47,8 @@ COLD_TIER_GROWTH = 8  # the same, in a cold partition
 
 @dataclass(frozen=True)
 class CompactionPolicy:
-    """When a partition is compacted: it holds at least `min_files` small files, or small files
+    """When a partition is compacted: a reader opens at least `min_files` files for its small
+    files (each small file and each of its position delete files: `opened`), or small files
     adding up to a whole target file, or a file whose position deletes delete `deleted_share` of
     its rows or number `delete_files` (folded in, whatever its size); a request rewrites at most
     `max_bytes` (one Spark job's worth)."""
@@ -167,7 +168,7 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
             chosen = _tier(chosen, policy, COLD_TIER_GROWTH if cold else TIER_GROWTH)
         if not folding:
             total = sum(candidate.file.file_size_in_bytes for candidate in chosen)
-            if len(chosen) < 2 or (not cold and len(chosen) < policy.min_files and total < policy.target_file_bytes):
+            if len(chosen) < 2 or (not cold and opened(chosen) < policy.min_files and total < policy.target_file_bytes):
                 continue
         taken, size, kept = [], 0, 0.0
         for candidate in chosen:
@@ -183,6 +184,15 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
         if planned >= policy.max_bytes:
             break
     return groups
+
+
+def opened(candidates: Iterable[Candidate]) -> int:
+    """The files a reader opens for these: each data file and each of its delete files. A delete
+    file costs a reader an open as a data file does (pyiceberg ~1 ms a small one), so a
+    merge-on-read partition whose small files each have one is merged at half as many files:
+    `make bench-upsert`'s table as the changes left it held 63 data files and 33 delete files
+    against 84 and 54, and pyiceberg read it 2.7 times as long as compacted, against 3.7."""
+    return sum(1 + len(candidate.deletes) for candidate in candidates)
 
 
 def _tier(chosen: list[Candidate], policy: CompactionPolicy, growth: float) -> list[Candidate]:

@@ -92,6 +92,18 @@ def test_files_with_enough_deleted_rows_are_planned_with_their_delete_files_what
     assert len(small.files) == 3 and small.deletes == {first: [written[first]], second: [written[second]]}
 
 
+def test_a_partition_is_compacted_once_a_reader_opens_min_files_there_its_delete_files_counted(table, tmp_path: Path) -> None:  # noqa: ANN001
+    first, second, _third = data_paths(table)
+    four = CompactionPolicy(target_file_bytes=1024 * 1024, min_files=4, max_bytes=1 << 30)
+    assert plan_compaction(compactable(table), four) == [], "three small files are fewer than four"
+    table, written = delete_rows(table, tmp_path, {first: [3], second: [5]})
+    assert not any(four.folds(candidate) for candidate in compactable(table)), "a row of 100: no file's deletes fold it"
+    # Three data files and two delete files: a reader opens five.
+    (group,) = plan_compaction(compactable(table), four)
+    assert len(group.files) == 3 and group.deletes == {first: [written[first]], second: [written[second]]}
+    assert plan_compaction(compactable(table), CompactionPolicy(1024 * 1024, min_files=6, max_bytes=1 << 30)) == []
+
+
 def test_a_replace_folds_deletes_in_and_keeps_the_other_delete_files_as_delete_files(table, tmp_path: Path) -> None:  # noqa: ANN001
     first, second, third = data_paths(table)
     table, written = delete_rows(table, tmp_path, {first: [3, 4], second: [5]})  # both in one delete manifest
