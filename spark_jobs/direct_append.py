@@ -72,7 +72,7 @@ from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
 from spark_jobs.plain_processors import apply as apply_processors
-from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, renamed
+from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -768,7 +768,8 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
 
         known = [*parsing.names, *maps]
         drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
-        folded_drops = {name.casefold() for name in drops}
+        # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
+        folded_drops = {name.casefold() for name in drops | (nulled(processors[0]) if processors is not None else frozenset())}
         folded_renames = {name.casefold() for pair in renames.items() for name in pair}
         nested = [f.name for f in parsing if is_nested(f.type)]
         wide_maps = False  # True once a body's maps had many keys

@@ -134,7 +134,7 @@ class PipelineJob:
             return None
         processors = None
         if self.definition.processors:
-            processors = plan_processors(self.definition.processors, target.schema, target.extra_fields)
+            processors = plan_processors(self.definition.processors, target.schema, target.extra_fields, target.required)
             if processors is None or target.changes is not None:
                 return None
         partition = target.partition if target.changes is None else ()  # change files are not partitioned

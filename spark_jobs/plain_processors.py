@@ -6,7 +6,10 @@ literals, evaluated by pyarrow's compute
 functions with SQL's three-valued logic, as Spark evaluates them in the Spark job
 (processors.py), `drop` of fields the table lacks (no other processor can read them: the
 short way leaves them out of the rows, and a request with a field the table lacks that no drop
-names, or one that a drop names in other letter case, which Spark's drop ignores, is refused),
+names, or one that a drop names in other letter case, which Spark's drop takes too (it ignores letter case), is refused),
+`drop` of the table's own nullable columns (a "null" step: the Spark job drops the field and
+writes the column it then lacks as NULL; a drop that no later step reads, sets or renames onto,
+where Spark would read a field no event has),
 and `rename` of a field the table lacks to a column of the table (`_renamable`: the short way
 parses the old name as the column and renames it after the parse; a request with the new name
 too, or either in other letter case, is refused: Spark would hold two columns of one name).
@@ -15,8 +18,9 @@ coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, 
 booleans (NULLs aside). Arithmetic: +, -, *, / and % of integers and doubles, div of integers,
 and unary minus (`_arithmetic`). Casts (`_cast`): integers and booleans to text, text and doubles
 to integers, integers to doubles. Anything else (other functions, decimal literals in arithmetic,
-other casts, time columns, values Spark would widen, a field the table lacks, a drop of a column
-of the table, a rename of one) leaves the batch to the Spark job, as before: `plan` answers None.
+other casts, time columns, values Spark would widen, a field the table lacks, a drop of a required
+column or one read after it, a rename of a column of the table) leaves the batch to the Spark job,
+as before: `plan` answers None.
 
 Why these agree with Spark: the short way takes a request only when each of its values already
 is of its column's type, and the Spark job's conversion reads every scalar through its text
@@ -61,7 +65,7 @@ A plan is plain tuples (pickled into Spark's tasks, which need no sqlglot):
 | ("concat", [a, ...]) | ("coalesce", [a, ...], kind) | ("case", [(test, value), ...], default, kind)
 | ("arith", pyarrow function, a, b or None, kind, 32 bits or not) | ("cast", into, a, from kind); steps ("where", node), ("set", {column: node})
 ("drop", [name, ...]) and ("rename", {old: new}) (`dropped` and `renamed` read them; `apply` has
-nothing left to do for them).
+nothing left to do for them); ("null", [column, ...]) (a drop of the table's own columns).
 """
 
 from __future__ import annotations
@@ -124,9 +128,11 @@ def kind_of(data_type: pa.DataType) -> str | None:
     return "bool" if pa.types.is_boolean(data_type) else None
 
 
-def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | None) -> tuple[list[tuple], list[str]] | None:
+def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | None,
+         required: frozenset[str] = frozenset()) -> tuple[list[tuple], list[str]] | None:
     """(the steps, the numeric columns whose values must stay below 2**53) for `processors` over a
-    table of `schema`, or None when one is outside what this module evaluates."""
+    table of `schema` whose `required` columns take no NULL, or None when one is outside what this
+    module evaluates."""
     kinds = {f.name: kind for f in schema if f.name != extra_fields and (kind := kind_of(f.type))}
     kinds.update({f.name: "map" for f in schema if f.name != extra_fields and is_text_map(f.type)})  # read by key only
     steps: list[tuple] = []
@@ -148,9 +154,15 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
                 steps.append(("set", assigned))
             elif processor.drop is not None:
                 columns = {name.casefold() for name in schema.names}
-                if any(name.casefold() in columns for name in processor.drop):
+                own = [name for name in processor.drop if name in schema.names]
+                if any(name not in own and name.casefold() in columns for name in processor.drop):
                     return None  # Spark drops a column of the table by any letter case: its NULLs are the Spark job's
-                steps.append(("drop", list(processor.drop)))
+                if any(name == extra_fields or name in required or not schema.field(name).nullable for name in own):
+                    return None  # the extras map is no field of the events; a required column's NULLs go to the DLQ there
+                if own:
+                    steps.append(("null", own))
+                if lacking := [name for name in processor.drop if name not in own]:
+                    steps.append(("drop", lacking))
             elif not _renamable(processor.rename, schema, extra_fields, steps):
                 return None
             else:
@@ -158,8 +170,11 @@ def plan(processors: list[Processor], schema: pa.Schema, extra_fields: str | Non
     except NotPlain:
         return None
     names = {name.casefold() for old, new in renamed(steps).items() for name in (old, new)}
-    if any(name.casefold() in names for name in dropped(steps)):
+    if any(name.casefold() in names for name in dropped(steps) | nulled(steps)):
         return None  # a drop of a field a rename reads or gives: the order of the two is the Spark job's
+    for index, step in enumerate(steps):
+        if step[0] == "null" and set(step[1]) & set().union(*(_read(later) for later in steps[index + 1:])):
+            return None  # a column read or set after its drop: the Spark job's (a field no event has there)
     return steps, sorted(guarded)
 
 
@@ -209,8 +224,13 @@ def renamed(steps: list[tuple]) -> dict[str, str]:
 
 
 def dropped(steps: list[tuple]) -> frozenset[str]:
-    """The fields the plan's drops name (fields the table lacks)."""
+    """The fields the plan's drops name that the table lacks (the parse leaves them out)."""
     return frozenset(name for step in steps if step[0] == "drop" for name in step[1])
+
+
+def nulled(steps: list[tuple]) -> frozenset[str]:
+    """The columns of the table the plan's drops name (NULL from their drop on)."""
+    return frozenset(name for step in steps if step[0] == "null" for name in step[1])
 
 
 def _parse(expression: str) -> exp.Expression:
@@ -488,6 +508,10 @@ def apply(steps: list[tuple], guarded: list[str], table: pa.Table) -> pa.Table:
                 if isinstance(value, pa.Scalar):
                     value = pa.repeat(value.cast(data_type) if value.is_valid else pa.scalar(None, data_type), table.num_rows)
                 table = table.set_column(table.schema.get_field_index(name), table.schema.field(name), value.cast(data_type))
+        elif step[0] == "null":  # a drop of the table's own columns: NULL from here on, as the Spark job writes a field it lacks
+            for name in step[1]:
+                field = table.schema.field(name)
+                table = table.set_column(table.schema.get_field_index(name), field, pa.nulls(table.num_rows, field.type))
     return table
 
 

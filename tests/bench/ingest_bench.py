@@ -22,7 +22,8 @@ map of labels (two to four keys in any order) and a `where` processor; `renamed`
 with a shipper's names (`message`, `severity`) that the pipeline renames to the table's; `functions`,
 the declared shape through a `set` of functions (lower, trim, coalesce, a CASE into a column of its
 own), as a pipeline normalising a shipper's fields has them; `arithmetic`, the declared shape through
-a `set` of arithmetic (`latency_ms / 1000` into a column of its own). The shippers'
+a `set` of arithmetic (`latency_ms / 1000` into a column of its own); `redacted`, the declared shape
+with a `drop` of one of the table's own columns (`host`, no longer to be kept). The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -155,7 +156,7 @@ def with_days(i: int) -> dict:
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
-          "functions": with_days, "arithmetic": with_days,
+          "functions": with_days, "arithmetic": with_days, "redacted": with_days,
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -203,6 +204,9 @@ PIPELINES = {
         {"set": {"latency_s": "latency_ms / 1000"}},
     ], "sinks": [{"table": "arithmetic", "auto_create": True, "schema": {"columns": [*DECLARED_COLUMNS, {"name": "latency_s", "type": "double"}],
                                                                         "partition_spec": [{"column": "ts", "transform": "day"}]}}]},
+    "redacted": {"name": "redacted", "source": {"http": {"path": "/redacted"}}, "processors": [{"drop": ["host"]}],
+                 "sinks": [{"table": "redacted", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS,
+                                                                                "partition_spec": [{"column": "ts", "transform": "day"}]}}]},
     "processors": {"name": "processed", "source": {"http": {"path": "/processed"}},
                    "processors": [{"where": "level != 'debug'"}, {"set": {"slow": "latency_ms > 200"}}],
                    "sinks": [{

@@ -444,6 +444,28 @@ def test_processors_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark
 
 
 
+@st.composite
+def dropping_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
+    """A drop of columns of the table (now and then with the field the table lacks), a where of
+    processed_batch's before or after it, and events of the table's types (function_fields: text
+    where a number belongs makes the full job's batch text, compared otherwise: see
+    plain_processors)."""
+    processors = [{"drop": draw(st.sampled_from([["msg"], ["x"], ["ok", "level"], ["n", "msg"], ["x", "ok"]]))}]
+    processors.insert(draw(st.integers(0, 1)), {"where": draw(WHERE)})
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors,
+        "sinks": [{"table": "events", "extra_fields": "_extra"}],
+    })
+    return definition, requests_of(draw, function_fields)
+
+
+@pytest.mark.timeout(600)
+def test_drops_of_the_tables_columns_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # The full job drops the field and writes the column it then lacks as NULL; the short way
+    # writes NULL from the drop on (a where before it reads the values): the same rows and counts.
+    compare_ways(fresh_spark, tmp_path, TABLE, [], dropping_batch(), examples=15, least_written=4)
+
+
 # Functions the short way evaluates (text functions, concat, coalesce, CASE, IF), over text that
 # is now and then beyond ASCII (lower and upper of it are the Spark job's: Java's case rules), and
 # a few it leaves to the Spark job (a double's coalesce, lower of a number).

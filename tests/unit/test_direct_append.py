@@ -422,6 +422,29 @@ def test_a_rename_onto_a_column_of_the_table_is_read_at_the_parse_and_both_names
     assert "a rename" in run(b'{"id": 1, "num": 2, "N": 3}')
 
 
+def test_a_drop_of_a_column_of_the_table_writes_it_null_from_the_drop_on(tmp_path) -> None:  # noqa: ANN001
+    # The Spark job drops the field and then writes the column it lacks as NULL: a where before
+    # the drop reads its values, and the rows hold NULL. Drops the short way does not take: of a
+    # required column (its NULLs are dead letters there), of the extras map (no field of the
+    # events), in other letter case, of a column a later step reads or sets, or a rename gives.
+    from service.pipelines.spec import Processor
+    from spark_jobs.plain_processors import plan
+
+    for processors in ([Processor(drop=["id"])], [Processor(drop=["_extra"])], [Processor(drop=["Msg"])],
+                       [Processor(drop=["msg"]), Processor(where="msg IS NULL")], [Processor(drop=["n"]), Processor(set={"n": "1"})],
+                       [Processor(drop=["msg"]), Processor(rename={"m": "msg"})]):
+        assert plan(processors, TABLE, "_extra") is None, processors
+    assert plan([Processor(drop=["n"])], TABLE, "_extra", frozenset({"n"})) is None, "a column the table requires"
+
+    def run(body: bytes) -> list[dict] | str:
+        processors = [Processor(where="coalesce(msg, '') != 'skip'"), Processor(drop=["msg", "debug"]), Processor(set={"n": "n + 1"})]
+        return processed(tmp_path, processors, body, ["id", "msg", "n"])
+
+    assert run(b'{"id": 1, "msg": "a", "n": 2, "debug": true}\n{"id": 2, "msg": "skip"}\n{"id": 3, "n": 7}') == [
+        {"id": 1, "msg": None, "n": 3}, {"id": 3, "msg": None, "n": 8}]
+    assert "a drop" in run(b'{"id": 1, "msg": "a", "MSG": "b"}'), "a field in other letter case, which Spark's drop takes too"
+
+
 def processed(directory: Path, processors: list, body: bytes, columns: list[str]) -> list[dict] | str:
     """The `columns` of the rows the short way writes of one request `body` through `processors`
     (planned over TABLE), or why it refused the request."""
