@@ -65,6 +65,22 @@ _direct_off_until = 0.0
 _pointers_off_until = 0.0  # Spark's tasks read the bodies from Redis again after this (stream_bodies.py)
 
 
+# The column types of an evolving table the short way takes (evolves_alike).
+_EVOLVING_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int64, pa.types.is_int32, pa.types.is_float64,
+                   pa.types.is_boolean, pa.types.is_timestamp, pa.types.is_date32)
+
+
+def evolves_alike(schema: pa.Schema) -> bool:
+    """Whether the Spark job, for a batch of an evolving table whose values are all of its columns'
+    types, leaves the table as it is and writes what the short way writes: every column text, an
+    integer, a double, a boolean, a time or a date, as the differential tests draw them with the
+    batch's types inferred. Not a float (widened to a double where a value needs it: the short way
+    reads one beyond a float's range as infinite), nor a struct (an int inside one is widened
+    whatever the values: inference says long), a list, a map, a decimal or binary (their inferred
+    reading is not compared)."""
+    return all(any(check(field.type) for check in _EVOLVING_TYPES) for field in schema)
+
+
 @dataclass
 class PipelineJob:
     spark: SparkSession
@@ -77,6 +93,10 @@ class PipelineJob:
     known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
     # The table exists and the definition has processors only (plain_processors.py may plan them for the short way).
     processed_table: bool = False
+    # The table exists and its sink evolves its schema (no processors, no extra_fields): the short way writes the
+    # requests that hold only the table's fields in its types, as they are (nothing to evolve),
+    # and leaves the rest to the Spark job, which infers their types and evolves the table.
+    evolving_table: bool = False
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
@@ -123,14 +143,17 @@ class PipelineJob:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
         global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
-        if (self.known_schema is None and not self.processed_table) or time.monotonic() < _direct_off_until or any(has_set_aside(body) for body in bodies):
+        if (self.known_schema is None and not self.processed_table and not self.evolving_table) or time.monotonic() < _direct_off_until or any(
+                has_set_aside(body) for body in bodies):
             return None
         sink = self.definition.sinks[0]
         # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
-        # then creates it from the real ones).
-        target = self.resolve(sink.table, sink, self.spark.range(0))
+        # then creates it from the real ones). An evolving table is taken as it is (no rows: None).
+        target = self.resolve(sink.table, sink, None if self.evolving_table else self.spark.range(0))
         if not isinstance(target, Target) or (target.changes is not None and target.changes.operation is not None):
+            return None
+        if self.evolving_table and (target.changes is not None or target.extra_fields is not None or not evolves_alike(target.schema)):
             return None
         processors = None
         if self.definition.processors:

@@ -73,7 +73,8 @@ class JobResult:
     bodies: str | None = None
 
 
-# resolve(table name, the sink's definition, the rows bound for it) -> Target, a reason to send
-# those rows to the DLQ, or None when there are none
-Resolver = Callable[[str, Sink, DataFrame], "Target | str | None"]
+# resolve(table name, the sink's definition, the rows bound for it: None for none to create or
+# evolve the table from) -> Target, a reason to send those rows to the DLQ, or None when there are
+# none (or, for None, the table is to be created from its rows)
+Resolver = Callable[[str, Sink, "DataFrame | None"], "Target | str | None"]
 

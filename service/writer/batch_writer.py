@@ -61,6 +61,7 @@ class BatchWriter:
             dlq_filesystem=spark_filesystem(dlq_directory, self.io),
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
             processed_table=self.tables.known_schema(batch.tenant, record.definition, processors=True) is not None,
+            evolving_table=self.tables.evolving_table(batch.tenant, record.definition),
             max_columns=self.settings.max_table_columns,
         )
         started = time.perf_counter()

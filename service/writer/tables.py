@@ -77,8 +77,21 @@ class TableResolver:
         table = self._load(tenant, sink.table)
         return table.schema().as_arrow() if table is not None else None
 
-    def resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
-        """The table `name` as the job needs it, created when the sink may; or why its rows go to the DLQ."""
+    def evolving_table(self, tenant: str, definition: PipelineDefinition) -> bool:
+        """Whether the batch goes to one table that exists and evolves its schema, with nothing
+        else to do (no processors, routes, dynamic names, extra_fields or row changes): the short
+        way may write its requests that need no evolution (pipeline_job.evolving_table)."""
+        if definition.processors or definition.routes or len(definition.sinks) != 1:
+            return False
+        sink = definition.sinks[0]
+        if not sink.schema_evolution or sink.dynamic or sink.extra_fields or sink.row_changes:
+            return False
+        return self._load(tenant, sink.table) is not None
+
+    def resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame | None) -> Target | str | None:
+        """The table `name` as the job needs it, created when the sink may; or why its rows go to
+        the DLQ. `rows` None: no rows to create or evolve it from (a table of a declared schema is
+        created all the same; None for one to be created from its rows, which the Spark job has)."""
         if not is_valid_name(name) or is_reserved_table_name(self.catalog, name):
             return f"table name {name!r} made from {sink.table!r} is not valid ({RULE})"
         try:
@@ -86,7 +99,7 @@ class TableResolver:
         except BadRequestError as exc:  # a name or schema this catalog refuses: retrying cannot help
             return f"the catalog refused table {name!r}: {exc}"
 
-    def _resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame) -> Target | str | None:
+    def _resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame | None) -> Target | str | None:
         table = self._load(tenant, name)
         if table is None:
             if not sink.auto_create:
@@ -96,7 +109,7 @@ class TableResolver:
                 schema = sink.schema_.iceberg_schema()
                 table = create_table_once(self.catalog, tenant, name, schema, sink.schema_.iceberg_partition_spec(schema))
             else:
-                inferred = inferred_table_schema(rows)
+                inferred = inferred_table_schema(rows) if rows is not None else None
                 if inferred is None:
                     return None
                 if not inferred.names:
@@ -119,7 +132,7 @@ class TableResolver:
             if identifiers and not table.schema().identifier_field_ids:
                 table = set_identifier_fields(self.catalog, table, identifiers)
             log.info("created table %s.%s", tenant, name)
-        if sink.schema_evolution:
+        if sink.schema_evolution and rows is not None:
             incoming = inferred_table_schema(rows)
             if incoming is None:
                 return None

@@ -23,7 +23,9 @@ with a shipper's names (`message`, `severity`) that the pipeline renames to the 
 the declared shape through a `set` of functions (lower, trim, coalesce, a CASE into a column of its
 own), as a pipeline normalising a shipper's fields has them; `arithmetic`, the declared shape through
 a `set` of arithmetic (`latency_ms / 1000` into a column of its own); `redacted`, the declared shape
-with a `drop` of one of the table's own columns (`host`, no longer to be kept). The shippers'
+with a `drop` of one of the table's own columns (`host`, no longer to be kept); `evolving`, `extra`'s
+events into a table created from them whose sink evolves its schema (the five fields some events
+add become columns). The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -157,6 +159,7 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,
+          "evolving": lambda i: with_extra_field(make_event(i), i),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -204,6 +207,8 @@ PIPELINES = {
         {"set": {"latency_s": "latency_ms / 1000"}},
     ], "sinks": [{"table": "arithmetic", "auto_create": True, "schema": {"columns": [*DECLARED_COLUMNS, {"name": "latency_s", "type": "double"}],
                                                                         "partition_spec": [{"column": "ts", "transform": "day"}]}}]},
+    "evolving": {"name": "evolving", "source": {"http": {"path": "/evolving"}},
+                 "sinks": [{"table": "evolving", "auto_create": True, "schema_evolution": True}]},
     "redacted": {"name": "redacted", "source": {"http": {"path": "/redacted"}}, "processors": [{"drop": ["host"]}],
                  "sinks": [{"table": "redacted", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS,
                                                                                 "partition_spec": [{"column": "ts", "transform": "day"}]}}]},

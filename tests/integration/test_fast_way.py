@@ -55,6 +55,10 @@ DEFINITION = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "extra_fields": "_extra"}],
 })
 # The same table's events as row changes (each upserts its id): kept in change files, not appended.
+# The same table but for _extra, its sink evolving its schema: the full job infers the batch's types.
+EVOLVING = PipelineDefinition.model_validate({
+    "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "schema_evolution": True}],
+})
 UPSERTS = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}},
     "sinks": [{"table": "events", "extra_fields": "_extra", "identifier_columns": ["id"], "mode": "upsert"}],
@@ -156,7 +160,8 @@ def dead_letters(result) -> list[dict]:  # noqa: ANN001
 
 
 def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, str]], batches: st.SearchStrategy,  # noqa: ANN001
-                 examples: int, least_written: int, check_file=None, changes: bool = False, redis_url: str | None = None) -> None:  # noqa: ANN001
+                 examples: int, least_written: int, check_file=None, changes: bool = False, redis_url: str | None = None,  # noqa: ANN001
+                 evolving: bool = False) -> None:
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
     rows, no DLQ entry, the same counts, no dropped field), each of its files passing `check_file`.
@@ -164,19 +169,25 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
     part), one refused (or written in part).
     changes: the events upsert rows by id (change files, in the events' order, are compared).
     redis_url: the fast way's tasks read the bodies from entries of a stream there, as a writer's
-    do (spark_jobs/stream_bodies.py), instead of their being shipped with the job."""
+    do (spark_jobs/stream_bodies.py), instead of their being shipped with the job.
+    evolving: the sink evolves the table's schema (EVOLVING, no extra_fields): the full job infers
+    the batch's types, and the table stays as it is (a request the fast way writes needs nothing
+    evolved; one that does is the full job's either way)."""
     client = redis.Redis.from_url(redis_url) if redis_url else None
     directories = iter(range(10**6))
 
     def resolve(name, sink, rows):  # noqa: ANN001, ANN202
         directory = (tmp_path / f"batch-{next(directories)}").as_uri()
-        return Target(name=name, schema=schema, required=frozenset({"id"}), partition=partition, directory=directory, extra_fields="_extra",
-                      changes=ChangeSpec(None, ("id",), True) if changes else None)
+        return Target(name=name, schema=schema, required=frozenset({"id"}), partition=partition, directory=directory,
+                      extra_fields=None if evolving else "_extra", changes=ChangeSpec(None, ("id",), True) if changes else None)
 
     def job(definition: PipelineDefinition | None) -> PipelineJob:
         if definition is not None:  # with processors: the full job infers the batch's types, the short way may plan them
             return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
                                processed_table=True)
+        if evolving:
+            return PipelineJob(spark, "events", 1, EVOLVING, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
+                               evolving_table=True)
         return PipelineJob(spark, "events", 1, UPSERTS if changes else DEFINITION, resolve=resolve,
                            dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(), known_schema=schema)
 
@@ -236,6 +247,26 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
 @pytest.mark.timeout(600)
 def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path, redis_url) -> None:  # noqa: ANN001
     compare_ways(fresh_spark, tmp_path, TABLE, [], batch(), examples=24, least_written=6, redis_url=redis_url)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("columns", ["plain", "times"])
+def test_a_table_whose_sink_evolves_its_schema_gets_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path, columns: str) -> None:  # noqa: ANN001
+    # The full job infers the batch's types (and would evolve the table: not for the requests the
+    # fast way writes, whose values are all of the table's columns and types); requests with a
+    # field the table lacks or a value of another type are the full job's either way.
+    if columns == "plain":
+        schema = pa.schema([field for field in TABLE if field.name != "_extra"])
+        compare_ways(fresh_spark, tmp_path, schema, [], plain_batch(), examples=20, least_written=5, evolving=True)
+    else:
+        compare_ways(fresh_spark, tmp_path, TIMED_COLUMNS, DAY, timed_batch(), examples=15, least_written=3, evolving=True)
+
+
+@st.composite
+def plain_batch(draw) -> list[bytes]:  # noqa: ANN001
+    """processed_batch's events (the table's fields in their types, now and then a field the table
+    lacks or a value of another type) without processors."""
+    return requests_of(draw, lambda chance, integral: plain_fields(draw, chance, integral), lambda: draw(st.booleans()))
 
 
 def test_a_batch_with_a_few_requests_the_fast_way_cannot_take_writes_the_rest_the_fast_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001

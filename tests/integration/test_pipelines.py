@@ -308,6 +308,24 @@ def test_schema_evolution_adds_fields_while_two_writers_run(stack_factory) -> No
     assert rows["2-b"]["http"] == {"status": 404, "path": "/p"}
 
 
+def test_an_evolving_tables_requests_that_need_no_evolution_take_the_short_way(stack: Stack) -> None:
+    """Once the table exists, a batch of its own fields in its types is written the short way; one
+    with a new field goes to the Spark job, which adds the column; the next batch holding that
+    field takes the short way again. The metrics say which way each batch went."""
+    create(stack, {"name": "grows", "source": {"http": {"path": "/grows"}},
+                   "sinks": [{"table": "grows", "auto_create": True, "schema_evolution": True}]})
+    send(stack, "/grows", [{"id": 1, "msg": "creates the table"}])
+    send(stack, "/grows", [{"id": 2, "msg": "fits"}, {"id": 3}])
+    send(stack, "/grows", [{"id": 4, "msg": "a new field", "region": "eu"}])
+    send(stack, "/grows", [{"id": 5, "region": "us"}])
+    text = stack.metrics()
+    assert 'calve_direct_batches_total{outcome="written",pipeline="grows",tenant="demo"} 2.0' in text, text
+    assert 'calve_direct_batches_total{outcome="refused",pipeline="grows",tenant="demo"} 1.0' in text
+    rows = sorted(stack.rows("grows"), key=lambda row: row["id"])
+    assert [(row["id"], row["msg"], row["region"]) for row in rows] == [
+        (1, "creates the table", None), (2, "fits", None), (3, None, None), (4, "a new field", "eu"), (5, None, "us")]
+
+
 def test_target_file_size_and_truncate_partitions(stack: Stack) -> None:
     create(stack, {
         "name": "sized", "source": {"http": {"path": "/sized"}},

@@ -84,3 +84,22 @@ def test_the_extra_fields_column_is_added_to_a_table_that_lacks_it(catalog: Cata
     assert target.extra_fields == "extra" and pa.types.is_map(extra)
     assert all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in (extra.key_type, extra.item_type))
     assert "extra" in catalog.load_table(("demo", "events")).schema().column_names
+
+
+def test_an_evolving_table_is_taken_as_it_is_without_rows_and_only_a_plain_evolving_sink_is_one(catalog: Catalog) -> None:
+    resolver = TableResolver(catalog)
+    resolver.new_batch()
+    evolving = definition(auto_create=True, schema_evolution=True)
+    assert not resolver.evolving_table("demo", evolving), "no table yet: the Spark job creates it from the rows"
+    assert resolver.resolve("demo", "events", evolving.sinks[0], rows=None) is None
+    create_table_once(catalog, "demo", "events", pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())]))
+    resolver.new_batch()
+    assert resolver.evolving_table("demo", evolving)
+    target = resolver.resolve("demo", "events", evolving.sinks[0], rows=None)
+    assert isinstance(target, Target) and target.schema.names == ["id", "msg"] and target.extra_fields is None
+    assert catalog.load_table(("demo", "events")).schema().schema_id == 0, "nothing evolved"
+    for other in (definition(schema_evolution=True, extra_fields="extra"), definition(schema_evolution=True, mode="upsert", identifier_columns=["id"]),
+                  definition(), PipelineDefinition.model_validate({
+                      "name": "events", "source": {"http": {"path": "/events"}}, "processors": [{"where": "id > 1"}],
+                      "sinks": [{"table": "events", "schema_evolution": True}]})):
+        assert not resolver.evolving_table("demo", other), other
