@@ -93,9 +93,10 @@ class PipelineJob:
     known_schema: pa.Schema | None = None  # parse with this table's types when nothing needs inference
     # The table exists and the definition has processors only (plain_processors.py may plan them for the short way).
     processed_table: bool = False
-    # The table exists and its sink evolves its schema (no processors, no extra_fields): the short way writes the
-    # requests that hold only the table's fields in its types, as they are (nothing to evolve),
-    # and leaves the rest to the Spark job, which infers their types and evolves the table.
+    # The table exists and its sink evolves its schema (no extra_fields): the short way writes the
+    # requests that hold only the table's fields in its types (nothing to evolve; through the
+    # processors plain_processors.py plans), and leaves the rest to the Spark job, which infers
+    # their types and evolves the table.
     evolving_table: bool = False
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's

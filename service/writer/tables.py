@@ -78,10 +78,10 @@ class TableResolver:
         return table.schema().as_arrow() if table is not None else None
 
     def evolving_table(self, tenant: str, definition: PipelineDefinition) -> bool:
-        """Whether the batch goes to one table that exists and evolves its schema, with nothing
-        else to do (no processors, routes, dynamic names, extra_fields or row changes): the short
-        way may write its requests that need no evolution (pipeline_job.evolving_table)."""
-        if definition.processors or definition.routes or len(definition.sinks) != 1:
+        """Whether the batch goes to one table that exists and evolves its schema, with no routes,
+        dynamic names, extra_fields or row changes: the short way may write its requests that need
+        no evolution (pipeline_job.evolving_table), through the plain processors it plans."""
+        if definition.routes or len(definition.sinks) != 1:
             return False
         sink = definition.sinks[0]
         if not sink.schema_evolution or sink.dynamic or sink.extra_fields or sink.row_changes:

@@ -182,6 +182,9 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
                       extra_fields=None if evolving else "_extra", changes=ChangeSpec(None, ("id",), True) if changes else None)
 
     def job(definition: PipelineDefinition | None) -> PipelineJob:
+        if definition is not None and evolving:
+            return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
+                               evolving_table=True)
         if definition is not None:  # with processors: the full job infers the batch's types, the short way may plan them
             return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
                                processed_table=True)
@@ -250,14 +253,16 @@ def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_s
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("columns", ["plain", "times"])
+@pytest.mark.parametrize("columns", ["plain", "times", "processors"])
 def test_a_table_whose_sink_evolves_its_schema_gets_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path, columns: str) -> None:  # noqa: ANN001
     # The full job infers the batch's types (and would evolve the table: not for the requests the
     # fast way writes, whose values are all of the table's columns and types); requests with a
     # field the table lacks or a value of another type are the full job's either way.
+    schema = pa.schema([field for field in TABLE if field.name != "_extra"])
     if columns == "plain":
-        schema = pa.schema([field for field in TABLE if field.name != "_extra"])
         compare_ways(fresh_spark, tmp_path, schema, [], plain_batch(), examples=20, least_written=5, evolving=True)
+    elif columns == "processors":  # processed_batch's definitions: the short way plans them over the table as it is
+        compare_ways(fresh_spark, tmp_path, schema, [], processed_batch(evolving=True), examples=20, least_written=3, evolving=True)
     else:
         compare_ways(fresh_spark, tmp_path, TIMED_COLUMNS, DAY, timed_batch(), examples=15, least_written=3, evolving=True)
 
@@ -437,15 +442,16 @@ SMALL_TEXT = st.sampled_from(["a", "b", "m", "z", "é", "", "日本", "A", "mm"]
 
 
 @st.composite
-def processed_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
+def processed_batch(draw, evolving: bool = False) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
     """A definition with one to three where, set and drop processors, and requests whose events carry
     the table's fields in their types (integers where a double belongs too, numbers up to and
-    beyond 2**53), now and then a field the table lacks or a value of another type."""
+    beyond 2**53), now and then a field the table lacks or a value of another type. `evolving`:
+    its sink evolves the table's schema (EVOLVING's) instead of keeping such fields in _extra."""
     kinds = {"where": WHERE, "set": SET, "drop": DROP}
     processors = [{kind: draw(kinds[kind])} for kind in draw(st.lists(st.sampled_from(["where", "where", "set", "set", "drop"]), min_size=1, max_size=3))]
     definition = PipelineDefinition.model_validate({
         "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors,
-        "sinks": [{"table": "events", "extra_fields": "_extra"}],
+        "sinks": [{"table": "events", "schema_evolution": True} if evolving else {"table": "events", "extra_fields": "_extra"}],
     })
 
     return definition, requests_of(draw, lambda chance, integral: plain_fields(draw, chance, integral), lambda: draw(st.booleans()))

@@ -98,8 +98,11 @@ def test_an_evolving_table_is_taken_as_it_is_without_rows_and_only_a_plain_evolv
     target = resolver.resolve("demo", "events", evolving.sinks[0], rows=None)
     assert isinstance(target, Target) and target.schema.names == ["id", "msg"] and target.extra_fields is None
     assert catalog.load_table(("demo", "events")).schema().schema_id == 0, "nothing evolved"
+    filtered = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}},
+                                                   "processors": [{"where": "id > 1"}], "sinks": [{"table": "events", "schema_evolution": True}]})
+    assert resolver.evolving_table("demo", filtered), "processors: the short way plans them"
+    routed = PipelineDefinition.model_validate({"name": "events", "source": {"http": {"path": "/events"}}, "routes": {"all": "true"},
+                                                "sinks": [{"table": "events", "schema_evolution": True, "routes": ["all"]}]})
     for other in (definition(schema_evolution=True, extra_fields="extra"), definition(schema_evolution=True, mode="upsert", identifier_columns=["id"]),
-                  definition(), PipelineDefinition.model_validate({
-                      "name": "events", "source": {"http": {"path": "/events"}}, "processors": [{"where": "id > 1"}],
-                      "sinks": [{"table": "events", "schema_evolution": True}]})):
+                  definition(), routed):
         assert not resolver.evolving_table("demo", other), other
