@@ -17,7 +17,7 @@ Functions: lower, upper, length and trim (ltrim, rtrim) of text, concat (and `||
 coalesce (nvl, ifnull), CASE (both forms) and IF over values of one kind, text, integers or
 booleans (NULLs aside). Arithmetic: +, -, *, / and % of integers and doubles, div of integers,
 and unary minus (`_arithmetic`). Casts (`_cast`): integers and booleans to text, text and doubles
-to integers, integers to doubles. Anything else (other functions, decimal literals in arithmetic,
+to integers, integers and text to doubles, text and integers to booleans. Anything else (other functions, decimal literals in arithmetic,
 other casts, time columns, values Spark would widen, a field the table lacks, a drop of a required
 column or one read after it, a rename of a column of the table) leaves the batch to the Spark job,
 as before: `plan` answers None.
@@ -52,7 +52,13 @@ still differ, and is refused or ruled out:
   alone (a minus at most) and refuses a request with other text or an overflow. A double becomes
   an integer truncated (a bigint there when the batch's values are all integral: the same), and
   one beyond the integer's range, which Spark saturates or wraps, refuses it. A double's text is
-  not planned: an integral batch's is a bigint's there ("3", not "3.0").
+  not planned: an integral batch's is a bigint's there ("3", not "3.0"). Text to a double: Spark
+  reads it with Java's Double.parseDouble (whitespace around it, `1d`, `Infinity`, hex floats);
+  the short way casts a decimal number with an exponent of at most three digits (both read it
+  correctly rounded) and refuses a request with other text or an infinite result. Text to a
+  boolean: Spark trims and lower-cases it and knows t, true, y, yes, 1 and f, false, n, no, 0
+  (anything else NULL); the short way takes those words in ASCII letters of either case with
+  nothing around them, and refuses a request with other text. An integer is true when not 0.
 One difference is the Spark job's own: it infers types over the whole batch, so a request with
 text where another request has numbers makes the column text for every request of the batch, and
 Spark (ANSI off) converts that text to the literal's type to compare: 0.5 against an integer is
@@ -108,10 +114,18 @@ INT32 = 2**31
 # Casts by Spark's type, into: the kinds each may come from (identities aside).
 CASTS = {
     exp.DataType.Type.TEXT: ("string", ("int", "bool")), exp.DataType.Type.INT: ("int32", ("string", "double", "int", "bool")),
-    exp.DataType.Type.BIGINT: ("int64", ("string", "double", "int", "bool")), exp.DataType.Type.DOUBLE: ("double", ("int",)),
+    exp.DataType.Type.BIGINT: ("int64", ("string", "double", "int", "bool")), exp.DataType.Type.DOUBLE: ("double", ("int", "string")),
+    exp.DataType.Type.BOOLEAN: ("bool", ("string", "int")),
 }
-CAST_KINDS = {"string": "string", "int32": "int", "int64": "int", "double": "double"}
+CAST_KINDS = {"string": "string", "int32": "int", "int64": "int", "double": "double", "bool": "bool"}
 _DIGITS = r"^-?[0-9]+$"
+# Text Spark (Java's Double.parseDouble) and pyarrow read as the same double: a decimal number,
+# an exponent of at most three digits (a finite result is checked after).
+_DECIMAL_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]{1,3})?$"
+# Text Spark reads as a boolean (its StringUtils, after trimming and lower-casing, which the short
+# way leaves to it: ASCII letters of either case only, nothing around them).
+_TRUE, _FALSE = ("t", "true", "y", "yes", "1"), ("f", "false", "n", "no", "0")
+_BOOLEAN = "^(" + "|".join("".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in word) for word in _TRUE + _FALSE) + ")$"
 
 
 class NotPlain(ValueError):
@@ -613,14 +627,25 @@ def _cast_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a s
     import pyarrow.compute as pc
 
     _op, into, part, kind = node
-    wanted = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "double": pa.float64()}[into]
+    wanted = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "double": pa.float64(), "bool": pa.bool_()}[into]
     value = _evaluate(part, table)
     if _is_null(value):
         return pa.scalar(None, wanted)
     if kind == "string":
         texts = pa.array([value.as_py()], pa.string()) if isinstance(value, pa.Scalar) else value.drop_null()
-        if len(texts) and not pc.all(pc.match_substring_regex(texts, _DIGITS)).as_py():
-            raise ValueError("a cast of text other than digits: Spark's reading of it is its own")
+        spelling, what = {"double": (_DECIMAL_TEXT, "a decimal number"), "bool": (_BOOLEAN, "Spark's words for true and false")}.get(
+            into, (_DIGITS, "digits"))
+        if len(texts) and not pc.all(pc.match_substring_regex(texts, spelling)).as_py():
+            raise ValueError(f"a cast of text other than {what}: Spark's reading of it is its own")
+        if into == "bool":  # pyarrow's cast takes "true", "false", "1" and "0" only
+            if isinstance(value, pa.Scalar):
+                return pa.scalar(value.as_py().lower() in _TRUE)
+            return pc.if_else(pc.is_valid(value), pc.is_in(pc.utf8_lower(value), pa.array(_TRUE)), pa.scalar(None, pa.bool_()))
+        if into == "double":
+            doubles = value.cast(wanted)
+            if not pc.all(pc.is_finite(doubles.drop_null() if not isinstance(doubles, pa.Scalar) else pa.array([doubles.as_py()]))).as_py():
+                raise ValueError("text beyond a double's range")
+            return doubles
     elif kind == "double":
         value = pc.trunc(value)
     return value.cast(wanted)  # a safe cast: beyond the type's range (or 2**53 as a double) raises

@@ -588,20 +588,21 @@ def test_arithmetic_gives_the_same_rows_the_fast_way_and_the_full_way(fresh_spar
 # which the short way leaves to the Spark job (an integral batch's is a bigint's there).
 CAST_WHERE = st.sampled_from([
     "CAST(msg AS INT) > 5", "int(msg) IS NULL", "cast(x as int) = n", "cast(n as string) = msg", "cast(ok as int) = 1",
-    "cast(msg as bigint) < n", "cast(n as double) / 2 > x",
+    "cast(msg as bigint) < n", "cast(n as double) / 2 > x", "cast(msg as double) > x", "cast(msg as boolean)", "cast(n as boolean) = ok",
 ])
 CAST_SET = st.sampled_from([
     {"n": "CAST(msg AS INT)"}, {"msg": "cast(n as string)"}, {"n": "cast(x as int)"}, {"msg": "cast(ok as string)"}, {"x": "cast(n as double)"},
     {"n": "cast(msg as bigint) * 2"}, {"msg": "cast(x as string)"}, {"n": "cast(ok as int) + n"}, {"msg": "concat(cast(n as string), '-', msg)"},
-    {"n": "cast(x as bigint)"},
+    {"n": "cast(x as bigint)"}, {"x": "cast(msg as double)"}, {"ok": "cast(msg as boolean)"}, {"ok": "cast(n as boolean)"},
 ])
 
 
 def cast_fields(chance: random.Random, odd: bool) -> list[tuple[str, str]]:
     values = {
-        # "0x1f": hex to pyarrow, NULL to Spark; the odd requests' text pyarrow refuses and Spark reads its own way.
-        "msg": json.dumps(chance.choice([" 5", "+4", "1.9", "abc", "99999999999", "", "2147483648"] if odd else
-                                        ["12", "-3", "007", "0", "-0", "0x1f"])),
+        # "0x1f": hex to pyarrow, NULL to Spark; the odd requests' text pyarrow refuses and Spark reads its own way
+        # (" yes" a boolean to Spark, "1d" and "Infinity" doubles, "1." too).
+        "msg": json.dumps(chance.choice([" 5", "+4", "1.9", "abc", "99999999999", "", "2147483648", " yes", "1d", "Infinity", "1.", "1e400"]
+                                        if odd else ["12", "-3", "007", "0", "-0", "0x1f", "2.5", "1e3", "yes", "F", "true", "-0.0"])),
         "n": str(chance.choice([-4, 0, 1, 2, 12, 2**31 - 1])), "x": chance.choice(["0.5", "3.9", "-2.7", "12", "-0", "3000000000.5", "2147483647.9"]),
         "ok": chance.choice(["true", "false"]),
     }

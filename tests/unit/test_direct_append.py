@@ -521,8 +521,7 @@ def test_casts_are_applied_where_spark_reads_them_alike_and_other_text_or_an_ove
     from service.pipelines.spec import Processor
     from spark_jobs.plain_processors import plan
 
-    for refused in ({"msg": "cast(x as string)"}, {"x": "cast(msg as double)"}, {"n": "cast(x as decimal(3,1))"}, {"ok": "cast(n as boolean)"},
-                    {"x": "cast(ok as double)"}):
+    for refused in ({"msg": "cast(x as string)"}, {"n": "cast(x as decimal(3,1))"}, {"ok": "cast(x as boolean)"}, {"x": "cast(ok as double)"}):
         assert plan([Processor(set=refused)], TABLE, "_extra") is None, refused
 
     def run(processors: list, body: bytes) -> list[dict] | str:
@@ -538,6 +537,19 @@ def test_casts_are_applied_where_spark_reads_them_alike_and_other_text_or_an_ove
     assert isinstance(run([Processor(set={"n": "cast(msg as int)"})], b'{"id": 1, "msg": "99999999999"}'), str)  # beyond an int
     assert isinstance(run([Processor(set={"n": "cast(x as int)"})], b'{"id": 1, "x": 3000000000.5}'), str)  # Spark saturates or wraps
     assert "2**31" in run([Processor(set={"n": "cast(msg as int) * 1000"})], b'{"id": 1, "msg": "3000000"}')  # an int's product, in Spark
+    # Text to doubles where it is a decimal number, to booleans where it is one of Spark's words
+    # (in either case); integers to booleans. Other spellings Spark reads its own way: refused.
+    texts = b'{"id": 1, "msg": "-12.5", "n": 0}\n{"id": 2, "msg": "1E3", "n": 7}\n{"id": 3, "n": null}'
+    assert processed(tmp_path, [Processor(set={"x": "cast(msg as double)", "ok": "cast(n as boolean)"})], texts, ["id", "x", "ok"]) == [
+        {"id": 1, "x": -12.5, "ok": False}, {"id": 2, "x": 1000.0, "ok": True}, {"id": 3, "x": None, "ok": None}]
+    words = b'{"id": 1, "msg": "YES"}\n{"id": 2, "msg": "f"}\n{"id": 3, "msg": "0"}\n{"id": 4}'
+    assert processed(tmp_path, [Processor(set={"ok": "cast(msg as boolean)"})], words, ["id", "ok"]) == [
+        {"id": 1, "ok": True}, {"id": 2, "ok": False}, {"id": 3, "ok": False}, {"id": 4, "ok": None}]
+    for text in ("1d", "Infinity", " 2", ".5", "0x1p3"):
+        assert "a decimal number" in run([Processor(set={"x": "cast(msg as double)"})], b'{"id": 1, "msg": "%s"}' % text.encode()), text
+    assert isinstance(run([Processor(set={"x": "cast(msg as double)"})], b'{"id": 1, "msg": "1e400"}'), str)  # infinite
+    for text in (" yes", "on", "tru", "\u017f"):  # the long s: RE2's (?i) folds it to s, Java's lower-casing does not
+        assert "true and false" in run([Processor(set={"ok": "cast(msg as boolean)"})], b'{"id": 1, "msg": "%s"}' % text.encode()), text
 
 
 AMOUNTS = Schema(
