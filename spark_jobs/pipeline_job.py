@@ -63,21 +63,59 @@ MAX_DYNAMIC_TABLES = 100  # per sink and batch; events naming more go to the DLQ
 DIRECT_OFF_S = 300  # the short way, once it could not run, is off this long (one try per spell of a lasting cause)
 _direct_off_until = 0.0
 _pointers_off_until = 0.0  # Spark's tasks read the bodies from Redis again after this (stream_bodies.py)
+REFUSED_BEFORE_SKIPPING = 3  # batches of a pipeline the short way refused whole in a row before it skips some
+MAX_SKIPPED = 32  # batches skipped at most before the short way is tried again
+
+
+@dataclass
+class ShortWayRefusals:
+    """A pipeline's batches that the short way refused whole, in a row, in this process. A shape it
+    never takes (an evolving table's every request holding a new field, every request a value of
+    another type) would pay for a refused try before each Spark job: after REFUSED_BEFORE_SKIPPING
+    such batches the next ones skip it, 1, 2, 4 ... MAX_SKIPPED of them between tries, until a try
+    writes something again."""
+
+    streak: int = 0
+    skip: int = 0
+
+    def skips(self) -> bool:
+        """Whether this batch skips the short way (counted)."""
+        if self.skip:
+            self.skip -= 1
+            return True
+        return False
+
+    def record(self, result: JobResult | None, pipeline: str) -> None:
+        if result is None or result.direct == "failed":  # not tried (or off for a while of its own)
+            return
+        if result.direct != "refused":
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak >= REFUSED_BEFORE_SKIPPING:
+            self.skip = min(2 ** (self.streak - REFUSED_BEFORE_SKIPPING), MAX_SKIPPED)
+            log.info("pipeline %s: the short way refused %d batches in a row; the next %d go to the Spark job at once",
+                     pipeline, self.streak, self.skip)
+
+
+_refusals: dict[str, ShortWayRefusals] = {}  # by the job's refusals_key
 
 
 # The column types of an evolving table the short way takes (evolves_alike).
 _EVOLVING_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int64, pa.types.is_int32, pa.types.is_float64,
-                   pa.types.is_boolean, pa.types.is_timestamp, pa.types.is_date32)
+                   pa.types.is_boolean)
 
 
 def evolves_alike(schema: pa.Schema) -> bool:
     """Whether the Spark job, for a batch of an evolving table whose values are all of its columns'
     types, leaves the table as it is and writes what the short way writes: every column text, an
-    integer, a double, a boolean, a time or a date, as the differential tests draw them with the
-    batch's types inferred. Not a float (widened to a double where a value needs it: the short way
-    reads one beyond a float's range as infinite), nor a struct (an int inside one is widened
-    whatever the values: inference says long), a list, a map, a decimal or binary (their inferred
-    reading is not compared)."""
+    integer, a double or a boolean, as the differential tests draw them with the batch's types
+    inferred. Not a float (widened to a double where a value needs it: the short way reads one
+    beyond a float's range as infinite), nor a struct (an int inside one is widened whatever the
+    values: inference says long), a list, a map, a decimal or binary (their inferred reading is not
+    compared), nor a time or a date: there a request's value depends on the batch's other requests
+    (epoch milliseconds 0 beside another request's 1.5 are inferred as a double, and 0.0 is no
+    epoch to the conversion: NULL), where the short way reads each request alone."""
     return all(any(check(field.type) for check in _EVOLVING_TYPES) for field in schema)
 
 
@@ -102,6 +140,7 @@ class PipelineJob:
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
     max_columns: int | None = None  # a batch with more fields is parsed with as many only (schemas.narrowed)
+    refusals_key: str | None = None  # whose short way refusals this batch counts in (the tenant's pipeline; None: the pipeline's name)
 
     def __post_init__(self) -> None:
         self.dead_letters = DeadLetters(self.pipeline, self.version, self.dlq_directory, self.dlq_filesystem)
@@ -109,7 +148,9 @@ class PipelineJob:
     def run(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None = None) -> JobResult:
         """The batch's requests (`bodies`, and `entries`, where Spark's tasks may read them
         themselves: stream_bodies.py) through the pipeline."""
-        result = self._append_directly(receipts, bodies, entries)
+        refusals = _refusals.setdefault(self.refusals_key or self.pipeline, ShortWayRefusals())
+        result = None if refusals.skips() else self._append_directly(receipts, bodies, entries)
+        refusals.record(result, self.pipeline)
         if result is not None and result.direct == "written":
             return result
         if result is not None and result.direct == "partial":

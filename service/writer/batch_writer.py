@@ -62,6 +62,7 @@ class BatchWriter:
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
             processed_table=self.tables.known_schema(batch.tenant, record.definition, processors=True) is not None,
             evolving_table=self.tables.evolving_table(batch.tenant, record.definition),
+            refusals_key=keys.member(batch.tenant, batch.pipeline),
             max_columns=self.settings.max_table_columns,
         )
         started = time.perf_counter()

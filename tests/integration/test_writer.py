@@ -12,6 +12,14 @@ from tests.conftest import wait_until
 pytestmark = pytest.mark.spark
 
 
+@pytest.fixture(autouse=True)
+def _short_way_tried_first() -> None:
+    """Each test starts with no short way refusals counted in this process (pipeline_job.ShortWayRefusals)."""
+    from spark_jobs import pipeline_job
+
+    pipeline_job._refusals.clear()
+
+
 def test_entries_of_a_dead_writer_are_reclaimed_and_written_once(stack_factory) -> None:  # noqa: ANN001
     stack = stack_factory(roles=("api",), CALVE_WRITER_CLAIM_IDLE_S="2")
     stream = keys.input_stream_key("demo", "logs")
