@@ -297,7 +297,7 @@ def find_by_path(session: Session, tenant: str, path: str) -> PipelineRecord | N
     return None
 
 
-_MISSING = object()
+MISSING = object()
 
 
 class PipelineCache:
@@ -312,12 +312,16 @@ class PipelineCache:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> PipelineRecord | None:
+    def cached(self, key: tuple[str, str]) -> PipelineRecord | None | object:
+        """The kept record (None: no pipeline there), or MISSING when it is not kept."""
         with self._lock:
             # One lookup: `key in cache` then `cache[key]` raised KeyError when the entry expired
             # in between (a TTLCache checks the clock on each), a 500 for the request.
-            record = self._cache.get(key, _MISSING)
-        if record is not _MISSING:
+            return self._cache.get(key, MISSING)
+
+    def get(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> PipelineRecord | None:
+        record = self.cached(key)
+        if record is not MISSING:
             return record
         record = load()
         with self._lock:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 from fastapi import HTTPException
 
-from service.api.bodies import BodyGuard
+from service.api.bodies import INLINE_PARSE_BYTES, BodyGuard, parsed_off_loop
 
 
 def run(app, body_messages: list[dict], later: list[dict]) -> list[dict]:  # noqa: ANN001
@@ -52,3 +54,29 @@ def test_a_body_that_does_not_arrive_in_time_is_refused() -> None:
     with pytest.raises(HTTPException) as refused:
         run(reader, [{"type": "http.request", "body": b"{", "more_body": True}], [{"type": "http.request", "body": b"}", "more_body": False}])
     assert refused.value.status_code == 408
+
+
+def test_a_small_body_is_parsed_on_the_event_loop_and_large_ones_one_at_a_time_in_a_thread() -> None:
+    """A thread per small body cost the loop more than parsing it (each held the GIL in turn with
+    the loop); a large one must not hold the loop, and two large ones never parse at once."""
+    running, overlaps = [0], []
+
+    def parse(_body: bytes) -> int:
+        running[0] += 1
+        overlaps.append(running[0])
+        time.sleep(0.05)
+        running[0] -= 1
+        return threading.get_ident()
+
+    async def main() -> tuple[int, int, list[int]]:
+        loop_thread = threading.get_ident()
+        small = b"x" * INLINE_PARSE_BYTES
+        large = b"x" * (INLINE_PARSE_BYTES + 1)
+        on_small = await parsed_off_loop(len(small), parse, small)
+        on_large = await asyncio.gather(*(parsed_off_loop(len(large), parse, large) for _ in range(3)))
+        return loop_thread, on_small, on_large
+
+    loop_thread, on_small, on_large = asyncio.run(main())
+    assert on_small == loop_thread
+    assert all(thread != loop_thread for thread in on_large)
+    assert max(overlaps) == 1

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlmodel import Session
 
-from service.api.bodies import read_body
+from service.api.bodies import parsed_off_loop, read_body
 from service.api.buffer import RequestBuffer
 from service.api.deps import (
     BufferDep,
@@ -31,7 +31,7 @@ from service.api.waiter import ReceiptWaiter
 from service.core import metrics
 from service.core.config import Settings
 from service.pipelines.spec import PATH_PATTERN, is_reserved_path
-from service.pipelines.store import PipelineRecord, find_by_path
+from service.pipelines.store import MISSING, PipelineRecord, find_by_path
 from service.protocol.receipts import COMMITTED, FAILED
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import Principal
@@ -124,7 +124,10 @@ async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
             with Session(engine) as session:
                 return find_by_path(session, tenant, path)
 
-        record = await run_in_threadpool(request.app.state.pipelines.get, (tenant, path), load)
+        pipelines = request.app.state.pipelines
+        record = pipelines.cached((tenant, path))
+        if record is MISSING:  # the database is asked off the loop
+            record = await run_in_threadpool(pipelines.get, (tenant, path), load)
     if record is None and is_reserved_path(path):
         # Calve's own prefixes (/v1, /otlp, /loki, ...) hold no pipelines: a typo of an API route.
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: POST {path[:200]}; /docs lists the API's routes")
@@ -149,7 +152,7 @@ async def _ingest(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        parsed = await run_in_threadpool(parse_events, body, request.headers.get("content-type", ""), settings.max_events_per_request)
+        parsed = await parsed_off_loop(len(body), parse_events, body, request.headers.get("content-type", ""), settings.max_events_per_request)
     except Exception as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
         raise
@@ -173,7 +176,7 @@ async def accept_converted(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        parsed = await run_in_threadpool(lambda: _made(convert(body), settings.max_events_per_request))
+        parsed = await parsed_off_loop(len(body), lambda: _made(convert(body), settings.max_events_per_request))
         if parsed is None:
             return None
     except Exception as exc:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-import anyio
 import orjson
 import yaml
 from fastapi import APIRouter, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
-from service.api.bodies import read_body
+from service.api.bodies import in_parsing_thread, read_body
 from service.api.deps import (
     AdminPrincipal,
     CatalogDep,
@@ -68,12 +67,7 @@ async def _definition(request: Request) -> PipelineDefinition:
     # Parsing and checking a large definition takes a while (up to ~0.3 s within the limits): off
     # the event loop, one at a time per api process, so that the loop keeps most of the interpreter
     # (the GIL) for other tenants' requests however many definitions arrive at once.
-    global _parsing  # noqa: PLW0603 - made in the event loop, on first use
-    _parsing = _parsing or anyio.CapacityLimiter(1)
-    return await anyio.to_thread.run_sync(_parse, raw, content_type in YAML_TYPES, limiter=_parsing)
-
-
-_parsing: anyio.CapacityLimiter | None = None
+    return await in_parsing_thread(_parse, raw, content_type in YAML_TYPES)
 
 
 def _parse(raw: bytes, is_yaml: bool) -> PipelineDefinition:
