@@ -16,6 +16,9 @@ from service.api.events import ParsedBody
 from service.core import keys
 from service.core.config import Settings
 from service.protocol import scripts
+from service.tenancy.limits import OverLimits
+
+REGISTER_EVERY_S = 1.0
 
 
 class RequestBuffer:
@@ -23,31 +26,38 @@ class RequestBuffer:
         self._client = client
         self._settings = settings
         self._buffer = client.register_script(scripts.BUFFER)
-
-    async def first_receipt(self, tenant: str, idempotency: str) -> str | None:
-        """The receipt of the request that already used this idempotency key, if one did."""
-        first = await self._client.get(keys.idempotency_key(tenant, idempotency))
-        return first.decode() if first else None
+        self._registered: dict[str, float] = {}  # input streams this api put on the writers' registry, when
 
     async def add(
         self, tenant: str, pipeline: str, receipt_id: str, parsed: ParsedBody, idempotency: str | None,
-        replays: list[str] | None = None,
+        replays: list[str] | None = None, limits: tuple[list[str], list] | None = None,
     ) -> str | None:
         """Buffer the request; returns the first request's receipt id when this one is a retry.
-        `replays`: the dlq_ids a DLQ replay re-runs (they leave the DLQ when its batch commits)."""
+        `replays`: the dlq_ids a DLQ replay re-runs (they leave the DLQ when its batch commits).
+        `limits`: the tenant's limits to check and charge first (TenantLimits.checked_in_buffer);
+        OverLimits when the request is over them, nothing buffered."""
+        limit_keys, limit_args = limits or ([], [])
         first = await self._buffer(
             keys=[
                 keys.idempotency_key(tenant, idempotency or "-"),
                 keys.receipt_key(tenant, receipt_id),
                 keys.input_stream_key(tenant, pipeline),
                 keys.backlog_key(tenant),
+                *limit_keys,
             ],
             args=[
                 receipt_id, parsed.events, pipeline, f"{time.time():.3f}", self._settings.receipt_ttl_s, parsed.ndjson,
                 "1" if idempotency else "0", self._settings.idempotency_window_s,
-                orjson.dumps(replays).decode() if replays else "",
+                orjson.dumps(replays).decode() if replays else "", *limit_args,
             ],
         )
+        if isinstance(first, list):
+            raise OverLimits(*first)
         # Outside the script: the registry lives in no tenant's slot, and adding twice is harmless.
-        await self._client.sadd(keys.INPUT_STREAMS, keys.member(tenant, pipeline))
+        # Once a second per pipeline is enough (a Redis that lost it lost the stream too).
+        member = keys.member(tenant, pipeline)
+        now = time.monotonic()
+        if now - self._registered.get(member, -REGISTER_EVERY_S) >= REGISTER_EVERY_S:
+            await self._client.sadd(keys.INPUT_STREAMS, member)
+            self._registered[member] = now
         return first.decode() if first else None

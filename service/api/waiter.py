@@ -70,13 +70,18 @@ class ReceiptWaiter:
             for waiter in self._waiting.get(receipt_id, ()):
                 waiter.set()
 
-    async def wait(self, tenant: str, receipt_id: str, timeout_s: float) -> Receipt | None:
-        """The receipt once committed (or failed), or its latest state when `timeout_s` passes."""
+    async def wait(self, tenant: str, receipt_id: str, timeout_s: float, fresh: bool = False) -> Receipt | None:
+        """The receipt once committed (or failed), or its latest state when `timeout_s` passes.
+        fresh: the receipt was just made (buffered): it is first read once announced (or after a poll)."""
         event = asyncio.Event()
         self._waiting.setdefault(receipt_id, set()).add(event)
         deadline = time.monotonic() + timeout_s
         receipt = None
         try:
+            if fresh:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=min(self.POLL_S, timeout_s))
+                event.clear()
             while True:
                 try:
                     receipt = parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))

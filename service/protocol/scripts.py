@@ -10,13 +10,15 @@ from string import Template
 
 from service.protocol import input_entry, receipts
 
+BACKLOG_FULL = 3  # BUFFER's answer to a request over its tenant's backlog cap (beside take_tokens' 1 and 2)
+
 _FIELDS = {
     "entry_receipt": input_entry.RECEIPT, "entry_events": input_entry.EVENTS, "entry_body": input_entry.BODY,
     "entry_replays": input_entry.REPLAYS,
     "status": receipts.STATUS, "events": receipts.EVENTS, "pipeline": receipts.PIPELINE,
     "created_at": receipts.CREATED_AT, "tables": receipts.TABLES, "committed_at": receipts.COMMITTED_AT,
     "committed_prefix": receipts.COMMITTED_PREFIX, "committed_prefix_len": str(len(receipts.COMMITTED_PREFIX)),
-    "buffered": receipts.BUFFERED, "committed": receipts.COMMITTED, "failed": receipts.FAILED, "error": receipts.ERROR,
+    "backlog_full": str(BACKLOG_FULL), "buffered": receipts.BUFFERED, "committed": receipts.COMMITTED, "failed": receipts.FAILED, "error": receipts.ERROR,
 }
 
 
@@ -24,16 +26,53 @@ def _lua(source: str) -> str:
     return Template(source).substitute(_FIELDS)
 
 
+# Rate: two token buckets (events/s and bytes/s) refilled continuously, holding up to `burst` seconds
+# of traffic, checked and charged together (tenancy/limits.py). Returns 0, 0 (charged) | 1, ms until
+# enough has refilled | 2, the index of the bucket too small for the cost.
+TAKE_TOKENS = """
+local function take_tokens(bucket_keys, now, burst, rates, costs)
+  local level = {}
+  for i = 1, 2 do
+    local capacity = rates[i] * burst
+    if costs[i] > capacity then return 2, i end
+    local state = redis.call('HMGET', bucket_keys[i], 'tokens', 'ts')
+    local tokens = tonumber(state[1]) or capacity
+    local ts = tonumber(state[2]) or now
+    level[i] = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rates[i])
+  end
+  local wait = 0
+  for i = 1, 2 do
+    if costs[i] > level[i] then wait = math.max(wait, (costs[i] - level[i]) / rates[i] * 1000) end
+  end
+  if wait > 0 then return 1, math.ceil(wait) end
+  for i = 1, 2 do
+    redis.call('HSET', bucket_keys[i], 'tokens', tostring(level[i] - costs[i]), 'ts', tostring(now))
+    redis.call('PEXPIRE', bucket_keys[i], math.ceil(burst * 1000) + 60000)
+  end
+  return 0, 0
+end
+"""
+
 # The api accepts a request: receipt, input entry and backlog in one step. With an idempotency
 # key (ARGV[7] = '1') only the first request holding it gets in; a retry gets the first one's
-# receipt id back. KEYS: idempotency key, receipt, input stream, backlog.
-# ARGV: receipt id, events, pipeline, created_at, receipt ttl, body, idempotent?, window, replays.
-BUFFER = _lua("""
+# receipt id back. With the tenant's limits (ARGV[10..]), a request over its backlog cap or its
+# rate is refused first, nothing charged or buffered: {BACKLOG_FULL, 0} or take_tokens' verdict.
+# One step instead of three, as each round trip costs the api's loop more than the work.
+# KEYS: idempotency key, receipt, input stream, backlog, then with limits the two rate buckets.
+# ARGV: receipt id, events, pipeline, created_at, receipt ttl, body, idempotent?, window, replays,
+# then with limits: backlog cap, now (ms), burst (s), events/s, bytes/s, bytes.
+BUFFER = TAKE_TOKENS + _lua("""
 if ARGV[7] == '1' then
   local first = redis.call('GET', KEYS[1])
   if first then return first end
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8])
 end
+if ARGV[10] then
+  if (tonumber(redis.call('GET', KEYS[4])) or 0) >= tonumber(ARGV[10]) then return {$backlog_full, 0} end
+  local verdict, detail = take_tokens({KEYS[5], KEYS[6]}, tonumber(ARGV[11]), tonumber(ARGV[12]),
+    {tonumber(ARGV[13]), tonumber(ARGV[14])}, {tonumber(ARGV[2]), tonumber(ARGV[15])})
+  if verdict ~= 0 then return {verdict, detail} end
+end
+if ARGV[7] == '1' then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[8]) end
 redis.call('HSET', KEYS[2], '$status', '$buffered', '$events', ARGV[2], '$pipeline', ARGV[3], '$created_at', ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 if ARGV[9] ~= '' then
@@ -44,6 +83,7 @@ end
 redis.call('INCRBY', KEYS[4], ARGV[2])
 return false
 """)
+
 
 # The writer settles a batch only while it owns every entry (see writer/hand_off.py): records the
 # files on commit streams, updates receipts, acknowledges and deletes the input, lowers the backlog

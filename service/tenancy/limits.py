@@ -17,39 +17,15 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from service.core import keys
+from service.protocol import scripts
 
-ALLOWED, WAIT, NEVER = 0, 1, 2
+ALLOWED, WAIT, NEVER = 0, 1, 2  # take_tokens' verdicts (protocol/scripts.py)
 
 # KEYS: events bucket, bytes bucket. ARGV: now_ms, burst_s, then rate and cost for each bucket.
-# Returns {ALLOWED} | {WAIT, ms until enough has refilled} | {NEVER, index of the bucket too small}.
-_TAKE = """
-local now = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local level = {}
-for i = 1, 2 do
-  local rate = tonumber(ARGV[1 + 2 * i])
-  local cost = tonumber(ARGV[2 + 2 * i])
-  local capacity = rate * burst
-  if cost > capacity then return {2, i} end
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-  local tokens = tonumber(state[1]) or capacity
-  local ts = tonumber(state[2]) or now
-  tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
-  level[i] = tokens
-end
-local wait = 0
-for i = 1, 2 do
-  local rate = tonumber(ARGV[1 + 2 * i])
-  local cost = tonumber(ARGV[2 + 2 * i])
-  if cost > level[i] then wait = math.max(wait, (cost - level[i]) / rate * 1000) end
-end
-if wait > 0 then return {1, math.ceil(wait)} end
-for i = 1, 2 do
-  local cost = tonumber(ARGV[2 + 2 * i])
-  redis.call('HSET', KEYS[i], 'tokens', tostring(level[i] - cost), 'ts', tostring(now))
-  redis.call('PEXPIRE', KEYS[i], math.ceil(burst * 1000) + 60000)
-end
-return {0, 0}
+_TAKE = scripts.TAKE_TOKENS + """
+local verdict, detail = take_tokens({KEYS[1], KEYS[2]}, tonumber(ARGV[1]), tonumber(ARGV[2]),
+  {tonumber(ARGV[3]), tonumber(ARGV[5])}, {tonumber(ARGV[4]), tonumber(ARGV[6])})
+return {verdict, detail}
 """
 
 
@@ -60,21 +36,55 @@ class RateDecision:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What accepting a request asks of its tenant's limits: room under `backlog_cap` and `events`
+    and `size` bytes of its rates."""
+
+    tenant: str
+    events: int
+    size: int
+    backlog_cap: int
+    events_per_s: int
+    bytes_per_s: int
+
+
+class OverLimits(Exception):
+    """A request the step that buffers it refused for its tenant's limits (api/buffer.py)."""
+
+    def __init__(self, verdict: int, detail: int) -> None:
+        super().__init__(verdict, detail)
+        self.verdict, self.detail = verdict, detail
+
+
 class TenantLimits:
     def __init__(self, client: aioredis.Redis, burst_s: float) -> None:
         self._client = client
         self._burst_s = burst_s
         self._take = client.register_script(_TAKE)
 
-    async def take(self, tenant: str, events: int, size: int, events_per_s: int, bytes_per_s: int) -> RateDecision:
-        verdict, detail = await self._take(
-            keys=[keys.rate_key(tenant, "events"), keys.rate_key(tenant, "bytes")],
-            args=[int(time.time() * 1000), self._burst_s, events_per_s, events, bytes_per_s, size],
-        )
+    async def take(self, charge: Charge) -> tuple[int, int]:
+        """Charge the tenant's rate: take_tokens' verdict and detail (decision() reads them)."""
+        verdict, detail = await self._take(keys=self.bucket_keys(charge.tenant), args=[
+            int(time.time() * 1000), self._burst_s, charge.events_per_s, charge.events, charge.bytes_per_s, charge.size,
+        ])
+        return verdict, detail
+
+    def bucket_keys(self, tenant: str) -> list[str]:
+        return [keys.rate_key(tenant, "events"), keys.rate_key(tenant, "bytes")]
+
+    def checked_in_buffer(self, charge: Charge) -> tuple[list[str], list]:
+        """The keys and arguments that have BUFFER check and charge `charge` (protocol/scripts.py)."""
+        return self.bucket_keys(charge.tenant), [
+            charge.backlog_cap, int(time.time() * 1000), self._burst_s, charge.events_per_s, charge.bytes_per_s, charge.size,
+        ]
+
+    def decision(self, charge: Charge, verdict: int, detail: int) -> RateDecision:
+        """take_tokens' verdict as an answer."""
         if verdict == ALLOWED:
             return RateDecision(True)
         if verdict == NEVER:
-            what, rate, cost = ("events", events_per_s, events) if detail == 1 else ("bytes", bytes_per_s, size)
+            what, rate, cost = ("events", charge.events_per_s, charge.events) if detail == 1 else ("bytes", charge.bytes_per_s, charge.size)
             return RateDecision(
                 False, retry_after_s=0,
                 message=f"one request of {cost} {what} exceeds this tenant's burst of {int(rate * self._burst_s)} {what}; split it",
@@ -82,7 +92,8 @@ class TenantLimits:
         retry = max(1, math.ceil(detail / 1000))
         return RateDecision(
             False, retry_after_s=retry,
-            message=f"tenant {tenant!r} is over its rate limit ({events_per_s} events/s, {bytes_per_s} bytes/s); retry after {retry} s",
+            message=f"tenant {charge.tenant!r} is over its rate limit ({charge.events_per_s} events/s, {charge.bytes_per_s} bytes/s); "
+                    f"retry after {retry} s",
         )
 
     async def backlog(self, tenant: str) -> int:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -218,6 +219,37 @@ def test_backlog_cap_is_503_for_that_tenant_only(api: Stack) -> None:
     assert "accepted but not yet committed" in answer.json()["detail"]
     assert call(api, TEST_TOKEN, "POST", "/logs", events).status_code == 202, "other tenants keep flowing"
     assert int(api.redis.get(keys.backlog_key("small"))) == 120
+
+
+@SQLITE_ONLY
+def test_a_request_over_its_limits_buffers_and_charges_nothing_and_a_retry_of_an_accepted_one_is_answered(api: Stack) -> None:
+    """Limits, idempotency and buffering are one step: a refused request claims no idempotency key
+    and takes no tokens; a retry of an accepted request gets its receipt even over the limits."""
+    with api.client(api.operator) as http:
+        strict = http.post("/v1/tenants", json={"name": "strict", "max_events_per_s": 50, "max_backlog_events": 100}).json()["admin_token"]
+    events = [{"n": i} for i in range(60)]
+
+    def post(key: str) -> httpx.Response:
+        with api.client(strict) as http:
+            return http.post("/logs", json=events, headers={"Idempotency-Key": key})
+
+    first = post("a")
+    assert first.status_code == 202
+    over_rate = post("b")  # 60 of the burst's 100 events are gone
+    assert over_rate.status_code == 429, over_rate.text
+    replay = post("a")
+    assert replay.status_code == 202 and replay.json()["receipt"] == first.json()["receipt"]
+    assert replay.headers["Idempotent-Replay"] == "true"
+    assert api.redis.xlen(keys.input_stream_key("strict", "logs")) == 1
+    time.sleep(int(over_rate.headers["Retry-After"]) + 0.5)
+    retried = post("b")
+    assert retried.status_code == 202 and "Idempotent-Replay" not in retried.headers, "the refused request kept no key"
+    tokens = api.redis.hget(keys.rate_key("strict", "events"), "tokens")
+    over_backlog = post("c")  # 120 waiting: the cap is reached
+    assert over_backlog.status_code == 503, over_backlog.text
+    assert api.redis.hget(keys.rate_key("strict", "events"), "tokens") == tokens, "a request refused for the backlog takes no tokens"
+    assert api.redis.xlen(keys.input_stream_key("strict", "logs")) == 2
+    assert int(api.redis.get(keys.backlog_key("strict"))) == 120
 
 
 @SQLITE_ONLY
