@@ -9,7 +9,7 @@ import tracemalloc
 import orjson
 import pytest
 
-from service.api.events import decode_body, gunzip_bounded, parse_events
+from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, parse_events
 from service.core.exceptions import BadRequestBody, BodyTooLarge
 
 
@@ -168,3 +168,37 @@ def test_one_event_past_the_depth_limit_among_many_flat_ones_is_still_set_aside(
     parsed = parse_events(body, "application/x-ndjson", 1000)
     assert parsed.events == 501 and parsed.set_aside == 1
     assert parsed.ndjson.split(b"\n")[250].startswith(b"!")
+
+
+CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":{"status":200},"ok":true,"x":null}'
+
+
+@pytest.mark.parametrize(("body", "at_once"), [
+    (b"\n".join([CANONICAL] * 50), "as sent"),
+    (CANONICAL + b"\r\n\r\n" + CANONICAL + b"\n", "as sent"),  # blank lines and CRLF
+    (b'{"a": 1, "b": [1, 2]}\n{"a":1.50,"c":1e3}\n' + CANONICAL, "encoded again"),  # spaces, other spellings
+    (b'{"a":1,"a":2}\n' + CANONICAL, "encoded again"),  # a key twice: its last value
+    (b'{"s":"\\u00e9\\n\\"q\\""}\n{"e":"\xc3\xa9"}', "encoded again"),
+    (b'{"a":[{"x":1}\n{"y":2}]}\n{"b":1}', "line by line"),  # an event over two lines (refused line by line)
+    (b'{"a":"}\n{","b":1}\n{"c":1},{"d":1}', "line by line"),  # a string that only the joining would close
+    (b'{"a":1}\n[1]', "line by line"),
+    (b'{"big":18446744073709551616}\n' + CANONICAL, "line by line"),
+    (b'{"d":' + b'{"e":' * 9 + b"1" + b"}" * 10 + b"\n" + CANONICAL, "line by line"),  # set aside: too deep
+    (b'{"' + b"n" * 1100 + b'":1,"k":2}\n' + CANONICAL, "line by line"),  # a name too long for a column
+])
+def test_a_body_read_at_once_gives_exactly_what_reading_it_line_by_line_gives(body: bytes, at_once: str) -> None:
+    """The NDJSON body is read in one go when no line needs the per-event work: same lines, same
+    counts, same errors as line by line."""
+    texts = [raw.strip() for raw in body.split(b"\n")]
+    fast = _parsed_at_once(body, texts, 1000)
+    try:
+        slow = _parse_texts(body, texts, "line {}", 1, 1000)
+    except BadRequestBody:
+        slow = None
+    if at_once == "line by line":
+        assert fast is None
+        return
+    assert fast == slow and fast is not None
+    if at_once == "as sent":
+        assert fast.ndjson == b"\n".join(text for text in texts if text)
+    assert parse_events(body, "application/x-ndjson", 1000) == slow
