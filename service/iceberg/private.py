@@ -124,13 +124,17 @@ class _MergesDataManifests:
     a table taking a run of row changes a second would otherwise gain a data manifest per run,
     and every reader pays about a millisecond to plan each (pyiceberg, here)."""
 
+    merges_all = False  # every data manifest it can, whatever the table's min-count-to-merge
+
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         manifests = super()._process_manifests(manifests)  # type: ignore[misc]
         properties = self._transaction.table_metadata.properties  # type: ignore[attr-defined]
         merger = _ManifestMergeManager(
             property_as_int(properties, TableProperties.MANIFEST_TARGET_SIZE_BYTES, TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT),  # type: ignore[arg-type]
-            property_as_int(properties, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT),  # type: ignore[arg-type]
-            property_as_bool(properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT),
+            2 if self.merges_all else property_as_int(  # type: ignore[arg-type]
+                properties, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT,
+            ),
+            self.merges_all or property_as_bool(properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT),
             self,  # type: ignore[arg-type]
         )
         data = [manifest for manifest in manifests if manifest.content == ManifestContent.DATA]
@@ -233,7 +237,11 @@ class _ReplaceFiles(_AsReplace, _RemovesDeleteFiles):
     """A compaction's snapshot: it folds a data file's position deletes into the file that
     replaces it (removing both), drops delete files whose data file is gone, and adds delete
     files: rows of the files it rewrites deleted since it was planned, carried over to the files
-    that replace them (folding.py)."""
+    that replace them (folding.py). It merges every data manifest it can, as a manifest merge
+    does: a compacted table should be planned as one that never took a change (a few small
+    manifests cost a reader about a millisecond each, and a compaction is rare)."""
+
+    merges_all = True
 
 
 class _MergeManifests(_AsReplace, _MergeAppendFiles):

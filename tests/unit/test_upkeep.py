@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.expressions import EqualTo
+from pyiceberg.manifest import ManifestContent
 
 from service.core import keys
 from service.core.exceptions import FilesNotLive, RowsChanged
@@ -219,6 +220,23 @@ def test_a_replace_keeps_the_rows_and_refuses_files_no_longer_live(table, tmp_pa
     with pytest.raises(RowsChanged), table.transaction() as transaction:
         replace_files(table, transaction, [merged.as_uri()], [fewer.as_uri()], {})
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == before
+
+
+def test_a_compaction_leaves_the_table_one_data_manifest(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """A compacted table is planned as one that never took a change: the compaction's snapshot
+    merges the data manifests of the commits before it, not only the files it rewrites."""
+    for n in range(1, 7):
+        commit(table, tmp_path, n)  # a manifest each
+    before = sorted(table.scan().to_arrow().column("id").to_pylist())
+    two = sorted(live_data_files(table))[:2]
+    merged = tmp_path / "merged.parquet"
+    pq.write_table(pa.concat_tables([pq.read_table(path.removeprefix("file://")) for path in two]), merged)
+    with table.transaction() as transaction:
+        replace_files(table, transaction, two, [merged.as_uri()], {keys.SUMMARY_WATERMARK: "9-0"})
+    manifests = table.current_snapshot().manifests(table.io)
+    assert [manifest.content for manifest in manifests] == [ManifestContent.DATA], manifests
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == before
+    assert len(live_data_files(table)) == 5
 
 
 def test_a_table_keeps_its_own_expiry_policy_from_its_sink(table) -> None:  # noqa: ANN001
