@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint test-deps bench bench-upsert bench-feed bench-files soak chaos system-deps clean
+.PHONY: run test lint test-deps bench bench-api bench-upsert bench-feed bench-files soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -45,6 +45,10 @@ lint: $(STAMP)
 # CALVE_SPARK_WORKERS=2 make bench: the same on a 2-worker Spark standalone cluster.
 bench: $(STAMP) system-deps
 	$(PY) -m tests.bench.ingest_bench
+
+# The api alone (Redis, no writer or Spark): its CPU per request, shape by shape (BENCH_SHAPES).
+bench-api: $(STAMP) system-deps
+	$(PY) -m tests.bench.api_bench
 
 # Row changes against a 1,000,000-row table partitioned by day (BENCH_ROWS, BENCH_SECONDS).
 bench-upsert: $(STAMP) system-deps

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlmodel import Session
 
-from service.api.bodies import parsed_off_loop, read_body
+from service.api.bodies import in_parsing_thread, parsed_off_loop, read_body
 from service.api.buffer import RequestBuffer
 from service.api.deps import (
     BufferDep,
@@ -177,10 +177,12 @@ async def accept_converted(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~13 ms per
+        # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~8 ms per
         # 1,000 records): on the loop it held every other request up (make bench's otlp: 0.40x
-        # plain against 0.47x in a thread).
-        parsed = await run_in_threadpool(lambda: _made(convert(body), settings.max_events_per_request))
+        # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
+        # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
+        # export (make bench-api: 23 against 10 ms per 1,000 records).
+        parsed = await in_parsing_thread(lambda: _made(convert(body), settings.max_events_per_request))
         if parsed is None:
             return None
     except Exception as exc:
