@@ -30,10 +30,12 @@ return {verdict, detail}
 
 
 @dataclass(frozen=True)
-class RateDecision:
-    allowed: bool
-    retry_after_s: int = 0
-    message: str = ""
+class RateRefusal:
+    """Why a request over its tenant's rate is refused: retry_after_s 0 when it never fits (larger
+    than the burst), else when to retry."""
+
+    retry_after_s: int
+    message: str
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class TenantLimits:
         self._take = client.register_script(_TAKE)
 
     async def take(self, charge: Charge) -> tuple[int, int]:
-        """Charge the tenant's rate: take_tokens' verdict and detail (decision() reads them)."""
+        """Charge the tenant's rate: take_tokens' verdict and detail (refusal() reads them)."""
         verdict, detail = await self._take(keys=self.bucket_keys(charge.tenant), args=[
             int(time.time() * 1000), self._burst_s, charge.events_per_s, charge.events, charge.bytes_per_s, charge.size,
         ])
@@ -79,19 +81,17 @@ class TenantLimits:
             charge.backlog_cap, int(time.time() * 1000), self._burst_s, charge.events_per_s, charge.bytes_per_s, charge.size,
         ]
 
-    def decision(self, charge: Charge, verdict: int, detail: int) -> RateDecision:
-        """take_tokens' verdict as an answer."""
-        if verdict == ALLOWED:
-            return RateDecision(True)
+    def refusal(self, charge: Charge, verdict: int, detail: int) -> RateRefusal:
+        """take_tokens' verdict other than ALLOWED as an answer."""
         if verdict == NEVER:
             what, rate, cost = ("events", charge.events_per_s, charge.events) if detail == 1 else ("bytes", charge.bytes_per_s, charge.size)
-            return RateDecision(
-                False, retry_after_s=0,
+            return RateRefusal(
+                retry_after_s=0,
                 message=f"one request of {cost} {what} exceeds this tenant's burst of {int(rate * self._burst_s)} {what}; split it",
             )
         retry = max(1, math.ceil(detail / 1000))
-        return RateDecision(
-            False, retry_after_s=retry,
+        return RateRefusal(
+            retry_after_s=retry,
             message=f"tenant {charge.tenant!r} is over its rate limit ({charge.events_per_s} events/s, {charge.bytes_per_s} bytes/s); "
                     f"retry after {retry} s",
         )

@@ -278,12 +278,12 @@ def refusal(limits: TenantLimits, charge: Charge, verdict: int, detail: int) -> 
             "are behind or down); retry later",
             headers={"Retry-After": "5"},
         )
-    decision = limits.decision(charge, verdict, detail)
-    if decision.retry_after_s == 0:
+    over = limits.refusal(charge, verdict, detail)
+    if over.retry_after_s == 0:
         metrics.REQUESTS_REJECTED.labels(tenant, "larger_than_burst").inc()
-        return HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, decision.message)
+        return HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, over.message)
     metrics.REQUESTS_REJECTED.labels(tenant, "rate_limited").inc()
-    return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, decision.message, headers={"Retry-After": str(decision.retry_after_s)})
+    return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, over.message, headers={"Retry-After": str(over.retry_after_s)})
 
 
 def idempotency_digest(header: str | None) -> str | None:
