@@ -19,28 +19,14 @@ import time
 from pathlib import Path
 
 import aiohttp
-import httpx
 import orjson
 import psutil
 import redis
 
-from tests.bench.ingest_bench import EVENTS_PER_REQUEST, PIPELINES, PROTOCOLS, make_bodies, say
+from tests.bench.ingest_bench import EVENTS_PER_REQUEST, PROTOCOLS, make_bodies, say, shape_path
 from tests.harness import TEST_TOKEN, RedisServer, build_stack
 
 DEFAULT_SHAPES = "plain,extra,nested,otlp,otlp-proto,loki,bulk"
-
-
-def path_of(base: str, shape: str) -> str:
-    """The shape's path, its pipeline created first where it has one."""
-    if shape in PROTOCOLS:
-        return PROTOCOLS[shape][0]
-    pipeline = PIPELINES.get(shape)
-    if pipeline is None:
-        return "/logs"
-    answer = httpx.post(f"{base}/v1/pipelines", json=pipeline, headers={"Authorization": f"Bearer {TEST_TOKEN}"}, timeout=60)
-    if answer.status_code != 201:
-        raise SystemExit(f"creating the {shape} pipeline: {answer.status_code} {answer.text}")
-    return pipeline["source"]["http"]["path"]
 
 
 async def load(url: str, content_type: str, bodies: list[bytes], producers: int, seconds: float) -> tuple[int, int]:
@@ -92,7 +78,7 @@ def main() -> None:
             api = psutil.Process(stack.procs["api"].pid)
             for shape in shapes:
                 bodies = make_bodies(20, shape)
-                path = path_of(stack.url, shape)
+                path = shape_path(stack.port, shape, TEST_TOKEN)
                 content_type = PROTOCOLS.get(shape, (None, "application/x-ndjson"))[1]
                 url = f"{stack.url}{path}" + ("" if shape in ("loki", "bulk") else "?wait=false")
                 asyncio.run(load(url, content_type, bodies, producers, warmup_s))

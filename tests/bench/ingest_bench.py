@@ -280,14 +280,14 @@ PROTOCOLS = {
 }
 
 
-def shape_path(port: int, shape: str) -> str:
-    """The path the shape's events go to, its pipeline created first where it has one."""
+def shape_path(port: int, shape: str, token: str = TOKEN) -> str:
+    """The path the shape's events go to, its pipeline created first (by `token`'s tenant) where it has one."""
     if shape in PROTOCOLS:
         return PROTOCOLS[shape][0]
     pipeline = PIPELINES.get(shape)
     if pipeline is None:
         return "/logs"
-    answer = httpx.post(f"http://127.0.0.1:{port}/v1/pipelines", json=pipeline, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/pipelines", json=pipeline, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     if answer.status_code != 201:
         raise SystemExit(f"creating the {shape} pipeline: {answer.status_code} {answer.text}")
     return pipeline["source"]["http"]["path"]
