@@ -177,7 +177,7 @@ async def accept_converted(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~8 ms per
+        # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~10 ms per
         # 1,000 records): on the loop it held every other request up (make bench's otlp: 0.40x
         # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
         # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
