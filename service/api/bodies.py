@@ -47,6 +47,11 @@ async def parsed_off_loop(size: int, parse: Callable[..., _T], *args: object) ->
 
 
 async def in_parsing_thread(parse: Callable[..., _T], *args: object) -> _T:
+    """`parse(*args)` in the api's one parsing thread, first come first served: bodies over
+    INLINE_PARSE_BYTES, pipeline definitions and the shippers' exports share it. One thread, not
+    the pool: pyarrow's compute calls let go of the GIL, and many threads taking it back in turn
+    doubled the CPU of an OTLP export (make bench-api). A flood of exports delays the large bodies
+    queued behind it (README, "The api's loop"); the small ones are parsed on the loop."""
     global _parsing  # noqa: PLW0603 - made in the event loop, on first use
     _parsing = _parsing or anyio.CapacityLimiter(1)
     return await anyio.to_thread.run_sync(parse, *args, limiter=_parsing)

@@ -79,8 +79,8 @@ def main() -> None:
             for shape in shapes:
                 bodies = make_bodies(20, shape)
                 path = shape_path(stack.port, shape, TEST_TOKEN)
-                content_type = PROTOCOLS.get(shape, (None, "application/x-ndjson"))[1]
-                url = f"{stack.url}{path}" + ("" if shape in ("loki", "bulk") else "?wait=false")
+                _path, content_type, can_wait = PROTOCOLS.get(shape, (None, "application/x-ndjson", True))
+                url = f"{stack.url}{path}" + ("?wait=false" if can_wait else "")
                 asyncio.run(load(url, content_type, bodies, producers, warmup_s))
                 trim(client)
                 cpu = api.cpu_times()
