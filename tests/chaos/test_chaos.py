@@ -25,8 +25,23 @@ def passes(scenario: Scenario, tmp_path: Path, redis_server: RedisServer, spark_
         pytest.skip("Spark Connect is external (CALVE_TEST_SPARK_REMOTE): this run cannot stop it")
     figures = run(scenario, tmp_path, redis_server, spark_server, spark_remote)
     print(line(scenario.name, figures))
+    if not figures.passed:
+        print(complaints(tmp_path))
     assert figures.passed, line(scenario.name, figures)
     assert figures.ok_202 + figures.ok_200 > 0, "the load got acknowledgements"
+
+
+def complaints(base: Path, last: int = 15) -> str:
+    """The last warnings and errors of each Calve process's log under `base`: what a failed
+    scenario's output needs to be understood where its files are gone (CI)."""
+    parts = []
+    for log in sorted(base.rglob("*.log")):
+        if log.parent.name.startswith(("redis", "spark")):
+            continue
+        rows = [row[:300] for row in log.read_text(errors="replace").splitlines() if " WARNING " in row or " ERROR " in row]
+        if rows:
+            parts.append(f"-- {log.relative_to(base)}: last {min(last, len(rows))} of {len(rows)} warnings and errors\n" + "\n".join(rows[-last:]))
+    return "\n".join(parts)
 
 
 @pytest.mark.parametrize("scenario", FAULTS, ids=[s.name for s in FAULTS])
