@@ -10,7 +10,7 @@ line, the stream's labels and the line's structured metadata as maps of strings.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cramjam
@@ -33,6 +33,7 @@ LOKI_LOGS_SCHEMA = {
 # A Prometheus label set as Loki's protobuf carries it: {job="api", level="error"}.
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = re.compile(r"\\(.)")
+NO_METADATA: dict[str, str] = {}  # a line's without any (shared: never changed)
 
 
 def _push_request_class() -> type:
@@ -63,9 +64,31 @@ def _push_request_class() -> type:
 PushRequest = _push_request_class()
 
 
-def events(body: bytes, protobuf: bool, max_bytes: int) -> Iterator[dict]:
-    """One event per log line of a push request (protobuf: snappy-compressed, as Loki takes it)."""
+def entries(body: bytes, protobuf: bool, max_bytes: int) -> Iterator[tuple[int, str, dict[str, str], dict[str, str]]]:
+    """(nanoseconds, line, labels, structured metadata) per log line of a push request (protobuf:
+    snappy-compressed, as Loki takes it); a stream's lines share its one labels object. `event`
+    makes one an event."""
     return _from_protobuf(_unsnappy(body, max_bytes)) if protobuf else _from_json(body)
+
+
+def event_texts(body: bytes, protobuf: bool, max_bytes: int, plain: Callable[[str], bool]) -> Iterator[bytes | dict]:
+    """Each log line's event as the JSON text `orjson.dumps` gives of `event`'s dict, put together
+    from its parts: a stream's labels are encoded once, not once per line (a push's lines share a
+    few streams). The event itself (a dict) where labels or metadata have a key `plain` refuses:
+    the caller checks those as it checks any event."""
+    last_labels, labels_text = None, None
+    for nanos, line, labels, metadata in entries(body, protobuf, max_bytes):
+        if labels is not last_labels:  # a stream's lines come one after another
+            last_labels, labels_text = labels, orjson.dumps(labels) if all(map(plain, labels)) else None
+        if labels_text is None or metadata and not all(map(plain, metadata)):
+            yield event(nanos, line, labels, metadata)
+            continue
+        try:
+            stamp = iso_from_unix_nanos(nanos)
+        except ValueError as exc:
+            raise LokiError(str(exc)) from None
+        text = b'{"timestamp":"' + stamp.encode() + b'","line":' + orjson.dumps(line) + b',"labels":' + labels_text
+        yield text + b',"structured_metadata":' + orjson.dumps(metadata) + b"}" if metadata else text + b"}"
 
 
 def _unsnappy(body: bytes, max_bytes: int) -> bytes:
@@ -78,7 +101,7 @@ def _unsnappy(body: bytes, max_bytes: int) -> bytes:
         raise LokiError(f"a protobuf push request is snappy-compressed (block format); this body is not ({exc})") from None
 
 
-def _from_protobuf(data: bytes) -> Iterator[dict]:
+def _from_protobuf(data: bytes) -> Iterator[tuple[int, str, dict[str, str], dict[str, str]]]:
     request = PushRequest()
     try:
         request.ParseFromString(data)
@@ -88,10 +111,10 @@ def _from_protobuf(data: bytes) -> Iterator[dict]:
         labels = parse_labels(stream.labels)
         for entry in stream.entries:
             nanos = entry.timestamp.seconds * 1_000_000_000 + entry.timestamp.nanos
-            yield _event(nanos, entry.line, labels, {pair.name: pair.value for pair in entry.structuredMetadata})
+            yield nanos, entry.line, labels, {pair.name: pair.value for pair in entry.structuredMetadata}
 
 
-def _from_json(body: bytes) -> Iterator[dict]:
+def _from_json(body: bytes) -> Iterator[tuple[int, str, dict[str, str], dict[str, str]]]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -107,17 +130,21 @@ def _from_json(body: bytes) -> Iterator[dict]:
         if not _strings(labels):
             raise LokiError(f"streams[{index}].stream: label values are strings")
         for position, value in enumerate(values):
-            if not isinstance(value, list) or len(value) not in (2, 3) or not isinstance(value[1], str):
+            if type(value) is not list or not 2 <= len(value) <= 3 or type(value[1]) is not str:
                 raise LokiError(f'streams[{index}].values[{position}] is ["<unix ns>", "<line>"] or ["<unix ns>", "<line>", {{metadata}}]')
-            if not (isinstance(value[0], str) and value[0].isascii() and value[0].isdigit() and len(value[0]) <= 19):
+            nanos = value[0]
+            if not (type(nanos) is str and nanos.isascii() and nanos.isdigit() and len(nanos) <= 19):
                 raise LokiError(f"streams[{index}].values[{position}]: the time is nanoseconds since 1970, as a string of digits")
-            metadata = value[2] if len(value) == 3 else {}
-            if not _strings(metadata):
+            if len(value) == 2:
+                yield int(nanos), value[1], labels, NO_METADATA
+                continue
+            if not _strings(value[2]):
                 raise LokiError(f"streams[{index}].values[{position}]: structured metadata is an object of strings")
-            yield _event(int(value[0]), value[1], labels, metadata)
+            yield int(nanos), value[1], labels, value[2]
 
 
-def _event(nanos: int, line: str, labels: dict[str, str], metadata: dict[str, str]) -> dict:
+def event(nanos: int, line: str, labels: dict[str, str], metadata: dict[str, str]) -> dict:
+    """One log line as an event of the loki_logs pipeline."""
     try:
         event: dict[str, Any] = {"timestamp": iso_from_unix_nanos(nanos), "line": line, "labels": labels}
     except ValueError as exc:

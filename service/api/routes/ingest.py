@@ -164,12 +164,12 @@ async def _ingest(
 
 async def accept_converted(
     request: Request, principal: Principal, buffer: RequestBuffer, limits: TenantLimits, settings: Settings, pipeline: str,
-    convert: Callable[[bytes], Iterable[dict] | ParsedBody],
+    convert: Callable[[bytes], Iterable[dict] | ParsedBody | None],
 ) -> str | None:
     """A shipper's protocol request: its body (within the limits, gunzipped) turned into events by
     `convert` (off the event loop; BadRequestBody when it cannot; or into the writer's lines, which
-    it checked as made_events does), then buffered as one request of `pipeline` like a POST to its
-    path. Its receipt; None if it held no event."""
+    it checked as made_events does; None for no event), then buffered as one request of `pipeline`
+    like a POST to its path. Its receipt; None if it held no event."""
     refuse_while_draining(request)
     tenant = principal.tenant
     if not principal.may_ingest_into(pipeline):
@@ -194,8 +194,8 @@ async def accept_converted(
     return receipt_id
 
 
-def _made(converted: Iterable[dict] | ParsedBody, max_events: int) -> ParsedBody | None:
-    return converted if isinstance(converted, ParsedBody) else made_events(converted, max_events)
+def _made(converted: Iterable[dict] | ParsedBody | None, max_events: int) -> ParsedBody | None:
+    return converted if converted is None or isinstance(converted, ParsedBody) else made_events(converted, max_events)
 
 
 async def accept(
