@@ -10,9 +10,10 @@ reset instead of the 413.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import TypeVar
 
@@ -34,27 +35,88 @@ LINGER_S = 5.0
 INLINE_PARSE_BYTES = 512 * 1024
 
 _T = TypeVar("_T")
-_parsing: anyio.CapacityLimiter | None = None
 
 
-async def parsed_off_loop(size: int, parse: Callable[..., _T], *args: object) -> _T:
+class FairTurns:
+    """One holder at a time, the waiters served tenant by tenant in turn: each tenant's waiters
+    first come first served, and the tenants round-robin, so a tenant's flood of work waits behind
+    itself, not in front of the others (a tenant's next piece waits for at most one piece of each
+    other tenant with work queued)."""
+
+    def __init__(self) -> None:
+        self.limiter = anyio.CapacityLimiter(1)  # its thread takes none of the pool's tokens
+        self.held = False
+        self.holder: str | None = None  # whose turn it is
+        self.waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}  # in turn order
+
+    async def acquire(self, tenant: str) -> None:
+        if not self.held and not self.waiting:
+            self.held, self.holder = True, tenant
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(tenant, collections.deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # handed the turn as it was cancelled: pass it on
+                self.release()
+            else:
+                queue = self.waiting.get(tenant)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self.waiting[tenant]
+            raise
+
+    def release(self) -> None:
+        """Hand the turn to the first waiter of the next tenant in turn (who then goes last)."""
+        if self.holder in self.waiting:  # the tenant whose turn ends goes after the others
+            self.waiting[self.holder] = self.waiting.pop(self.holder)
+        while self.waiting:
+            tenant = next(iter(self.waiting))
+            queue = self.waiting.pop(tenant)
+            turn = queue.popleft()
+            if queue:
+                self.waiting[tenant] = queue
+            if not turn.done():
+                self.holder = tenant
+                turn.set_result(None)
+                return
+        self.held, self.holder = False, None
+
+    @contextlib.asynccontextmanager
+    async def turn(self, tenant: str) -> AsyncIterator[None]:
+        await self.acquire(tenant)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+_turns: FairTurns | None = None
+
+
+async def parsed_off_loop(tenant: str, size: int, parse: Callable[..., _T], *args: object) -> _T:
     """`parse(*args)`, the CPU work of reading a body of `size` bytes: on the event loop when the
-    body is small, else in one thread per api process, one body at a time (so that however many
-    large bodies arrive at once, the loop shares the interpreter with one of them only)."""
+    body is small, else in the api's parsing thread (in_parsing_thread), so that however many
+    large bodies arrive at once, the loop shares the interpreter with one of them only."""
     if size <= INLINE_PARSE_BYTES:
         return parse(*args)
-    return await in_parsing_thread(parse, *args)
+    return await in_parsing_thread(tenant, parse, *args)
 
 
-async def in_parsing_thread(parse: Callable[..., _T], *args: object) -> _T:
-    """`parse(*args)` in the api's one parsing thread, first come first served: bodies over
-    INLINE_PARSE_BYTES, pipeline definitions and the shippers' exports share it. One thread, not
-    the pool: pyarrow's compute calls let go of the GIL, and many threads taking it back in turn
-    doubled the CPU of an OTLP export (make bench-api). A flood of exports delays the large bodies
-    queued behind it (README, "The api's loop"); the small ones are parsed on the loop."""
-    global _parsing  # noqa: PLW0603 - made in the event loop, on first use
-    _parsing = _parsing or anyio.CapacityLimiter(1)
-    return await anyio.to_thread.run_sync(parse, *args, limiter=_parsing)
+async def in_parsing_thread(tenant: str, parse: Callable[..., _T], *args: object) -> _T:
+    """`parse(*args)` in the api's one parsing thread, the tenants' work in turn (FairTurns):
+    bodies over INLINE_PARSE_BYTES, pipeline definitions and the shippers' exports share it. One
+    thread, not the pool: pyarrow's compute calls let go of the GIL, and many threads taking it
+    back in turn doubled the CPU of an OTLP export (make bench-api). In turn, not first come
+    first served: a tenant's flood of exports queued in front of another's large body delayed it
+    by the whole flood (README, "The api's loop"). Small bodies are parsed on the loop."""
+    global _turns  # noqa: PLW0603 - made in the event loop, on first use
+    _turns = _turns or FairTurns()
+    async with _turns.turn(tenant):
+        # Not abandoned when the request is cancelled: the turn passes on once the thread is done.
+        return await anyio.to_thread.run_sync(parse, *args, limiter=_turns.limiter)
 
 
 def _expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:

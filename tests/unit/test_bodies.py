@@ -9,7 +9,7 @@ import time
 import pytest
 from fastapi import HTTPException
 
-from service.api.bodies import INLINE_PARSE_BYTES, BodyGuard, parsed_off_loop
+from service.api.bodies import INLINE_PARSE_BYTES, BodyGuard, in_parsing_thread, parsed_off_loop
 
 
 def run(app, body_messages: list[dict], later: list[dict]) -> list[dict]:  # noqa: ANN001
@@ -72,11 +72,39 @@ def test_a_small_body_is_parsed_on_the_event_loop_and_large_ones_one_at_a_time_i
         loop_thread = threading.get_ident()
         small = b"x" * INLINE_PARSE_BYTES
         large = b"x" * (INLINE_PARSE_BYTES + 1)
-        on_small = await parsed_off_loop(len(small), parse, small)
-        on_large = await asyncio.gather(*(parsed_off_loop(len(large), parse, large) for _ in range(3)))
+        on_small = await parsed_off_loop("demo", len(small), parse, small)
+        on_large = await asyncio.gather(*(parsed_off_loop("demo", len(large), parse, large) for _ in range(3)))
         return loop_thread, on_small, on_large
 
     loop_thread, on_small, on_large = asyncio.run(main())
     assert on_small == loop_thread
     assert all(thread != loop_thread for thread in on_large)
+    assert max(overlaps) == 1
+
+
+def test_the_parsing_thread_takes_the_tenants_in_turn_so_a_flood_waits_behind_itself() -> None:
+    """A tenant with many large bodies queued must not hold another tenant's one behind all of
+    them: the other's runs next, and the flood's pieces alternate with whoever else waits. One at
+    a time still, in a thread."""
+    order, running, overlaps = [], [0], []
+
+    def parse(name: str) -> str:
+        running[0] += 1
+        overlaps.append(running[0])
+        time.sleep(0.01)
+        order.append(name)
+        running[0] -= 1
+        return name
+
+    async def main() -> list[str]:
+        flood = [asyncio.create_task(in_parsing_thread("flood", parse, f"f{i}")) for i in range(6)]
+        await asyncio.sleep(0)  # f0 holds the thread, f1..f5 wait
+        others = [asyncio.create_task(in_parsing_thread("calm", parse, "c0")), asyncio.create_task(in_parsing_thread("third", parse, "t0"))]
+        cancelled = asyncio.create_task(in_parsing_thread("gone", parse, "never"))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a waiter whose request went away leaves the queue, and the turns go on
+        return await asyncio.gather(*flood, *others)
+
+    assert asyncio.run(main()) == [*(f"f{i}" for i in range(6)), "c0", "t0"]
+    assert order == ["f0", "c0", "t0", "f1", "f2", "f3", "f4", "f5"]
     assert max(overlaps) == 1

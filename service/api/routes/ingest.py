@@ -153,7 +153,7 @@ async def _ingest(
     try:
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-        parsed = await parsed_off_loop(len(body), parse_events, body, request.headers.get("content-type", ""), settings.max_events_per_request)
+        parsed = await parsed_off_loop(tenant, len(body), parse_events, body, request.headers.get("content-type", ""), settings.max_events_per_request)
     except Exception as exc:
         metrics.REQUESTS_REJECTED.labels(tenant, metrics.reason_label(type(exc).__name__)).inc()
         raise
@@ -182,7 +182,7 @@ async def accept_converted(
         # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
         # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
         # export (make bench-api: 23 against 10 ms per 1,000 records).
-        parsed = await in_parsing_thread(lambda: _made(convert(body), settings.max_events_per_request))
+        parsed = await in_parsing_thread(tenant, lambda: _made(convert(body), settings.max_events_per_request))
         if parsed is None:
             return None
     except Exception as exc:

@@ -61,13 +61,14 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-async def _definition(request: Request) -> PipelineDefinition:
+async def _definition(request: Request, tenant: str) -> PipelineDefinition:
     raw = await read_body(request, MAX_DEFINITION_BYTES)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     # Parsing and checking a large definition takes a while (up to ~0.3 s within the limits): off
     # the event loop, one at a time per api process, so that the loop keeps most of the interpreter
-    # (the GIL) for other tenants' requests however many definitions arrive at once.
-    return await in_parsing_thread(_parse, raw, content_type in YAML_TYPES)
+    # (the GIL) for other tenants' requests however many definitions arrive at once, and the
+    # tenants' in turn.
+    return await in_parsing_thread(tenant, _parse, raw, content_type in YAML_TYPES)
 
 
 def _parse(raw: bytes, is_yaml: bool) -> PipelineDefinition:
@@ -121,7 +122,7 @@ async def _announce(client: RedisDep, tenant: str, definition: PipelineDefinitio
 async def create(
     request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep, settings: SettingsDep,
 ) -> dict:
-    definition = await _definition(request)
+    definition = await _definition(request, principal.tenant)
     warnings = await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(create_pipeline, session, principal.tenant, definition, settings.max_pipelines_per_tenant)
     await _announce(client, principal.tenant, definition)
@@ -132,7 +133,7 @@ async def create(
 async def replace(
     name: TableName, request: Request, principal: AdminPrincipal, session: SessionDep, catalog: CatalogDep, client: RedisDep
 ) -> dict:
-    definition = await _definition(request)
+    definition = await _definition(request, principal.tenant)
     warnings = await run_in_threadpool(_check_tables, catalog, principal.tenant, definition)
     record = await run_in_threadpool(replace_pipeline, session, principal.tenant, name, definition)
     await _announce(client, principal.tenant, definition)
