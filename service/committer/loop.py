@@ -15,6 +15,7 @@ import time
 
 import redis
 from pyiceberg.catalog import Catalog
+from sqlalchemy.exc import OperationalError
 
 from service.committer.commits import TRANSIENT, TableCommits
 from service.committer.feeds import FeedPump
@@ -24,6 +25,7 @@ from service.committer.state import CommitSchedule, UpkeepSchedule
 from service.committer.upkeep import TableUpkeep
 from service.core import keys, metrics
 from service.core.config import Settings
+from service.core.db import sqlite_write_lock_holders
 from service.core.exceptions import LeadershipLost
 from service.core.identity import consumer_name
 from service.iceberg.catalog import table_identifier
@@ -151,7 +153,7 @@ class Committer:
             self.leases.pop(member, None)
         except TRANSIENT as exc:  # the catalog is away or busy: nothing is wrong with the entries
             metrics.COMMIT_FAILURES.labels(tenant, table, "unavailable").inc()
-            log.warning("committer: commit of %s failed (%s); will retry", member, exc)
+            log.warning("committer: commit of %s failed (%s); will retry%s", member, exc, locked_by(self.settings.resolved_catalog_uri(), exc))
             self.schedule.record_commit(member, now)  # back off one interval
         except Exception:
             metrics.COMMIT_FAILURES.labels(tenant, table, "error").inc()
@@ -189,3 +191,16 @@ class Committer:
             with contextlib.suppress(redis.RedisError):
                 lease.release()
         self.leases.clear()
+
+
+def locked_by(catalog_uri: str, exc: Exception) -> str:
+    """For an SQLite catalog locked past its busy timeout, who holds its write lock, to add to the
+    failure's warning (a process frozen inside its catalog write holds it until it runs again:
+    README, Known limits); "" otherwise."""
+    if not (isinstance(exc, OperationalError) and "database is locked" in str(exc)):
+        return ""
+    holders = sqlite_write_lock_holders(catalog_uri)
+    if not holders:
+        return ""
+    return (f". The SQLite catalog's write lock is held by process {', '.join(map(str, holders))}: if it stays held, that "
+            "process is stuck or stopped inside its catalog write (a SIGSTOP, a paused VM); resume or kill it")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,26 @@ def share_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
+
+
+def sqlite_write_lock_holders(url: str) -> list[int]:
+    """The processes holding the write lock of the SQLite database at `url` (in WAL mode: a POSIX
+    lock on byte 120 of its -shm file, WALINDEX_LOCK_OFFSET), as Linux's /proc/locks lists them;
+    [] when none does, or where that cannot be known (another system, another database)."""
+    if not url.startswith("sqlite:///"):
+        return []
+    try:
+        inode = os.stat(url.removeprefix("sqlite:///") + "-shm").st_ino
+        rows = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    holders = []
+    for row in rows:
+        # "9: POSIX  ADVISORY  WRITE 13964 fe:00:2147740 120 120"; a waiter's has "->" after the number
+        fields = row.split()
+        if fields[1:4] == ["POSIX", "ADVISORY", "WRITE"] and fields[5].endswith(f":{inode}") and fields[6] == "120":
+            holders.append(int(fields[4]))
+    return holders
 
 
 def migrate(url: str) -> None:

@@ -42,6 +42,7 @@ import orjson
 import redis
 
 from service.core import faults, keys
+from service.core.db import sqlite_write_lock_holders
 from tests.harness import (
     TEST_TOKEN,
     RedisServer,
@@ -356,14 +357,14 @@ def committer_paused_past_lease(chaos: Chaos) -> None:
     lease_key = keys.lease_key(*TABLE)
     leader = wait_until(lambda: chaos.stack.redis.get(lease_key), what="a leader").decode()
     pid = chaos.pid_of(leader)
-    catalog = chaos.stack.settings.resolved_catalog_uri().removeprefix("sqlite:///")
+    catalog = chaos.stack.settings.resolved_catalog_uri()
     # A process frozen inside its SQLite catalog write holds the catalog's one write lock until it
     # runs again: no leader can commit meanwhile (a limit of the embedded catalog, in the README).
     # This scenario is about the lease, so it freezes the leader outside that write.
     for _attempt in range(20):
         os.kill(pid, signal.SIGSTOP)
         wait_until(lambda: is_stopped(pid), timeout_s=5, interval_s=0.005, what="the leader to stop")
-        if not holds_sqlite_write_lock(catalog, pid):
+        if pid not in sqlite_write_lock_holders(catalog):
             break
         chaos.evidence.append("stopped inside its catalog write: resumed and stopped again")
         os.kill(pid, signal.SIGCONT)
@@ -385,21 +386,6 @@ def is_stopped(pid: int) -> bool:
     """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2] == "T"
-
-
-def holds_sqlite_write_lock(database: str, pid: int) -> bool:
-    """Whether process `pid` holds the write lock of an SQLite database in WAL mode: a POSIX lock
-    on byte 120 (WALINDEX_LOCK_OFFSET, the write lock's slot) of its -shm file, as /proc/locks shows."""
-    try:
-        inode = os.stat(f"{database}-shm").st_ino
-    except FileNotFoundError:
-        return False
-    for row in Path("/proc/locks").read_text().splitlines():
-        # "9: POSIX  ADVISORY  WRITE 13964 fe:00:2147740 120 120" (a waiter's row has "->" after the number)
-        fields = [field for field in row.split() if field != "->"]
-        if fields[1:4] == ["POSIX", "ADVISORY", "WRITE"] and fields[4] == str(pid) and fields[5].endswith(f":{inode}") and fields[6] == "120":
-            return True
-    return False
 
 
 def spark_stopped(chaos: Chaos) -> None:
