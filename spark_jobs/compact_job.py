@@ -11,9 +11,9 @@ falling back to Spark's reader.
 Each output is written by one Spark task that reads its share of the input files and writes them
 again with pyarrow in a Python worker (`mapInArrow` over the list of files: no row passes through
 the JVM), at a fraction of what Spark's own Parquet reader and writer cost; compaction then stalls
-ingest on a small cluster far less. Where pyarrow cannot read a file into the table's schema (a
-nested struct that gained a field since, say), the task fails, its files are deleted, and Spark's
-reader and writer do the rewrite instead.
+ingest on a small cluster far less. A file written before a column, or a field of a struct, was
+added reads it as null (conform). Where pyarrow cannot read a file into the table's schema, the
+task fails, its files are deleted, and Spark's reader and writer do the rewrite instead.
 """
 
 from __future__ import annotations
