@@ -70,7 +70,9 @@ from pyspark.sql import types as T
 
 from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
-from spark_jobs.files import _path, freeze_once, rows_per_file, write_runs
+from spark_jobs.files import _path, conform, freeze_once, rows_per_file, write_runs
+from spark_jobs.otlp_rows import ROWS, from_ipc, is_rows
+from spark_jobs.otlp_rows import lines as rows_lines
 from spark_jobs.plain_processors import apply as apply_processors
 from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
@@ -687,6 +689,17 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
         def rows_of(body: bytes) -> tuple[pa.Table, int]:
             """The body's rows and its number of events; Refused saying why this way cannot."""
             nonlocal wide_maps
+            if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
+                rows = from_ipc(body)
+                if takes_rows:
+                    try:
+                        table = in_file_schema(rows)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                        pass  # a column whose type the table changed: its lines are read as any
+                    else:
+                        columnar[0] = True
+                        return table, rows.num_rows
+                body = rows_lines(rows)
             try:
                 table, every_line, epoch = parse(body)
                 if renames:
@@ -744,6 +757,14 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 events = table.num_rows  # the rows a where kept
             return table, events
 
+        def in_file_schema(table: pa.Table) -> pa.Table:
+            return pa.Table.from_batches([conform(batch, file_schema) for batch in table.to_batches()], schema=file_schema)
+
+        def joined(tables: list[pa.Table]) -> pa.Table:
+            """The requests' rows as one table: in the file's schema when some came as columns (the
+            others' as their parse left them, as ever, when none did)."""
+            return pa.concat_tables([in_file_schema(table) for table in tables] if columnar[0] else tables)
+
         def renamed_columns(table: pa.Table) -> pa.Table:
             """The parse's columns by the table's names. A field in any letter case of a new name
             (which the Spark job would rename onto) or of an old name but its own (which Spark's
@@ -767,6 +788,10 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             return None
 
         known = [*parsing.names, *maps]
+        # A table that takes an OTLP export's columns as they are: each is one of its columns, and
+        # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
+        takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
+        columnar = [False]  # whether some request came as columns
         drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
         # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
         folded_drops = {name.casefold() for name in drops | (nulled(processors[0]) if processors is not None else frozenset())}
@@ -796,7 +821,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                 tables.append(table)
                 places.append((receipt, seq, events))
                 sizes[seq] = len(body)
-        if tables and (reason := fault(data := pa.concat_tables(tables))) is not None:
+        if tables and (reason := fault(data := joined(tables))) is not None:
             if not by_request:
                 yield answer(refused=reason)
                 return
@@ -805,7 +830,7 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
             rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
             tables = [table for table, keep in zip(tables, kept) if keep]
             places = [place for place, keep in zip(places, kept) if keep]
-            data = pa.concat_tables(tables) if tables else None
+            data = joined(tables) if tables else None
         if not tables:
             yield answer(last=True)
             return

@@ -38,6 +38,7 @@ from spark_jobs.direct_append import append_directly, parse_schema
 from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
 from spark_jobs.files import delete_directory, rows_per_file, write_parquet
+from spark_jobs.otlp_rows import as_lines
 from spark_jobs.partitions import write_data_files
 from spark_jobs.plain_processors import plan as plan_processors
 from spark_jobs.processors import (
@@ -249,6 +250,7 @@ class PipelineJob:
         return JobResult(tables=tables, direct="written", bodies=way)
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
+        bodies = [as_lines(body) for body in bodies]  # an OTLP export's columns as their lines (otlp_rows.py)
         events = event_rows(self.spark, receipts, bodies)
         if any(has_set_aside(body) for body in bodies):
             self.dead_letters.add(set_aside_rows(events), F.col(REASON))

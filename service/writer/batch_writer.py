@@ -28,6 +28,7 @@ from service.writer.hand_off import HandOffPlan, HandOffScript
 from service.writer.outcome import BatchOutcome
 from service.writer.tables import TableResolver
 from spark_jobs.dlq import dead_letter_requests
+from spark_jobs.otlp_rows import as_lines
 from spark_jobs.pipeline_job import PipelineJob
 from spark_jobs.session import spark_session
 from spark_jobs.stream_bodies import StreamEntries
@@ -120,7 +121,7 @@ class BatchWriter:
         path = f"{new_directory(self.tables.dlq_location(batch.tenant))}/part-00000.parquet"
         filesystem, location = locate(path, self.io)
         rows_by_receipt = dead_letter_requests(
-            [(entry.receipt, entry.body) for entry in batch.entries], reason, batch.pipeline, self._pipeline_version(batch), location, filesystem,
+            [(entry.receipt, as_lines(entry.body)) for entry in batch.entries], reason, batch.pipeline, self._pipeline_version(batch), location, filesystem,
         )
         outcome = BatchOutcome()
         outcome.add(CommitEntry(batch.tenant, keys.DLQ_TABLE, [path], rows_by_receipt,

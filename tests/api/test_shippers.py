@@ -8,6 +8,7 @@ import redis
 
 from service.core import keys
 from service.protocol.input_entry import InputEntry
+from spark_jobs.otlp_rows import as_lines
 
 
 def bulk_body(*lines: dict | str) -> bytes:
@@ -88,7 +89,7 @@ OTLP_JSON = {  # as the OpenTelemetry Collector's otlphttp exporter sends it (en
 
 def last_events(client: redis.Redis, pipeline: str) -> list[dict]:
     (entry,) = client.xrevrange(keys.input_stream_key("demo", pipeline), count=1)
-    return [orjson.loads(line) for line in InputEntry.from_fields(*entry).body.splitlines()]
+    return [orjson.loads(line) for line in as_lines(InputEntry.from_fields(*entry).body).splitlines()]  # OTLP: its columns' lines
 
 
 def test_otlp_json_and_protobuf_log_records_become_events_of_the_otel_logs_pipeline(app_client, redis_url: str) -> None:  # noqa: ANN001

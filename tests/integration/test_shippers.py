@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from tests.conftest import TEST_TOKEN, Stack, wait_until
@@ -130,3 +131,52 @@ def test_python_logging_loki_pushes_with_basic_auth_into_the_loki_logs_table(sta
     assert [row["line"] for row in rows] == [f"line {i}" for i in range(3)]
     labels = dict(rows[1]["labels"])
     assert labels["app"] == "checkout" and labels["attempt"] == "1" and labels["severity"] == "error"
+
+
+def test_otlp_exports_buffered_as_columns_are_written_by_the_short_way_as_their_lines_by_the_spark_job(stack: Stack) -> None:
+    """An export as exporters write it is buffered as its rows' columns (spark_jobs/otlp_rows.py).
+    The first creates `otel_logs` through the Spark job, from the columns' lines; the next ones,
+    in JSON and in protobuf, are written by the short way's tasks straight from the columns, which
+    they read from Redis. The rows come out the same either way."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    def export(batch: int, trace_id: str = "5B8EFFF798038103D269B633813FC60C") -> dict:
+        return {"resourceLogs": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "checkout"}}, {"key": "host", "value": {"stringValue": "web-1"}}]},
+            "scopeLogs": [{"scope": {"name": "app", "version": "1.0"}, "logRecords": [
+                {"timeUnixNano": str(1764000000123456789 + record * 86_400_000_000_000), "severityNumber": 9, "severityText": "INFO",
+                 "body": {"stringValue": f"record {record} \"quoted\"\nsecond line"}, "traceId": trace_id,
+                 "attributes": [{"key": "z", "value": {"intValue": str(record)}}, {"key": "a", "value": {"doubleValue": 0.5}},
+                                {"key": "batch", "value": {"intValue": str(batch)}}]}
+                for record in range(3)
+            ]}],
+        }]}
+
+    with stack.client() as http:
+        for batch, (content, kind) in enumerate([
+            (orjson.dumps(export(0)), "application/json"), (orjson.dumps(export(1)), "application/json"),
+            # (protobuf's JSON mapping spells bytes in base64, where OTLP/JSON spells ids in hex)
+            (json_format.ParseDict(export(2, base64.b64encode(bytes.fromhex("5B8EFFF798038103D269B633813FC60C")).decode()),
+                                   ExportLogsServiceRequest()).SerializeToString(), "application/x-protobuf"),
+        ]):
+            answer = http.post("/otlp/v1/logs?wait=true&timeout=60", content=content, headers={"Content-Type": kind})
+            assert answer.status_code == 200, (batch, answer.text)
+    text = stack.metrics()
+    assert 'calve_direct_batches_total{outcome="written",pipeline="otel_logs",tenant="demo"} 2.0' in text, "the two after the first: the short way"
+    assert 'calve_direct_bodies_total{pipeline="otel_logs",tenant="demo",way="redis"} 2.0' in text
+    by_batch: dict[str, list] = {}
+    for row in stack.rows("otel_logs"):
+        attributes = dict(row.pop("attributes"))
+        by_batch.setdefault(attributes.pop("batch"), []).append({**row, "attributes": attributes})
+    rows = {batch: sorted(found, key=lambda row: row["body"]) for batch, found in by_batch.items()}
+    assert sorted(rows) == ["0", "1", "2"]
+    differ = [(batch, name, mine[name], theirs[name]) for batch in ("1", "2") for mine, theirs in zip(rows[batch], rows["0"])
+              for name in theirs if mine[name] != theirs[name]]
+    assert not differ, differ
+    first = rows["0"][0]
+    assert first["body"] == 'record 0 "quoted"\nsecond line' and first["trace_id"] == "5b8efff798038103d269b633813fc60c"
+    assert first["attributes"] == {"a": "0.5", "z": "0"} and dict(first["resource_attributes"]) == {"host": "web-1", "service.name": "checkout"}
+    assert str(first["timestamp"]) == "2025-11-24 16:00:00.123456+00:00" and first["observed_timestamp"] is None
