@@ -10,6 +10,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.columns import BODY, EVENT, INTERNAL, LINE_SLOTS, REASON, RECEIPT, SEQ
 from spark_jobs.contract import SET_ASIDE_MARK
+from spark_jobs.otlp_rows import is_rows
 
 
 def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) -> DataFrame:
@@ -25,7 +26,9 @@ def event_rows(spark: SparkSession, receipts: list[str], bodies: list[bytes]) ->
 
 
 def has_set_aside(body: bytes) -> bool:
-    return body.startswith(SET_ASIDE_MARK.encode()) or b"\n" + SET_ASIDE_MARK.encode() in body
+    """Whether the api set aside events of this body (never of an export's columns, whose binary
+    may hold the mark's bytes: otlp_rows.py)."""
+    return not is_rows(body) and (body.startswith(SET_ASIDE_MARK.encode()) or b"\n" + SET_ASIDE_MARK.encode() in body)
 
 
 def set_aside_rows(events: DataFrame) -> DataFrame:
