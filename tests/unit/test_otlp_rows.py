@@ -76,3 +76,16 @@ def test_columns_a_table_does_not_take_as_they_are_are_read_as_their_lines(tmp_p
         '"event_name":"login"}'
     )
     assert otlp_rows.as_lines(lines) == lines
+
+
+def test_an_exports_columns_are_never_taken_for_a_body_with_events_set_aside() -> None:
+    """The api marks an event it set aside with a line starting "!"; an export's columns are
+    binary, and may hold those bytes (here in a record's text, stored as it is): read as a body
+    with events set aside, every batch holding one went to the Spark job."""
+    from spark_jobs.events import has_set_aside
+
+    export = orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "1764000000123456789", "body": {"stringValue": "first\n!second"}}]}]}]})
+    columns = otlp_columns.json_body(export, RECEIVED_NS, 10).ndjson
+    assert b"\n!" in columns and not has_set_aside(columns)
+    assert has_set_aside(b'{"a":1}\n!{"reason":"too deep","event":"[[[["}')
