@@ -68,6 +68,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from spark_jobs import otlp_rows
 from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, conform, freeze_once, rows_per_file, write_runs
@@ -78,6 +79,7 @@ from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, nul
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(otlp_rows)  # its functions run in the tasks too; the api imports it without pyspark
 
 # Types whose JSON reading pyarrow and the Spark job agree on exactly; anything else: the Spark job.
 _PLAIN_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int64, pa.types.is_int32,

@@ -15,14 +15,11 @@ bytes), which UTF-8 text never holds.
 from __future__ import annotations
 
 import re
-import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import cloudpickle
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # run in Spark's tasks, which need nothing of Calve
-
+# No pyspark here: the api imports this module (direct_append.py has Spark's tasks take it by value).
 IPC_MARKER = b"\xff\xff\xff\xff"
 TEXT_MAP = pa.map_(pa.string(), pa.string())
 ROWS = pa.schema([

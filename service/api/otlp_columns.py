@@ -15,7 +15,8 @@ tests/unit/test_otlp_rows.py keep both alike, line by line and row by row.
 
 Measured on `make bench`'s bodies (1,000 records, three attributes each), one process: OTLP/JSON
 6.9 against 17.6 microseconds per record, protobuf 7.5 against 10.6, when it wrote the lines;
-the rows cost 1.1 ms per 1,000 records against 3.4 for the lines (README, "The api's loop").
+the rows cost 1.1 ms per 1,000 records against 3.4 for the lines (README, the `otlp` shape's
+measurements under "The two commands").
 """
 from __future__ import annotations
 
