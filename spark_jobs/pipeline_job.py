@@ -142,6 +142,7 @@ class PipelineJob:
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
     max_columns: int | None = None  # a batch with more fields is parsed with as many only (schemas.narrowed)
     refusals_key: str | None = None  # whose short way refusals this batch counts in (the tenant's pipeline; None: the pipeline's name)
+    task_bytes: int | None = None  # the short way's tasks: one per this many bytes of bodies (direct_append.tasks_for); None: Spark's split
 
     def __post_init__(self) -> None:
         self.dead_letters = DeadLetters(self.pipeline, self.version, self.dlq_directory, self.dlq_filesystem)
@@ -215,7 +216,7 @@ class PipelineJob:
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
                 partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None, processors=processors,
-                target_file_size=target.target_file_size,
+                target_file_size=target.target_file_size, task_bytes=self.task_bytes,
             )
 
         try:

@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     writer_batch_events: int = 200_000
     writer_batch_bytes: int = 48 * 1024 * 1024
     writer_batch_wait_s: float = 0.25
+    # The short way's Spark job gets one task per this many bytes of request bodies (at least one,
+    # at most one per request, at most what the Spark server's parallelism would give): each task
+    # costs the Spark JVM and a Python worker ~40 ms of CPU whatever it holds, and the writers
+    # already run one job each at a time, side by side. See the README, "The short way".
+    writer_task_bytes: int = Field(default=16 * 1024 * 1024, ge=1024 * 1024)
     writer_claim_idle_s: float = 60.0
 
     # Committer.

@@ -64,7 +64,7 @@ class BatchWriter:
             processed_table=self.tables.known_schema(batch.tenant, record.definition, processors=True) is not None,
             evolving_table=self.tables.evolving_table(batch.tenant, record.definition),
             refusals_key=keys.member(batch.tenant, batch.pipeline),
-            max_columns=self.settings.max_table_columns,
+            max_columns=self.settings.max_table_columns, task_bytes=self.settings.writer_task_bytes,
         )
         started = time.perf_counter()
         result = job.run([entry.receipt for entry in batch.entries], [entry.body for entry in batch.entries], self._entries(batch))

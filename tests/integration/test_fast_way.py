@@ -215,7 +215,11 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
             ids = tuple(client.xadd("fast-way-bodies", {ENTRY_BODY: body}).decode() for body in bodies)
             entries = StreamEntries(redis_url, False, "fast-way-bodies", ids)
         try:
-            fast = job(definition).run(receipts, bodies, entries)
+            fast_job = job(definition)
+            # Every other batch in as few tasks as its bytes need (the writers' way: one here), the
+            # others split as Spark splits them: a task's rows never depend on its neighbours'.
+            fast_job.task_bytes = 1 << 20 if len(bodies) % 2 else None
+            fast = fast_job.run(receipts, bodies, entries)
             assert entries is None or fast.bodies != "shipped", "the tasks could not read the bodies from Redis"
             pipeline_job._direct_off_until = float("inf")  # the full job only
             full = job(definition).run(receipts, bodies)
@@ -810,6 +814,31 @@ def test_a_sinks_target_file_size_splits_the_short_ways_files_as_the_spark_jobs(
     per_file = rows_per_file(2**20, 20_000, len(body))
     assert len(counts) == 2 and max(counts) <= per_file and sum(counts) == 20_000, (counts, per_file)
     assert [row["id"] for row in written(result)] == list(range(20_000))
+
+
+def test_the_short_way_runs_as_many_tasks_as_the_bodies_bytes_need(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """Six small requests, split by Spark over its cores (a file each task), go in one task when
+    task_bytes says one holds them all, and in two when it says each holds half: the same rows."""
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra")
+
+    bodies = [b'{"id": %d, "msg": "%s"}' % (i, b"m" * 60) for i in range(6)]
+
+    def files(task_bytes: int | None) -> tuple[int, list[dict]]:
+        job = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(), known_schema=TABLE,
+                          task_bytes=task_bytes)
+        result = job.run([f"r{i}" for i in range(6)], bodies)
+        assert result.direct == "written" and result.tables["events"].rows_by_receipt == {f"r{i}": 1 for i in range(6)}
+        return len(list_data_files(result.tables["events"].directory)), written(result)
+
+    split, rows = files(None)
+    if split < 2:
+        pytest.skip("this Spark server splits a job over one core only")
+    assert files(1 << 20) == (1, rows)
+    assert files(sum(map(len, bodies)) // 2) == (2, rows)
 
 
 @pytest.mark.parametrize("processed_table", [False, True], ids=["read-again", "parsed-as-maps"])

@@ -36,7 +36,7 @@ from pyiceberg.types import (
 
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema, write_partitioned
+from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema, tasks_for, write_partitioned
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -153,6 +153,13 @@ def test_java_doubles_beyond_the_certain_range_are_unspellable() -> None:
     for value in (1e16, -2e23, float("inf"), 5e-324, -5e-323, 2.0**-24, 2.0**-700):  # Java: 4.9E-324, -4.9E-323
         with pytest.raises(Unspellable):
             java_double(value)
+
+
+def test_a_job_gets_a_task_per_task_bytes_of_bodies_at_least_one_at_most_one_per_body() -> None:
+    assert tasks_for([b"x" * 100] * 5, 1000) == 1
+    assert tasks_for([b"x" * 100] * 5, 200) == 3  # 500 bytes: two tasks of 200 and one of the rest
+    assert tasks_for([b"x" * 1000] * 3, 10) == 3
+    assert tasks_for([b""], 10) == 1
 
 
 def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> None:
