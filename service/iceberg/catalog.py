@@ -100,6 +100,7 @@ def get_catalog(
 )
 def _load(config: dict[str, str]) -> Catalog:
     private.cache_transaction_metadata()
+    private.share_updated_metadata()
     private.cache_metadata_files()
     return load_catalog(CATALOG_NAME, **config)
 

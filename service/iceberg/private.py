@@ -11,8 +11,8 @@ delete files (`row_delta_producer`, for rewrites.py: merge-on-read row changes).
 append does (public replacement: every snapshot producer honouring `commit.manifest-merge.*`, as
 Java's merging producers do).
 
-Two patches, not calls: `cache_transaction_metadata` and `cache_metadata_files` (applied when a
-catalog is opened).
+Three patches, not calls: `cache_transaction_metadata`, `share_updated_metadata` and
+`cache_metadata_files` (applied when a catalog is opened).
 """
 
 from __future__ import annotations
@@ -317,6 +317,52 @@ def cache_transaction_metadata() -> None:
 
     table_metadata.calve_cached = True  # type: ignore[attr-defined]
     Transaction.table_metadata = property(table_metadata)  # type: ignore[method-assign]
+
+
+def share_updated_metadata() -> None:
+    """Make pyiceberg's `update_table_metadata` return the updated metadata without deep-copying it.
+
+    pyiceberg 0.12 applies a commit's updates by copy on write (each update makes a new
+    TableMetadata with new lists and dicts for what it changes: `model_copy(update=...)`) and
+    then deep-copies the result, every snapshot, log entry, schema and spec of the table's
+    history, in case something changes it in place later (apache/iceberg-python#182: "might be
+    inadvertently altered"). Nothing does: TableMetadata is frozen, every update builds new
+    containers, and Calve never changes one in place. A commit ran it twice (the transaction's
+    view, then the catalog's update), and under `make bench`'s OTLP load those copies were 38% of
+    the committer's CPU samples, more the longer a table's history. This is that function with
+    the last copy left out (`enforce_validation`, which parses the result afresh, as before).
+    Public replacement: none in pyiceberg 0.12; drop this when its update_table_metadata stops
+    copying (or when the cache in apache/iceberg-python#3784 makes it rare enough).
+    """
+    import pyiceberg.catalog
+    import pyiceberg.table
+    import pyiceberg.table.update as module
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    original = module.update_table_metadata
+    if getattr(original, "calve_shared", False):
+        return
+
+    def update_table_metadata(base_metadata: Any, updates: tuple, enforce_validation: bool = False, metadata_location: str | None = None) -> Any:
+        context = module._TableMetadataUpdateContext()  # noqa: SLF001
+        metadata = base_metadata
+        for update in updates:
+            metadata = module._apply_table_update(update, metadata, context)  # noqa: SLF001
+        if context.has_changes():
+            if metadata_location:
+                metadata = module._update_table_metadata_log(metadata, metadata_location, base_metadata.last_updated_ms)  # noqa: SLF001
+            if base_metadata.last_updated_ms == metadata.last_updated_ms:
+                metadata = metadata.model_copy(update={"last_updated_ms": module.datetime_to_millis(module.datetime.now().astimezone())})
+        metadata.spec().check_compatible(metadata.schema())
+        metadata.sort_order().check_compatible(metadata.schema())
+        if enforce_validation:
+            return TableMetadataUtil.parse_obj(metadata.model_dump())
+        return metadata
+
+    update_table_metadata.calve_shared = True  # type: ignore[attr-defined]
+    for holder in (module, pyiceberg.table, pyiceberg.catalog):  # each imported it by name
+        if getattr(holder, "update_table_metadata", None) is original:
+            holder.update_table_metadata = update_table_metadata  # type: ignore[attr-defined]
 
 
 METADATA_FILES_KEPT = 8  # parsed table metadata files a process keeps, the last used first

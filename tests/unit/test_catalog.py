@@ -154,3 +154,45 @@ def test_a_metadata_file_is_parsed_once_per_process_and_a_commit_is_seen_at_the_
     # The first table's file is no longer kept: a handle on it reads it again.
     from pyiceberg.serializers import FromInputFile
     assert FromInputFile.table_metadata(first.io.new_input(first.metadata_location)) is not first.metadata
+
+
+def test_a_commit_shares_the_tables_history_and_leaves_every_earlier_state_as_it_was(tmp_path: Path) -> None:
+    """private.share_updated_metadata, applied when a catalog is opened: a commit's new metadata
+    holds the earlier snapshots and schemas themselves (pyiceberg 0.12 deep-copied the whole
+    history twice a commit), and no commit changes a metadata object taken before it: appends, a
+    schema change, properties set and removed, snapshots expired, each state read back equal to
+    its file."""
+    import pyarrow as pa
+    from pyiceberg.table.metadata import TableMetadataUtil
+    from pyiceberg.types import StringType
+
+    catalog = get_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
+    catalog.create_namespace("demo")
+    table = catalog.create_table(("demo", "logs"), pa.schema([("id", pa.int64())]))
+    states = []
+
+    def took() -> None:
+        states.append((table.metadata, table.metadata.model_dump_json()))
+
+    table.append(pa.table({"id": [1]}))
+    took()
+    table.append(pa.table({"id": [2]}))
+    assert table.metadata.snapshots[0] is states[0][0].snapshots[0] and table.metadata.schemas[0] is states[0][0].schemas[0]
+    took()
+    with table.update_schema() as update:
+        update.add_column("msg", StringType())
+    took()
+    table.transaction().set_properties(owner="calve").commit_transaction()
+    took()
+    table.append(pa.table({"id": pa.array([3], pa.int64()), "msg": ["m"]}))
+    took()
+    table.transaction().remove_properties("owner").commit_transaction()
+    with table.maintenance.expire_snapshots() as expire:
+        expire.by_id(table.metadata.snapshots[0].snapshot_id)
+    took()
+    for metadata, dumped in states:
+        assert metadata.model_dump_json() == dumped
+    assert table.metadata == TableMetadataUtil.parse_raw(Path(table.metadata_location.removeprefix("file://")).read_bytes())
+    assert [len(metadata.snapshots) for metadata, _ in states] == [1, 2, 2, 2, 3, 2]
+    assert "owner" not in table.metadata.properties and states[3][0].properties["owner"] == "calve"
+    assert sorted(catalog.load_table(("demo", "logs")).scan().to_arrow().column("id").to_pylist()) == [1, 2, 3]
