@@ -73,6 +73,11 @@ def _has_long_name(value: dict) -> bool:
     return False
 
 
+def too_many_events(max_events: int) -> BodyTooLarge:
+    """The refusal (413) of a request holding more than `max_events` events, whatever its protocol."""
+    return BodyTooLarge(f"more than {max_events} events in one request; split it")
+
+
 @dataclass(frozen=True)
 class ParsedBody:
     """A request's events, one JSON object per line."""
@@ -290,7 +295,7 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
             event = event_lines(loads_exact(text, value) if long_numbers else value, text, shallow)
         lines.extend(event)
         if len(lines) > max_events:
-            raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+            raise too_many_events(max_events)
     if not lines:
         raise BadRequestBody("the body holds no events")
     return parsed_body(lines)
@@ -310,7 +315,7 @@ def made_events(events: Iterable[dict], max_events: int) -> ParsedBody | None:
     for event in events:
         lines.extend(event_lines(event))
         if len(lines) > max_events:
-            raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+            raise too_many_events(max_events)
     if not lines:
         return None
     return parsed_body(lines)
@@ -337,7 +342,7 @@ def _parse_json(body: bytes, max_events: int) -> ParsedBody:
     if not events:
         raise BadRequestBody("the body holds no events")
     if len(events) > max_events:
-        raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+        raise too_many_events(max_events)
     for index, event in enumerate(events):
         if not isinstance(event, dict):
             raise BadRequestBody(f"element {index}: expected a JSON object, got {type(event).__name__}")

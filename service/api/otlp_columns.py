@@ -31,8 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from service.api.events import MAX_FIELD_NAME, ParsedBody, may_hold_long_integers
-from service.core.exceptions import BodyTooLarge
+from service.api.events import MAX_FIELD_NAME, ParsedBody, may_hold_long_integers, too_many_events
 from service.pipelines import otel
 from spark_jobs import otlp_rows
 
@@ -129,7 +128,7 @@ def _parsed(records: _Records | None, max_events: int) -> ParsedBody | None:
         return None
     count = len(records.time)
     if count > max_events:
-        raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+        raise too_many_events(max_events)
     return ParsedBody(ndjson=otlp_rows.to_ipc(_rows(records)), events=count)
 
 

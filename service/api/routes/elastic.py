@@ -50,11 +50,12 @@ from service.api.events import (
     may_hold_long_integers,
     parse_events,
     parsed_body,
+    too_many_events,
 )
 from service.api.routes.ingest import check_limits, in_flight, refuse_while_draining
 from service.core import metrics
 from service.core.config import Settings
-from service.core.exceptions import BadRequestBody, BodyTooLarge, NotFound
+from service.core.exceptions import BadRequestBody, NotFound
 from service.pipelines.store import PipelineRecord, get_pipeline
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import Principal
@@ -328,7 +329,7 @@ async def _accept_items(request: Request, principal: Principal, settings: Settin
                                         f"this token may not ingest into pipeline {name!r}", "security_exception")
             continue
         if len(target.lines) > settings.max_events_per_request:
-            raise BodyTooLarge(f"more than {settings.max_events_per_request} events in one request; split it")
+            raise too_many_events(settings.max_events_per_request)
         batches.append((name, parsed_body(target.lines)))
     try:
         with in_flight(request):

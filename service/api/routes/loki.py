@@ -15,9 +15,9 @@ from fastapi.responses import Response
 
 from service.api.deps import BufferDep, IngestPrincipal, LimitsDep, SettingsDep
 from service.api.errors import AUTH_ERRORS, error_responses
-from service.api.events import MAX_FIELD_NAME, ParsedBody, event_lines, media_type, parsed_body
+from service.api.events import MAX_FIELD_NAME, ParsedBody, event_lines, media_type, parsed_body, too_many_events
 from service.api.routes.ingest import accept_converted
-from service.core.exceptions import BadRequestBody, BodyTooLarge, LokiError
+from service.core.exceptions import BadRequestBody, LokiError
 from service.core.keys import LOKI_LOGS_PIPELINE
 from service.pipelines import loki
 
@@ -71,5 +71,5 @@ def parsed_push(body: bytes, protobuf: bool, max_bytes: int, max_events: int) ->
     except LokiError as exc:
         raise BadRequestBody(str(exc)) from None
     if len(lines) > max_events:
-        raise BodyTooLarge(f"more than {max_events} events in one request; split it")
+        raise too_many_events(max_events)
     return parsed_body(lines) if lines else None
