@@ -509,7 +509,7 @@ def dropping_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN
 def test_drops_of_the_tables_columns_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     # The full job drops the field and writes the column it then lacks as NULL; the short way
     # writes NULL from the drop on (a where before it reads the values): the same rows and counts.
-    compare_ways(fresh_spark, tmp_path, TABLE, [], dropping_batch(), examples=15, least_written=4)
+    compare_ways(fresh_spark, tmp_path, TABLE, [], dropping_batch(), examples=35, least_written=4)
 
 
 # Functions the short way evaluates (text functions, concat, coalesce, CASE, IF), over text that
@@ -660,7 +660,7 @@ def test_renames_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, t
     # The full job renames the inferred column (Spark's withColumnsRenamed); the short way parses
     # the old name as the table's column: the same rows and counts, and a request with both names,
     # or either in other letter case, left to the full job.
-    compare_ways(fresh_spark, tmp_path, TABLE, [], renamed_batch(), examples=25, least_written=5)
+    compare_ways(fresh_spark, tmp_path, TABLE, [], renamed_batch(), examples=40, least_written=5)
 
 
 MAP_WHERE = st.sampled_from([
