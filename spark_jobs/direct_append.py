@@ -59,7 +59,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import reduce
 
@@ -77,6 +77,7 @@ from spark_jobs.otlp_rows import lines as rows_lines
 from spark_jobs.plain_processors import apply as apply_processors
 from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
+from spark_jobs.task_code import bound
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 cloudpickle.register_pickle_by_value(otlp_rows)  # its functions run in the tasks too; the api imports it without pyspark
@@ -638,10 +639,24 @@ def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
 
 
-def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001, ANN202
+def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
-              target_file_size: int | None = None):
+              target_file_size: int | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The short way's task: `_append` with the job's arguments, its code pickled once per process
+    (task_code.py). Where the bodies are goes as plain data (StreamEntries' class would be pickled
+    by value again), without the ids, which the job's rows hold."""
+    where = None if entries is None else (entries.url, entries.cluster, entries.stream)
+    return bound(_append, directory, filesystem, parsing, file_schema, required, extra_fields, partition, changes, where, by_request,
+                 processors, target_file_size)
+
+
+def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
+            extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
+            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None,
+            batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Write a task's requests (see append_directly): one answer row per file written, the last
+    with the counts and the requests left out; or one row saying why this way cannot."""
     kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
     binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
     decimal = decimal_paths(parsing)
@@ -653,216 +668,213 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
     # Time columns as JSON integers (epoch milliseconds or days) instead of text.
     epoch_reading = pa.schema([pa.field(f.name, pa.int64()) if original.name in kinds else f for f, original in zip(reading, parsing)])
 
-    def append(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import io
+    import io
 
-        import pyarrow.compute as pc
-        import pyarrow.json as pj
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
 
-        freeze_once()
-        def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False) -> pa.RecordBatch:
-            """One row of the task's answer: a file written; the last also the counts and the requests left out."""
-            return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
-                                                "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
+    freeze_once()
+    def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False) -> pa.RecordBatch:
+        """One row of the task's answer: a file written; the last also the counts and the requests left out."""
+        return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
+                                            "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
-        def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False) -> pa.Table:
-            schema = epoch_reading if epoch else reading
-            if shells:  # the maps as empty structs: which events have an object, its keys not inferred
-                schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
-            options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
-            return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
+    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False) -> pa.Table:
+        schema = epoch_reading if epoch else reading
+        if shells:  # the maps as empty structs: which events have an object, its keys not inferred
+            schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
+        options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
+        return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
-        def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
-            """(the body's table, whether every line must be read for the fields the table lacks)."""
-            if wide_maps:
-                return read(body, "ignore", epoch, shells=True), True
+    def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+        """(the body's table, whether every line must be read for the fields the table lacks)."""
+        if wide_maps:
+            return read(body, "ignore", epoch, shells=True), True
+        try:
+            # Fields the table lacks inferred as columns: which events have any (and the maps
+            # of strings as structs: which events have one).
+            return read(body, "infer" if extra_fields or maps or drops else "error", epoch), False
+        except pa.ArrowInvalid:
+            if not extra_fields or maps:
+                raise
+            # Such a field of changing type cannot be inferred: every line is looked at.
+            return read(body, "ignore", epoch), True
+
+    def parse(body: bytes) -> tuple[pa.Table, bool, bool]:
+        """read_fields's answer, and whether time columns came as integers (epoch)."""
+        failed = None
+        for epoch in list(epoch_order):
             try:
-                # Fields the table lacks inferred as columns: which events have any (and the maps
-                # of strings as structs: which events have one).
-                return read(body, "infer" if extra_fields or maps or drops else "error", epoch), False
-            except pa.ArrowInvalid:
-                if not extra_fields or maps:
+                table, every_line = read_fields(body, epoch)
+            except pa.ArrowInvalid as exc:
+                if not kinds or "changed from" not in str(exc):  # not a time column sent the other way
                     raise
-                # Such a field of changing type cannot be inferred: every line is looked at.
-                return read(body, "ignore", epoch), True
+                failed = exc
+                continue
+            epoch_order[:] = [epoch, not epoch]  # the way that read last goes first
+            return table, every_line, epoch
+        raise failed
 
-        def parse(body: bytes) -> tuple[pa.Table, bool, bool]:
-            """read_fields's answer, and whether time columns came as integers (epoch)."""
-            failed = None
-            for epoch in list(epoch_order):
+    def rows_of(body: bytes) -> tuple[pa.Table, int]:
+        """The body's rows and its number of events; Refused saying why this way cannot."""
+        nonlocal wide_maps
+        if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
+            rows = from_ipc(body)
+            if takes_rows:
                 try:
-                    table, every_line = read_fields(body, epoch)
-                except pa.ArrowInvalid as exc:
-                    if not kinds or "changed from" not in str(exc):  # not a time column sent the other way
-                        raise
-                    failed = exc
-                    continue
-                epoch_order[:] = [epoch, not epoch]  # the way that read last goes first
-                return table, every_line, epoch
-            raise failed
-
-        def rows_of(body: bytes) -> tuple[pa.Table, int]:
-            """The body's rows and its number of events; Refused saying why this way cannot."""
-            nonlocal wide_maps
-            if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
-                rows = from_ipc(body)
-                if takes_rows:
-                    try:
-                        table = in_file_schema(rows)
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                        pass  # a column whose type the table changed: its lines are read as any
-                    else:
-                        columnar[0] = True
-                        return table, rows.num_rows
-                body = rows_lines(rows)
-            try:
-                table, every_line, epoch = parse(body)
-                if renames:
-                    table = renamed_columns(table)
-                if kinds:
-                    table = times(table, kinds, epoch)
-                if binary:
-                    table = binaries(table, binary)
-                decimals(table, decimal)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise Refused(str(exc)[:300]) from None
-            if drops and (unknown := [name for name in table.column_names if name not in known]):
-                if any(name not in drops and name.casefold() in folded_drops for name in unknown):
-                    raise Refused("a field a drop names in other letter case")
-                if not extra_fields and (other := next((name for name in unknown if name not in drops), None)):
-                    raise Refused(f"a field the table lacks: {other[:200]!r}")  # read as "infer" for the drops: not left out unsaid
-                table = table.drop_columns([name for name in unknown if name in drops])
-            lines = [line for line in body.split(b"\n") if line.strip()]
-            events = len(lines)
-            if table.num_rows != events:
-                raise Refused(f"{events} events read as {table.num_rows} rows")
-            if nested and (every_line or any(table.column(name).type != parsing.field(name).type for name in nested)):
-                # A key an object of the table lacks, inferred into its struct (or, reading every
-                # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
-                raise Refused("a field inside an object that its column lacks")
-            if maps:
-                if not every_line and processors is None and not nested and any(
-                        pa.types.is_struct(table.column(name).type) and _many_keys(table.column(name).type, table.num_rows)
-                        for name in maps if name in table.column_names):
-                    # Objects with many keys (a key per request id, say): pyarrow spends ~40 ms per
-                    # 1,000 events inferring them. The task's later bodies read them from the lines.
-                    wide_maps = True
-                shells = every_line and wide_maps
-                table = text_maps(table, lines, maps, shells, known if shells and not extra_fields else None)
-                if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
-                    raise Refused(f"a field the table lacks: {other[:200]!r}")
-            if extra_fields:
-                if processors is not None:
-                    if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in known):
-                        raise Refused("a field the table lacks, and processors: the Spark job spells it by the types it infers")
-                    extras = pa.nulls(table.num_rows, TEXT_MAP)
+                    table = in_file_schema(rows)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    pass  # a column whose type the table changed: its lines are read as any
                 else:
-                    try:
-                        extras = extra_maps(table, lines, known, every_line)
-                    except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
-                        raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
-                table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
+                    columnar[0] = True
+                    return table, rows.num_rows
+            body = rows_lines(rows)
+        try:
+            table, every_line, epoch = parse(body)
+            if renames:
+                table = renamed_columns(table)
+            if kinds:
+                table = times(table, kinds, epoch)
+            if binary:
+                table = binaries(table, binary)
+            decimals(table, decimal)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise Refused(str(exc)[:300]) from None
+        if drops and (unknown := [name for name in table.column_names if name not in known]):
+            if any(name not in drops and name.casefold() in folded_drops for name in unknown):
+                raise Refused("a field a drop names in other letter case")
+            if not extra_fields and (other := next((name for name in unknown if name not in drops), None)):
+                raise Refused(f"a field the table lacks: {other[:200]!r}")  # read as "infer" for the drops: not left out unsaid
+            table = table.drop_columns([name for name in unknown if name in drops])
+        lines = [line for line in body.split(b"\n") if line.strip()]
+        events = len(lines)
+        if table.num_rows != events:
+            raise Refused(f"{events} events read as {table.num_rows} rows")
+        if nested and (every_line or any(table.column(name).type != parsing.field(name).type for name in nested)):
+            # A key an object of the table lacks, inferred into its struct (or, reading every
+            # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
+            raise Refused("a field inside an object that its column lacks")
+        if maps:
+            if not every_line and processors is None and not nested and any(
+                    pa.types.is_struct(table.column(name).type) and _many_keys(table.column(name).type, table.num_rows)
+                    for name in maps if name in table.column_names):
+                # Objects with many keys (a key per request id, say): pyarrow spends ~40 ms per
+                # 1,000 events inferring them. The task's later bodies read them from the lines.
+                wide_maps = True
+            shells = every_line and wide_maps
+            table = text_maps(table, lines, maps, shells, known if shells and not extra_fields else None)
+            if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
+                raise Refused(f"a field the table lacks: {other[:200]!r}")
+        if extra_fields:
             if processors is not None:
-                if any(negative_zero(column) for column in table.columns):
-                    raise Refused("a double's -0 with processors: the Spark job reads an integral batch's as a bigint's 0")
+                if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in known):
+                    raise Refused("a field the table lacks, and processors: the Spark job spells it by the types it infers")
+                extras = pa.nulls(table.num_rows, TEXT_MAP)
+            else:
                 try:
-                    table = apply_processors(*processors, table)
-                except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise Refused(f"processors: {str(exc)[:200]}") from None
-                events = table.num_rows  # the rows a where kept
-            return table, events
+                    extras = extra_maps(table, lines, known, every_line)
+                except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
+                    raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
+            table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
+        if processors is not None:
+            if any(negative_zero(column) for column in table.columns):
+                raise Refused("a double's -0 with processors: the Spark job reads an integral batch's as a bigint's 0")
+            try:
+                table = apply_processors(*processors, table)
+            except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise Refused(f"processors: {str(exc)[:200]}") from None
+            events = table.num_rows  # the rows a where kept
+        return table, events
 
-        def in_file_schema(table: pa.Table) -> pa.Table:
-            return pa.Table.from_batches([conform(batch, file_schema) for batch in table.to_batches()], schema=file_schema)
+    def in_file_schema(table: pa.Table) -> pa.Table:
+        return pa.Table.from_batches([conform(batch, file_schema) for batch in table.to_batches()], schema=file_schema)
 
-        def joined(tables: list[pa.Table]) -> pa.Table:
-            """The requests' rows as one table: in the file's schema when some came as columns (the
-            others' as their parse left them, as ever, when none did)."""
-            return pa.concat_tables([in_file_schema(table) for table in tables] if columnar[0] else tables)
+    def joined(tables: list[pa.Table]) -> pa.Table:
+        """The requests' rows as one table: in the file's schema when some came as columns (the
+        others' as their parse left them, as ever, when none did)."""
+        return pa.concat_tables([in_file_schema(table) for table in tables] if columnar[0] else tables)
 
-        def renamed_columns(table: pa.Table) -> pa.Table:
-            """The parse's columns by the table's names. A field in any letter case of a new name
-            (which the Spark job would rename onto) or of an old name but its own (which Spark's
-            rename would take too, or leave alone) refuses the request."""
-            for name in table.column_names:
-                if name not in renames and name.casefold() in folded_renames:
-                    raise Refused(f"a field a rename gives or reads in other letter case, or both names: {name[:200]!r}")
-            return table.rename_columns([renames.get(name, name) for name in table.column_names])
+    def renamed_columns(table: pa.Table) -> pa.Table:
+        """The parse's columns by the table's names. A field in any letter case of a new name
+        (which the Spark job would rename onto) or of an old name but its own (which Spark's
+        rename would take too, or leave alone) refuses the request."""
+        for name in table.column_names:
+            if name not in renames and name.casefold() in folded_renames:
+                raise Refused(f"a field a rename gives or reads in other letter case, or both names: {name[:200]!r}")
+        return table.rename_columns([renames.get(name, name) for name in table.column_names])
 
-        def fault(data: pa.Table) -> str | None:
-            """What makes rows other than plain rows (the Spark job's DLQ), or None."""
-            missing = [name for name in required if name in data.column_names and data.column(name).null_count]
-            if missing or any(name not in data.column_names for name in required):
-                return f"required column {(missing or sorted(required))[0]!r} has no value in an event"
-            present = None
-            for column in data.columns:
-                valid = pc.is_valid(column)
-                present = valid if present is None else pc.or_(present, valid)
-            if not pc.all(present, min_count=0).as_py():  # (no rows: a where kept none, nothing to say)
-                return "an event has no field of the table"
-            return None
+    def fault(data: pa.Table) -> str | None:
+        """What makes rows other than plain rows (the Spark job's DLQ), or None."""
+        missing = [name for name in required if name in data.column_names and data.column(name).null_count]
+        if missing or any(name not in data.column_names for name in required):
+            return f"required column {(missing or sorted(required))[0]!r} has no value in an event"
+        present = None
+        for column in data.columns:
+            valid = pc.is_valid(column)
+            present = valid if present is None else pc.or_(present, valid)
+        if not pc.all(present, min_count=0).as_py():  # (no rows: a where kept none, nothing to say)
+            return "an event has no field of the table"
+        return None
 
-        known = [*parsing.names, *maps]
-        # A table that takes an OTLP export's columns as they are: each is one of its columns, and
-        # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
-        takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
-        columnar = [False]  # whether some request came as columns
-        drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
-        # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
-        folded_drops = {name.casefold() for name in drops | (nulled(processors[0]) if processors is not None else frozenset())}
-        folded_renames = {name.casefold() for pair in renames.items() for name in pair}
-        nested = [f.name for f in parsing if is_nested(f.type)]
-        wide_maps = False  # True once a body's maps had many keys
-        epoch_order = [False, True]
-        tables, places, rejected = [], [], []
-        sizes: dict[int, int] = {}  # each written request's body size, by its place
-        for batch in batches:
-            bodies = batch.column(1).to_pylist()
-            if entries is not None:  # the column holds entry ids: the task reads their bodies
-                try:
-                    bodies = read_bodies(entries.url, entries.cluster, entries.stream, bodies)
-                except Exception as exc:  # noqa: BLE001 - whatever it is, shipping the bodies does without it
-                    yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
-                    return
-            for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
-                try:
-                    table, events = rows_of(body)
-                except Refused as exc:
-                    if not by_request:
-                        yield answer(refused=str(exc)[:300])
-                        return
-                    rejected.append(seq)  # the Spark job takes this request
-                    continue
-                tables.append(table)
-                places.append((receipt, seq, events))
-                sizes[seq] = len(body)
-        if tables and (reason := fault(data := joined(tables))) is not None:
-            if not by_request:
-                yield answer(refused=reason)
+    known = [*parsing.names, *maps]
+    # A table that takes an OTLP export's columns as they are: each is one of its columns, and
+    # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
+    takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
+    columnar = [False]  # whether some request came as columns
+    drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
+    # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
+    folded_drops = {name.casefold() for name in drops | (nulled(processors[0]) if processors is not None else frozenset())}
+    folded_renames = {name.casefold() for pair in renames.items() for name in pair}
+    nested = [f.name for f in parsing if is_nested(f.type)]
+    wide_maps = False  # True once a body's maps had many keys
+    epoch_order = [False, True]
+    tables, places, rejected = [], [], []
+    sizes: dict[int, int] = {}  # each written request's body size, by its place
+    for batch in batches:
+        bodies = batch.column(1).to_pylist()
+        if where is not None:  # the column holds entry ids: the task reads their bodies
+            try:
+                bodies = read_bodies(*where, bodies)
+            except Exception as exc:  # noqa: BLE001 - whatever it is, shipping the bodies does without it
+                yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
                 return
-            # Which requests: looked for only now, so that a batch of plain rows pays one check.
-            kept = [fault(table) is None for table in tables]
-            rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
-            tables = [table for table, keep in zip(tables, kept) if keep]
-            places = [place for place, keep in zip(places, kept) if keep]
-            data = joined(tables) if tables else None
-        if not tables:
-            yield answer(last=True)
+        for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
+            try:
+                table, events = rows_of(body)
+            except Refused as exc:
+                if not by_request:
+                    yield answer(refused=str(exc)[:300])
+                    return
+                rejected.append(seq)  # the Spark job takes this request
+                continue
+            tables.append(table)
+            places.append((receipt, seq, events))
+            sizes[seq] = len(body)
+    if tables and (reason := fault(data := joined(tables))) is not None:
+        if not by_request:
+            yield answer(refused=reason)
             return
-        counts: dict[str, int] = {}
-        for receipt, _seq, events in places:
-            counts[receipt] = counts.get(receipt, 0) + events
-        if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
-            data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
-            data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
-            data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), events) for receipt, _s, events in places]))
-        per_file = None
-        if target_file_size and not changes:  # kept changes are files of the run's, not the table's
-            taken = sum(events for _receipt, _seq, events in places)
-            per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
-        written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
-        for path, _rows, _key in written[:-1]:
-            yield answer(path=path)
-        yield answer(path=written[-1][0] if written else None, counts=counts, last=True)
-
-    return append
+        # Which requests: looked for only now, so that a batch of plain rows pays one check.
+        kept = [fault(table) is None for table in tables]
+        rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
+        tables = [table for table, keep in zip(tables, kept) if keep]
+        places = [place for place, keep in zip(places, kept) if keep]
+        data = joined(tables) if tables else None
+    if not tables:
+        yield answer(last=True)
+        return
+    counts: dict[str, int] = {}
+    for receipt, _seq, events in places:
+        counts[receipt] = counts.get(receipt, 0) + events
+    if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
+        data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
+        data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
+        data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), events) for receipt, _s, events in places]))
+    per_file = None
+    if target_file_size and not changes:  # kept changes are files of the run's, not the table's
+        taken = sum(events for _receipt, _seq, events in places)
+        per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
+    written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
+    for path, _rows, _key in written[:-1]:
+        yield answer(path=path)
+    yield answer(path=written[-1][0] if written else None, counts=counts, last=True)

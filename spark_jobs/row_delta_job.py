@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -35,6 +35,7 @@ from spark_jobs.columns import OP, RECEIPT, SEQ
 from spark_jobs.direct_append import _groups_by, write_partitioned
 from spark_jobs.files import cache_ahead, cached_read, conform, freeze_once, locate, write_delete_files
 from spark_jobs.targets import Target
+from spark_jobs.task_code import bound
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -90,138 +91,138 @@ def fold(ops: list[str], key_rows: list[tuple], exists: set[tuple], upsert: bool
     return effects, {key: index for key, index in last.items() if state[key]}
 
 
-def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str], upsert: bool):  # noqa: ANN202
-    directory, filesystem, schema, partition = target.directory, target.filesystem, target.schema, list(target.partition)
+def _task(entries: list[list[str]], candidates: list[tuple[str, list[str]]], target: Target, keys: list[str], upsert: bool,
+          ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The run's task: `_run` with its arguments, its code pickled once per process (task_code.py)."""
+    return bound(_run, entries, candidates, target.directory, target.filesystem, target.schema, list(target.partition), keys, upsert)
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
-        for _batch in batches:
-            pass  # the one row, read to the end: a worker that leaves its input unread is not reused
-        freeze_once()
-        seconds: dict[str, float] = {}
-        clock = time.perf_counter()
+def _run(entries: list[list[str]], candidates: list[tuple[str, list[str]]], directory: str, filesystem, schema: pa.Schema,  # noqa: ANN001
+         partition: list[tuple[str, str]], keys: list[str], upsert: bool, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-        def lap(phase: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            seconds[phase] = round(now - clock, 3)
-            clock = now
+    for _batch in batches:
+        pass  # the one row, read to the end: a worker that leaves its input unread is not reused
+    freeze_once()
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
 
-        def read(path: str, columns: list[str] | None = None) -> pa.Table:
-            store, where = locate(filesystem, path)
-            return pq.read_table(where, columns=columns, filesystem=store)
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[phase] = round(now - clock, 3)
+        clock = now
 
-        # The change events, in commit order (entries), then their place in the batch.
-        tables = []
-        for order, paths in enumerate(entries):
-            for path in paths:
-                table = read(path)
-                tables.append(table.append_column("_order", pa.array([order] * table.num_rows, pa.int64())))
-        changes = pa.concat_tables(tables, promote_options="permissive").sort_by([("_order", "ascending"), (SEQ, "ascending")])
-        key_schema = pa.schema([schema.field(key) for key in keys])
-        changed = pa.Table.from_batches([conform(b, key_schema) for b in changes.select(keys).to_batches()], key_schema)
-        changed = changed.group_by(keys).aggregate([])
-        lap("changes")
+    def read(path: str, columns: list[str] | None = None) -> pa.Table:
+        store, where = locate(filesystem, path)
+        return pq.read_table(where, columns=columns, filesystem=store)
 
-        # Rows of the candidates still live whose key changed: where they are, and their keys.
-        # What is read of a data or delete file is kept by the worker for the next runs (the same
-        # candidates come back run after run until compaction). A delete file is read once (another
-        # engine's may apply to every file of a partition).
-        def identifiers(path: str) -> pa.Table:
-            data = read(path, keys)
-            data = pa.table([data.column(k).cast(schema.field(k).type) for k in keys], names=keys)
-            return data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).combine_chunks()
+    # The change events, in commit order (entries), then their place in the batch.
+    tables = []
+    for order, paths in enumerate(entries):
+        for path in paths:
+            table = read(path)
+            tables.append(table.append_column("_order", pa.array([order] * table.num_rows, pa.int64())))
+    changes = pa.concat_tables(tables, promote_options="permissive").sort_by([("_order", "ascending"), (SEQ, "ascending")])
+    key_schema = pa.schema([schema.field(key) for key in keys])
+    changed = pa.Table.from_batches([conform(b, key_schema) for b in changes.select(keys).to_batches()], key_schema)
+    changed = changed.group_by(keys).aggregate([])
+    lap("changes")
 
-        def positions_deleted(path: str) -> pa.Table:
-            gone = read(path, ["file_path", "pos"])
-            return pa.table([gone.column("file_path").cast(pa.string()), gone.column("pos").cast(pa.int64())], names=["file_path", "pos"])
+    # Rows of the candidates still live whose key changed: where they are, and their keys.
+    # What is read of a data or delete file is kept by the worker for the next runs (the same
+    # candidates come back run after run until compaction). A delete file is read once (another
+    # engine's may apply to every file of a partition).
+    def identifiers(path: str) -> pa.Table:
+        data = read(path, keys)
+        data = pa.table([data.column(k).cast(schema.field(k).type) for k in keys], names=keys)
+        return data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).combine_chunks()
 
-        def positions_of(delete: str, path: str) -> pa.Table:
-            """The positions of data file `path` that `delete` deletes (a file's part of a delete
-            file kept by the worker, as the delete file is)."""
-            def of() -> pa.Table:
-                gone = cached_read(("deletes", delete), lambda: positions_deleted(delete))
-                return gone.filter(pc.equal(gone.column("file_path"), path)).select(["pos"]).combine_chunks()
+    def positions_deleted(path: str) -> pa.Table:
+        gone = read(path, ["file_path", "pos"])
+        return pa.table([gone.column("file_path").cast(pa.string()), gone.column("pos").cast(pa.int64())], names=["file_path", "pos"])
 
-            return cached_read(("positions", delete, path), of)
-
-        def named_alone(delete: str, path: str) -> pa.Table | None:
-            """The delete file's positions, when it names data file `path` alone (Calve's own do;
-            another engine's may name every file of a partition)."""
+    def positions_of(delete: str, path: str) -> pa.Table:
+        """The positions of data file `path` that `delete` deletes (a file's part of a delete
+        file kept by the worker, as the delete file is)."""
+        def of() -> pa.Table:
             gone = cached_read(("deletes", delete), lambda: positions_deleted(delete))
-            return gone if gone.num_rows and positions_of(delete, path).num_rows == gone.num_rows else None
+            return gone.filter(pc.equal(gone.column("file_path"), path)).select(["pos"]).combine_chunks()
 
-        def still_deleted(path: str, deletes: list[str]) -> pa.Array:
-            """The positions of data file `path` that its delete files delete."""
-            chunks = [chunk for delete in deletes for chunk in positions_of(delete, path).column("pos").chunks]
-            return pa.concat_arrays(chunks) if chunks else pa.array([], pa.int64())
+        return cached_read(("positions", delete, path), of)
 
-        # Each candidate's rows of a changed key, less those its delete files already took out:
-        # per file, its positions looked up among that file's deleted positions (a join over
-        # every hit file's deletes at once, on path and position, took up to 0.36 s a run).
-        cache_ahead({
-            **{("keys", path, str(key_schema)): (lambda path=path: identifiers(path)) for path, _deletes in candidates},
-            **{("deletes", delete): (lambda delete=delete: positions_deleted(delete)) for _path, deletes in candidates for delete in deletes},
-        })
-        hits = []
-        single = pa.concat_arrays(changed.column(keys[0]).chunks) if len(keys) == 1 and changed.num_rows else None
+    def named_alone(delete: str, path: str) -> pa.Table | None:
+        """The delete file's positions, when it names data file `path` alone (Calve's own do;
+        another engine's may name every file of a partition)."""
+        gone = cached_read(("deletes", delete), lambda: positions_deleted(delete))
+        return gone if gone.num_rows and positions_of(delete, path).num_rows == gone.num_rows else None
+
+    def still_deleted(path: str, deletes: list[str]) -> pa.Array:
+        """The positions of data file `path` that its delete files delete."""
+        chunks = [chunk for delete in deletes for chunk in positions_of(delete, path).column("pos").chunks]
+        return pa.concat_arrays(chunks) if chunks else pa.array([], pa.int64())
+
+    # Each candidate's rows of a changed key, less those its delete files already took out:
+    # per file, its positions looked up among that file's deleted positions (a join over
+    # every hit file's deletes at once, on path and position, took up to 0.36 s a run).
+    cache_ahead({
+        **{("keys", path, str(key_schema)): (lambda path=path: identifiers(path)) for path, _deletes in candidates},
+        **{("deletes", delete): (lambda delete=delete: positions_deleted(delete)) for _path, deletes in candidates for delete in deletes},
+    })
+    hits = []
+    single = pa.concat_arrays(changed.column(keys[0]).chunks) if len(keys) == 1 and changed.num_rows else None
+    for path, deletes in candidates:
+        rows = cached_read(("keys", path, str(key_schema)), lambda path=path: identifiers(path))
+        if single is not None:  # one identifier column: a set lookup, cheaper than a join
+            found = rows.filter(pc.is_in(rows.column(keys[0]), value_set=single))
+        else:
+            found = rows.join(changed, keys, join_type="left semi")
+        if found.num_rows and deletes:
+            found = found.filter(pc.invert(pc.is_in(found.column("pos"), value_set=still_deleted(path, deletes))))
+        if found.num_rows:
+            hits.append(found.append_column("file_path", pa.array([path] * found.num_rows, pa.string())))
+    lap("candidates")
+    exists = set()
+    for found in hits:
+        exists.update(zip(*[found.column(k).to_pylist() for k in keys]))
+
+    key_rows = list(zip(*[changes.column(k).to_pylist() for k in keys]))
+    effects, rows = fold(changes.column(OP).to_pylist(), key_rows, exists, upsert)
+    counts: dict[str, dict[str, int]] = {}
+    for receipt, effect in zip(changes.column(RECEIPT).to_pylist(), effects):
+        counted = counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))
+        counted[effect] += 1
+
+    lap("fold")
+    new_rows = changes.take(sorted(rows.values()))
+    new_rows = pa.Table.from_batches([conform(b, schema) for b in new_rows.to_batches()], schema)
+    if new_rows.num_rows:
+        store, root = locate(filesystem, directory)
+        write_partitioned(new_rows, root, store, schema, partition)
+    deleted = []
+    if hits:
+        # Each data file hit: one delete file of its new and its earlier positions, replacing
+        # the earlier delete files that name it alone (they delete rows disjoint from the new).
+        new = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits])
+        still_hit = set(new.column("file_path").unique().to_pylist())  # less those whose rows were all deleted before
+        replaced: dict[str, list[str]] = {}
+        earlier = []
         for path, deletes in candidates:
-            rows = cached_read(("keys", path, str(key_schema)), lambda path=path: identifiers(path))
-            if single is not None:  # one identifier column: a set lookup, cheaper than a join
-                found = rows.filter(pc.is_in(rows.column(keys[0]), value_set=single))
-            else:
-                found = rows.join(changed, keys, join_type="left semi")
-            if found.num_rows and deletes:
-                found = found.filter(pc.invert(pc.is_in(found.column("pos"), value_set=still_deleted(path, deletes))))
-            if found.num_rows:
-                hits.append(found.append_column("file_path", pa.array([path] * found.num_rows, pa.string())))
-        lap("candidates")
-        exists = set()
-        for found in hits:
-            exists.update(zip(*[found.column(k).to_pylist() for k in keys]))
-
-        key_rows = list(zip(*[changes.column(k).to_pylist() for k in keys]))
-        effects, rows = fold(changes.column(OP).to_pylist(), key_rows, exists, upsert)
-        counts: dict[str, dict[str, int]] = {}
-        for receipt, effect in zip(changes.column(RECEIPT).to_pylist(), effects):
-            counted = counts.setdefault(receipt, dict.fromkeys(EFFECTS, 0))
-            counted[effect] += 1
-
-        lap("fold")
-        new_rows = changes.take(sorted(rows.values()))
-        new_rows = pa.Table.from_batches([conform(b, schema) for b in new_rows.to_batches()], schema)
-        if new_rows.num_rows:
-            store, root = locate(filesystem, directory)
-            write_partitioned(new_rows, root, store, schema, partition)
-        deleted = []
-        if hits:
-            # Each data file hit: one delete file of its new and its earlier positions, replacing
-            # the earlier delete files that name it alone (they delete rows disjoint from the new).
-            new = pa.concat_tables([found.select(["file_path", "pos"]) for found in hits])
-            still_hit = set(new.column("file_path").unique().to_pylist())  # less those whose rows were all deleted before
-            replaced: dict[str, list[str]] = {}
-            earlier = []
-            for path, deletes in candidates:
-                if path in still_hit:
-                    for delete in deletes:
-                        if (gone := named_alone(delete, path)) is not None:
-                            replaced.setdefault(path, []).append(delete)
-                            earlier.append(gone)
-            positions = pa.concat_tables([new, *earlier])
-            if earlier:  # once each, should two earlier delete files name one row
-                positions = positions.group_by(["file_path", "pos"]).aggregate([])
-            positions = positions.sort_by([("file_path", "ascending"), ("pos", "ascending")]).combine_chunks()
-            deleted = [[*written, replaced.get(written[1], [])]
-                       for written in write_delete_files(positions.to_batches(), f"{directory}-deletes", filesystem)]
-            for path, data, *_rest in deleted:  # the next run that hits `data` finds its positions here, unread
-                mine = cached_read(("deletes", path), lambda data=data: positions.filter(pc.equal(positions.column("file_path"), data)))
-                cached_read(("positions", path, data), lambda mine=mine: mine.select(["pos"]).combine_chunks())
-        lap("write")
-        answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted, "seconds": seconds}
-        yield pa.RecordBatch.from_pylist([{"answer": json.dumps(answer)}], schema=ANSWER_ARROW)
-
-    return run
-
-
+            if path in still_hit:
+                for delete in deletes:
+                    if (gone := named_alone(delete, path)) is not None:
+                        replaced.setdefault(path, []).append(delete)
+                        earlier.append(gone)
+        positions = pa.concat_tables([new, *earlier])
+        if earlier:  # once each, should two earlier delete files name one row
+            positions = positions.group_by(["file_path", "pos"]).aggregate([])
+        positions = positions.sort_by([("file_path", "ascending"), ("pos", "ascending")]).combine_chunks()
+        deleted = [[*written, replaced.get(written[1], [])]
+                   for written in write_delete_files(positions.to_batches(), f"{directory}-deletes", filesystem)]
+        for path, data, *_rest in deleted:  # the next run that hits `data` finds its positions here, unread
+            mine = cached_read(("deletes", path), lambda data=data: positions.filter(pc.equal(positions.column("file_path"), data)))
+            cached_read(("positions", path, data), lambda mine=mine: mine.select(["pos"]).combine_chunks())
+    lap("write")
+    answer = {"counts": counts, "written": new_rows.num_rows, "deletes": deleted, "seconds": seconds}
+    yield pa.RecordBatch.from_pylist([{"answer": json.dumps(answer)}], schema=ANSWER_ARROW)

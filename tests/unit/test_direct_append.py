@@ -638,3 +638,37 @@ def test_bucket_and_integer_truncate_partitions_write_one_file_per_value(tmp_pat
         (key,) = {(bucket_of(row["msg"]), row["id"] - row["id"] % 10) for row in rows}  # Python's % rounds down, as Iceberg's truncate
         keys.append(key)
     assert len(keys) == len(set(keys)) and sum(pq.read_metadata(a["path"]).num_rows for a in answers_) == 60
+
+
+def test_a_jobs_task_pickles_its_code_once_per_process_and_runs_the_same_once_unpickled(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Spark Connect pickles the task into every job's plan, by value: the task's code is pickled
+    the first time only (spark_jobs/task_code.py), every later job pickling its arguments alone;
+    unpickled, as a Spark worker does, the task writes what it writes in place."""
+    import pickle
+
+    from pyspark import cloudpickle
+    from pyspark.serializers import CloudPickleSerializer
+
+    from spark_jobs.direct_append import RESULT
+
+    def task(directory: Path):  # noqa: ANN202
+        return _appender(str(directory), pafs.LocalFileSystem(), parse_schema(TABLE, "_extra"), TABLE, frozenset({"id"}), "_extra", [])
+
+    CloudPickleSerializer().dumps((task(tmp_path / "first"), RESULT))  # the code, pickled by this process's first job (or an earlier one)
+    functions_pickled = []
+    getstate = cloudpickle.cloudpickle._function_getstate
+    monkeypatch.setattr(cloudpickle.cloudpickle, "_function_getstate", lambda function: functions_pickled.append(function) or getstate(function))
+    shipped = CloudPickleSerializer().dumps((task(tmp_path / "second"), RESULT))
+    assert functions_pickled == []
+    monkeypatch.undo()
+
+    unpickled, _schema = pickle.loads(shipped)
+    batch = pa.record_batch({
+        "receipt": ["r1"], "body": pa.array([b'{"id": 1, "msg": "a", "new": 2}\n{"id": 2}\n'], pa.large_binary()), "seq": pa.array([0], pa.int64()),
+    })
+    written = [row for out in unpickled(iter([batch])) for row in out.to_pylist()]
+    assert [json.loads(row["counts"]) for row in written] == [{"r1": 2}]
+    (path,) = [row["path"] for row in written]
+    assert path.startswith(str(tmp_path / "second"))
+    assert pq.read_table(path).select(["id", "msg"]).to_pylist() == [{"id": 1, "msg": "a"}, {"id": 2, "msg": None}]
+    assert pq.read_table(path).column("_extra").to_pylist() == [[("new", "2")], None]
