@@ -22,6 +22,8 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from spark_jobs.task_code import bound
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # run in Spark's workers, which need nothing of Calve
 
 
@@ -80,10 +82,10 @@ def with_buckets(frame: DataFrame, columns: list[tuple[str, str, int]]) -> DataF
         if not isinstance(types[source], BUCKETED_TYPES):
             raise ValueError(f"bucket partitions of {types[source].simpleString()} columns are not supported")
     schema = T.StructType([*frame.schema.fields, *(T.StructField(name, T.IntegerType()) for name, _source, _count in columns)])
+    return frame.mapInArrow(bound(_with_buckets, list(columns)), schema)
 
-    def add(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            arrays = [*batch.columns, *(buckets(batch.column(source), count) for _name, source, count in columns)]
-            yield pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *(name for name, _source, _count in columns)])
 
-    return frame.mapInArrow(add, schema)
+def _with_buckets(columns: list[tuple[str, str, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        arrays = [*batch.columns, *(buckets(batch.column(source), count) for _name, source, count in columns)]
+        yield pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *(name for name, _source, _count in columns)])

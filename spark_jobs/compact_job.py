@@ -22,7 +22,7 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from spark_jobs.coerce import declared_not_null
 from spark_jobs.contract import layout_path
 from spark_jobs.files import _path, conform, freeze_once, read_parquet, write_parquet
+from spark_jobs.task_code import bound
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -118,57 +119,59 @@ def deleted_positions(source: str, delete_paths: list[str], filesystem) -> np.nd
     return np.unique(np.concatenate(positions)) if positions else np.empty(0, np.int64)
 
 
-def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, list[str]] | None = None):  # noqa: ANN001, ANN202
-    deletes = deletes or {}
-    layout_suffix = layout_path("")  # a string in the closure: executors need not have spark_jobs.contract
+def _copier(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, list[str]] | None = None,  # noqa: ANN001
+            ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The compaction's task: `_copy` with its arguments, its code pickled once per process (task_code.py)."""
+    layout_suffix = layout_path("")  # a string in the arguments: executors need not have spark_jobs.contract
     required = [field.name for field in schema if not field.nullable]
+    return bound(_copy, directory, filesystem, schema, deletes or {}, layout_suffix, required)
 
-    def copy(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-        from pyarrow import fs as pafs
 
-        freeze_once()
-        if isinstance(filesystem, pafs.LocalFileSystem):  # an object store has no directories to make
-            filesystem.create_dir(directory, recursive=True)
-        for listing in batches:
-            for run in listing.column(1).to_pylist():
-                path, rows, buffered, layout = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet", 0, [], []
-                try:
-                    with pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd") as writer:
-                        for source in run.split("\n"):
-                            deleted = deleted_positions(source, deletes[source], filesystem) if source in deletes else None
-                            start = rows
-                            with filesystem.open_input_file(_path(source)) as stream:
-                                offset = 0
-                                for batch in pq.ParquetFile(stream).iter_batches(batch_size=65536):
-                                    if deleted is not None and len(deleted):
-                                        place = np.arange(offset, offset + batch.num_rows)
-                                        offset += batch.num_rows
-                                        batch = batch.filter(pa.array(~np.isin(place, deleted, assume_unique=True)))
-                                    data = conform(batch, schema)
-                                    for name in required:
-                                        if data.column(name).null_count:
-                                            raise ValueError(f"required column {name!r} is null in {source}")
-                                    buffered.append(data)
-                                    rows += data.num_rows
-                                    if sum(b.num_rows for b in buffered) >= ROW_GROUP_ROWS:
-                                        writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
-                                        buffered = []
-                            layout.append([source, start, rows - start, [] if deleted is None else deleted.tolist()])
-                        if buffered:
-                            writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
-                    if rows:
-                        with filesystem.open_output_stream(path + layout_suffix) as out:
-                            out.write(json.dumps(layout).encode())
-                except BaseException:
-                    for written in (path, path + layout_suffix):
-                        try:
-                            filesystem.delete_file(written)
-                        except OSError:
-                            pass
-                    raise
-                if not rows:  # every row of the run was deleted: no file for it
-                    filesystem.delete_file(path)
-                yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows}], schema=WRITTEN_ARROW)
+def _copy(directory: str, filesystem, schema: pa.Schema, deletes: dict[str, list[str]], layout_suffix: str, required: list[str],  # noqa: ANN001
+          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
 
-    return copy
+    freeze_once()
+    if isinstance(filesystem, pafs.LocalFileSystem):  # an object store has no directories to make
+        filesystem.create_dir(directory, recursive=True)
+    for listing in batches:
+        for run in listing.column(1).to_pylist():
+            path, rows, buffered, layout = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet", 0, [], []
+            try:
+                with pq.ParquetWriter(path, schema, filesystem=filesystem, compression="zstd") as writer:
+                    for source in run.split("\n"):
+                        deleted = deleted_positions(source, deletes[source], filesystem) if source in deletes else None
+                        start = rows
+                        with filesystem.open_input_file(_path(source)) as stream:
+                            offset = 0
+                            for batch in pq.ParquetFile(stream).iter_batches(batch_size=65536):
+                                if deleted is not None and len(deleted):
+                                    place = np.arange(offset, offset + batch.num_rows)
+                                    offset += batch.num_rows
+                                    batch = batch.filter(pa.array(~np.isin(place, deleted, assume_unique=True)))
+                                data = conform(batch, schema)
+                                for name in required:
+                                    if data.column(name).null_count:
+                                        raise ValueError(f"required column {name!r} is null in {source}")
+                                buffered.append(data)
+                                rows += data.num_rows
+                                if sum(b.num_rows for b in buffered) >= ROW_GROUP_ROWS:
+                                    writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
+                                    buffered = []
+                        layout.append([source, start, rows - start, [] if deleted is None else deleted.tolist()])
+                    if buffered:
+                        writer.write_table(pa.Table.from_batches(buffered, schema=schema), row_group_size=ROW_GROUP_ROWS)
+                if rows:
+                    with filesystem.open_output_stream(path + layout_suffix) as out:
+                        out.write(json.dumps(layout).encode())
+            except BaseException:
+                for written in (path, path + layout_suffix):
+                    try:
+                        filesystem.delete_file(written)
+                    except OSError:
+                        pass
+                raise
+            if not rows:  # every row of the run was deleted: no file for it
+                filesystem.delete_file(path)
+            yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows}], schema=WRITTEN_ARROW)

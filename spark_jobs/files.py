@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.contract import POSITION_DELETE_ARROW
+from spark_jobs.task_code import bound
 
 # Executors unpickle the functions below by value: they need not have this package.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -125,13 +126,13 @@ def write_position_deletes(
     writes them, each data file's in one task."""
     frame = frame.select(F.col(file_column).alias("file_path"), F.col(position_column).alias("pos"))
     frame = frame.repartition("file_path").sortWithinPartitions("file_path", "pos")
+    return [tuple(row) for row in frame.mapInArrow(bound(_write_deletes, directory, filesystem), DELETES_WRITTEN).collect()]
 
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_once()
-        written = write_delete_files(batches, directory, filesystem)
-        yield pa.RecordBatch.from_pylist([dict(zip(DELETES_WRITTEN_ARROW.names, file)) for file in written], schema=DELETES_WRITTEN_ARROW)
 
-    return [tuple(row) for row in frame.mapInArrow(write, DELETES_WRITTEN).collect()]
+def _write_deletes(directory: str, filesystem, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:  # noqa: ANN001
+    freeze_once()
+    written = write_delete_files(batches, directory, filesystem)
+    yield pa.RecordBatch.from_pylist([dict(zip(DELETES_WRITTEN_ARROW.names, file)) for file in written], schema=DELETES_WRITTEN_ARROW)
 
 
 def write_delete_files(batches: Iterable[pa.RecordBatch], directory: str, filesystem: object | None) -> list[tuple[str, str, int, int]]:
@@ -319,31 +320,37 @@ def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, sc
     return written
 
 
-def _arrow_writer(directory: str, filesystem, schema: pa.Schema, keys: list[str], max_records: int | None):  # noqa: ANN001, ANN202
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_once()
-        written = write_runs(batches, directory, filesystem, schema, keys, max_records)
-        yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows, _key in written], schema=WRITTEN_ARROW)
-
-    return write
+def _arrow_writer(directory: str, filesystem, schema: pa.Schema, keys: list[str],  # noqa: ANN001
+                  max_records: int | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    return bound(_write, directory, filesystem, schema, keys, max_records)
 
 
-def _arrow_reader(filesystem, schema: pa.Schema, output: pa.Schema, file_column: str | None, position_column: str | None):  # noqa: ANN001, ANN202
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
+def _write(directory: str, filesystem, schema: pa.Schema, keys: list[str], max_records: int | None,  # noqa: ANN001
+           batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    freeze_once()
+    written = write_runs(batches, directory, filesystem, schema, keys, max_records)
+    yield pa.RecordBatch.from_pylist([{"path": path, "rows": rows} for path, rows, _key in written], schema=WRITTEN_ARROW)
 
-        for listing in batches:
-            for path in listing.column(0).to_pylist():
-                position = 0
-                with filesystem.open_input_file(_path(path)) as stream:
-                    for batch in pq.ParquetFile(stream).iter_batches():
-                        data = conform(batch, schema)
-                        extra = []
-                        if file_column:
-                            extra.append(pa.array([path] * batch.num_rows, pa.string()))
-                        if position_column:
-                            extra.append(pa.array(range(position, position + batch.num_rows), pa.int64()))
-                        position += batch.num_rows
-                        yield pa.RecordBatch.from_arrays([*data.columns, *extra], schema=output)
 
-    return read
+def _arrow_reader(filesystem, schema: pa.Schema, output: pa.Schema, file_column: str | None,  # noqa: ANN001
+                  position_column: str | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    return bound(_read, filesystem, schema, output, file_column, position_column)
+
+
+def _read(filesystem, schema: pa.Schema, output: pa.Schema, file_column: str | None, position_column: str | None,  # noqa: ANN001
+          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    for listing in batches:
+        for path in listing.column(0).to_pylist():
+            position = 0
+            with filesystem.open_input_file(_path(path)) as stream:
+                for batch in pq.ParquetFile(stream).iter_batches():
+                    data = conform(batch, schema)
+                    extra = []
+                    if file_column:
+                        extra.append(pa.array([path] * batch.num_rows, pa.string()))
+                    if position_column:
+                        extra.append(pa.array(range(position, position + batch.num_rows), pa.int64()))
+                    position += batch.num_rows
+                    yield pa.RecordBatch.from_arrays([*data.columns, *extra], schema=output)
