@@ -1,7 +1,9 @@
 """How long a writer waits to fill a batch: the events of a pipeline that changes rows are not
 held for more (they wait for their table's next run of changes, which takes every change queued
-by then), those of an append pipeline are, up to CALVE_WRITER_BATCH_WAIT_S. Real Redis, a real
-Writer; the pipelines are put in the writer's own cache, as it keeps them once read."""
+by then), those of an append pipeline are, up to CALVE_WRITER_BATCH_WAIT_S, and a busy stream's
+on, up to CALVE_WRITER_BATCH_MAX_WAIT_S, until its batch holds CALVE_WRITER_BATCH_FILL_EVENTS.
+Real Redis, a real Writer; the pipelines are put in the writer's own cache, as it keeps them once
+read."""
 
 from __future__ import annotations
 
@@ -51,3 +53,43 @@ def test_a_batch_of_row_changes_closes_at_once_an_append_batch_waits_to_fill(tmp
     assert took < WAIT_S / 2, f"the row changes' batch waited {took:.1f} s to fill"
     (appends,), took = poll_of("events")
     assert appends.pipeline == "events" and took >= WAIT_S, "an append pipeline's batch no longer waits to fill"
+
+
+def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the_wait(tmp_path: Path, redis_client: redis.Redis,
+                                                                                   redis_url: str) -> None:
+    wait_s, max_wait_s = 1.0, 3.0
+    settings = Settings(data_dir=tmp_path, redis_url=redis_url, writer_batch_wait_s=wait_s, writer_batch_max_wait_s=max_wait_s,
+                        writer_batch_fill_events=40)
+    writer = Writer(settings, redis_client, open_catalog(settings), name="w")
+    writer.batches.pipelines.get(("demo", "events"), lambda: definition("events"))
+    redis_client.sadd(keys.INPUT_STREAMS, keys.member("demo", "events"))
+    stream = keys.input_stream_key("demo", "events")
+
+    def send(events: int) -> None:
+        redis_client.xadd(stream, {RECEIPT: "r", EVENTS: events, BODY: b'{"id": 1}\n' * events})
+
+    def poll(*later: tuple[float, int]) -> tuple[int, float]:
+        """The events of the writer's next batch and how long it took to close, while `later`'s
+        requests (seconds after the poll began, events) come in."""
+        senders = [threading.Timer(at, send, (events,)) for at, events in later]
+        for sender in senders:
+            sender.start()
+        started = time.monotonic()
+        (batch,) = writer.poll(threading.Event())
+        took = time.monotonic() - started
+        for sender in senders:
+            sender.join()
+        return batch.events, took
+
+    send(3)  # quiet: under a quarter of the fill by the wait's end
+    events, took = poll()
+    assert events == 3 and wait_s <= took < max_wait_s - 0.5, f"a quiet stream's batch closed after {took:.1f} s"
+    send(20)  # busy, and no more comes: it waits the longest wait out
+    events, took = poll()
+    assert events == 20 and took >= max_wait_s, f"a busy stream's batch closed after {took:.1f} s, unfilled"
+    send(20)  # busy, and filled 1.5 s in: closed then, not at the longest wait
+    events, took = poll((1.5, 25))
+    assert events == 45 and 1.5 <= took < max_wait_s - 0.5, f"a busy stream's filled batch closed after {took:.1f} s"
+    send(45)  # filled within the wait: closed at the wait's end, as before
+    events, took = poll((0.3, 30))
+    assert events == 75 and wait_s <= took < max_wait_s - 0.5, f"a filled batch closed after {took:.1f} s"
