@@ -11,6 +11,10 @@ the function is pickled the first time (as Spark Connect would have) and those b
 by every later job, which pickles only its arguments (schemas, paths, tuples of plain data; no
 function and no instance of a spark_jobs class, each of which would be pickled by value again).
 A Spark worker unpickles the same function it always did.
+
+The bytes hold the module globals the function reached as they were when it was first pickled:
+whatever a job needs to vary travels as an argument, never as a global the writer changes (today
+the globals reached are constants, and caches that only a worker's tasks fill).
 """
 
 from __future__ import annotations
