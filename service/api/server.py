@@ -4,6 +4,7 @@ shutdown."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -138,6 +139,14 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.app = app
         self.grace_s = settings.shutdown_grace_s
+        self.socket_fd = settings.api_socket_fd
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve; on the listening socket `calve up` passed down when it runs several api
+        processes (each accepts connections on it in turn), else on one of its own."""
+        if sockets is None and self.socket_fd is not None:
+            sockets = [socket.socket(fileno=self.socket_fd)]
+        super().run(sockets=sockets)
 
     def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001 - signal handler signature
         state = self.app.state

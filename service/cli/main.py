@@ -122,6 +122,7 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     stop = _stop_event()
     cluster: list = []  # a Spark standalone cluster's processes: started once, stopped last but one
+    listener = None  # with several api processes, the listening socket they share
     supervisor = Supervisor()  # redis-server, Spark Connect and the roles: started again when they exit
     env = dict(os.environ, CALVE_DATA_DIR=str(data))
     metrics_dir = data / "metrics"
@@ -145,13 +146,19 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
         prepare_metadata(settings)
         admin_cli.write_runtime(settings)
         # Each role is its own process, named by its command line (`service.cli writer`).
-        commands = {"api": "api"}
+        commands = {"api": "api"} if settings.api_processes == 1 else {f"api-{i}": "api" for i in range(1, settings.api_processes + 1)}
         commands.update({f"writer-{i}": "writer" for i in range(1, writers + 1)})
         commands.update({f"committer-{i}": "committer" for i in range(1, committers + 1)})
+        fds: tuple[int, ...] = ()
+        if settings.api_processes > 1:  # one listening socket, bound here, that each api process accepts on
+            listener = processes.listening_socket(settings.host, settings.port)
+            fds = (listener.fileno(),)
+            env["CALVE_API_SOCKET_FD"] = str(listener.fileno())
         for name, role in commands.items():
-            supervisor.start(name, lambda role=role: processes.spawn([sys.executable, "-m", "service.cli", role], env=env))
-        api = dict(supervisor.processes())["api"]
-        processes.wait_for_port(settings.port, 60, api, "api", None)
+            supervisor.start(name, lambda role=role: processes.spawn([sys.executable, "-m", "service.cli", role], env=env,
+                                                                     pass_fds=fds if role == "api" else ()))
+        api = next(process for name, process in supervisor.processes() if name.startswith("api"))
+        processes.wait_for_port(settings.port, 60, api, "api", None, answers=bool(fds))
         print(f"Calve is up: http://{settings.host}:{settings.port}  (Ctrl-C stops everything)", flush=True)
         while not stop.wait(1.0):
             supervisor.check()
@@ -165,6 +172,8 @@ def run_up(settings: Settings, writers: int = 2, committers: int = 1) -> None:
             for name, process in started:
                 if name.startswith(prefix):
                     processes.stop(process, settings.shutdown_grace_s if prefix not in ("spark", "redis") else 15)
+            if prefix == "api" and listener is not None:
+                listener.close()  # no more connections queue for an api that is gone
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,13 +31,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The api's listening socket, bound once (an address in use fails here, as a lone api's
+    would) and inheritable: `calve up`'s api processes all accept on it."""
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def _die_with_parent() -> None:
     # Linux: the child gets SIGTERM if the process that started it dies, even by SIGKILL.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None, cwd: Path | None = None,
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     out = open(log, "ab") if log else None  # noqa: SIM115 - kept open for the child's lifetime
     # util-linux's setpriv sets the parent-death signal and execs: no Python runs in the forked
     # child. A preexec_fn does, which is unsafe in a process with threads: in the test process,
@@ -50,7 +63,7 @@ def spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path | Non
             stdin=subprocess.DEVNULL, preexec_fn=None if setpriv else _die_with_parent,
             # Its own process group: a terminal's Ctrl-C (sent to the whole foreground group) reaches
             # only the supervisor, which stops the children in order (Redis and Spark last), not all at once.
-            process_group=0,
+            process_group=0, pass_fds=pass_fds,
         )
     finally:
         if out:
@@ -68,7 +81,9 @@ def stop(process: subprocess.Popen, grace_s: float) -> None:
         process.wait()
 
 
-def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen, what: str, log: Path | None) -> None:
+def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen, what: str, log: Path | None, *, answers: bool = False) -> None:
+    """Wait until `process` listens on `port`; with `answers`, until GET /healthz there answers
+    200 (a socket bound beforehand listens before any process serves it)."""
     hint = f"; see {log}" if log else ""
 
     # Polled until it listens, it exits (no point waiting longer), or the time is up.
@@ -78,7 +93,15 @@ def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen, what: 
             raise StartupError(f"{what} exited with code {process.returncode} while starting{hint}")
         with socket.socket() as sock:
             sock.settimeout(0.5)
-            return sock.connect_ex(("127.0.0.1", port)) == 0
+            if sock.connect_ex(("127.0.0.1", port)) != 0:
+                return False
+            if not answers:
+                return True
+            try:
+                sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+                return sock.recv(12).startswith(b"HTTP/1.1 200")
+            except OSError:  # not served yet (a timeout), or reset
+                return False
 
     try:
         listening()

@@ -17,6 +17,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     host: str = "127.0.0.1"
     port: int = 8000
+    # `calve up` runs this many api processes, accepting on one listening socket it binds (an api
+    # process parses and converts bodies in one interpreter: one core at most); see the README.
+    api_processes: int = Field(default=2, ge=1)
+    api_socket_fd: int | None = None  # set by `calve up`: the inherited listening socket to serve on
 
     # External services; when unset, `calve up` starts embedded ones under data_dir.
     redis_url: str | None = None

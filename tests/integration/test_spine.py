@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import signal
+import sys
 import time
 import uuid
 
@@ -10,6 +12,7 @@ import orjson
 import pytest
 from sqlmodel import Session
 
+from service.cli import processes
 from service.core import keys
 from service.core.db import get_engine
 from service.tenancy.tenants import issue_token
@@ -267,3 +270,28 @@ def test_sigterm_drains_the_api_and_the_committer_commits_what_it_has(stack_fact
     # uvicorn re-raises the signal once its shutdown is done, so a clean exit reads as -SIGTERM.
     assert api.wait(30) in (0, -signal.SIGTERM)
     assert sorted(ids_in(stack)) == ["first", "second", "third"]
+
+
+def test_api_processes_accept_on_one_socket_and_every_request_is_committed(stack_factory) -> None:  # noqa: ANN001
+    """CALVE_API_PROCESSES: `calve up` binds the api's socket once and each api process accepts
+    connections on it (CALVE_API_SOCKET_FD); every request is committed whichever took it."""
+    stack = stack_factory(roles=("writer", "committer"))
+    listener = processes.listening_socket("127.0.0.1", stack.port)
+    env = stack.env | {"CALVE_API_PROCESSES": "2", "CALVE_API_SOCKET_FD": str(listener.fileno())}
+    for name in ("api-1", "api-2"):
+        stack.procs[name] = processes.spawn([sys.executable, "-m", "service.cli", "api"], env=env, log=stack.data_dir / f"{name}.log",
+                                            pass_fds=(listener.fileno(),))
+    listener.close()  # the api processes hold it
+    for name in ("api-1", "api-2"):
+        processes.wait_for_port(stack.port, 60, stack.procs[name], name, stack.data_dir / f"{name}.log", answers=True)
+    tag = uuid.uuid4().hex[:8]
+    for paused, serving in (("api-1", "api-2"), ("api-2", "api-1")):  # a paused process accepts nothing: the other answers all
+        stack.procs[paused].send_signal(signal.SIGSTOP)
+        try:
+            for i in range(3):
+                with stack.client() as http:  # a connection of its own
+                    assert http.post("/logs", content=ndjson([{"id": f"{tag}-{serving}-{i}"}])).status_code == 202
+        finally:
+            stack.procs[paused].send_signal(signal.SIGCONT)
+    expected = sorted(f"{tag}-{name}-{i}" for name in ("api-1", "api-2") for i in range(3))
+    wait_until(lambda: sorted(i for i in ids_in(stack) if i.startswith(tag)) == expected, what="every request committed")
