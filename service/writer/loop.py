@@ -146,25 +146,29 @@ class Writer:
             events = sum(batch.events for batch in batches.values())
             size = sum(batch.size for batch in batches.values())
             full = events >= self.settings.writer_batch_events or size >= self.settings.writer_batch_bytes
-            if full or self._changes_only(batches) or extended and events >= self.settings.writer_batch_fill_events:
+            if full or self._changes_only(batches):
+                break
+            if extended and not self._fills(batches, events):
                 break
             if time.monotonic() >= deadline:
-                if extended or len(batches) > 1 or self._retries or self._set_aside or not self._fills(events):
+                if extended or not self._fills(batches, events):
                     break
                 extended, deadline = True, opened + self.settings.writer_batch_max_wait_s
         return list(batches.values())
 
-    def _fills(self, events: int) -> bool:
-        """Whether a batch holding `events` at the batch wait's end waits on to fill: its stream is
-        busy (a quarter of writer_batch_fill_events came in the wait), and a Spark job's cost, the
-        same whatever it holds, would be a large share of that batch's (an OTLP load's jobs held
-        ~16,000 events: ~0.85 of its 2.3 CPU-s per 100,000 went to the jobs' fixed cost). A quiet
-        stream's events are not held for longer than the wait, nor are another tenant's: a poll
-        that read more than one stream, or a writer with failed or set-aside batches waiting, closes
-        at the wait (make chaos's poison_tenant: its neighbours' p50 tripled when they waited on a
+    def _fills(self, batches: dict[str, Batch], events: int) -> bool:
+        """Whether a poll holding `batches` (`events` in all) waits on, past the batch wait, to
+        fill: it read one stream, a busy one (a quarter of writer_batch_fill_events came in the
+        wait) whose batch is not yet full, and a Spark job's cost, the same whatever it holds,
+        would be a large share of that batch's (an OTLP load's jobs held ~16,000 events: ~0.85 of
+        its 2.3 CPU-s per 100,000 went to the jobs' fixed cost). A quiet stream's events are not
+        held for longer than the wait, nor are another tenant's: a poll that reads a second
+        stream, or a writer with failed or set-aside batches waiting, closes then, in the wait or
+        after it (make chaos's poison_tenant: its neighbours' p50 tripled when they waited on a
         flooding tenant's batch to fill)."""
         fill = self.settings.writer_batch_fill_events
-        return fill / 4 <= events < fill and self.settings.writer_batch_max_wait_s > self.settings.writer_batch_wait_s
+        return (len(batches) == 1 and not self._retries and not self._set_aside and fill / 4 <= events < fill
+                and self.settings.writer_batch_max_wait_s > self.settings.writer_batch_wait_s)
 
     def _changes_only(self, batches: dict[str, Batch]) -> bool:
         """Whether every batch read so far is of a pipeline that changes rows: its events wait

@@ -68,10 +68,10 @@ def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the
     def send(events: int, to: str = stream) -> None:
         redis_client.xadd(to, {RECEIPT: "r", EVENTS: events, BODY: b'{"id": 1}\n' * events})
 
-    def poll(*later: tuple[float, int]) -> tuple[int, float]:
+    def poll(*later: tuple) -> tuple[int, float]:
         """The events of the writer's next batch and how long it took to close, while `later`'s
-        requests (seconds after the poll began, events) come in."""
-        senders = [threading.Timer(at, send, (events,)) for at, events in later]
+        requests (seconds after the poll began, events, and a stream if not the busy one) come in."""
+        senders = [threading.Timer(at, send, request) for at, *request in later]
         for sender in senders:
             sender.start()
         started = time.monotonic()
@@ -99,3 +99,6 @@ def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the
     send(1, keys.input_stream_key("other", "events"))  # another tenant's request does not wait on a busy neighbour's batch
     events, took = poll()
     assert events == 21 and wait_s <= took < max_wait_s - 0.5, f"a poll of two tenants' streams closed after {took:.1f} s"
+    send(20)  # nor does one that comes while the busy batch waits on: the poll closes on it
+    events, took = poll((1.5, 1, keys.input_stream_key("other", "events")))
+    assert events == 21 and 1.5 <= took < max_wait_s - 0.5, f"a poll joined by another tenant closed after {took:.1f} s"
