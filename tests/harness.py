@@ -372,6 +372,7 @@ class Stack:
     redis: redis.Redis
     port: int
     procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
+    listener: socket.socket | None = None  # the api processes' one listening socket (share_api_socket)
 
     @property
     def url(self) -> str:
@@ -382,6 +383,11 @@ class Stack:
         base = f"http://127.0.0.1:{port}" if port else self.url
         return httpx.Client(base_url=base, headers=headers, timeout=120)
 
+    def share_api_socket(self) -> None:
+        """Bind the api's listening socket here, as `calve up` does for CALVE_API_PROCESSES > 1:
+        each api started after this accepts connections on it, one started again too."""
+        self.listener = processes.listening_socket("127.0.0.1", self.port)
+
     def start(
         self, role: str, name: str | None = None, port: int | None = None, env: dict[str, str] | None = None
     ) -> subprocess.Popen | Forked:
@@ -389,6 +395,13 @@ class Stack:
         log_path = self.data_dir / f"{name or role}.log"
         env = self.env | ({"CALVE_PORT": str(port)} if port else {}) | (env or {})
         server = ForkServer.shared()
+        if role == "api" and port is None and self.listener is not None:  # a forked child would not hold the socket
+            fd = self.listener.fileno()
+            proc = processes.spawn([sys.executable, "-m", "service.cli", role], env=env | {"CALVE_API_SOCKET_FD": str(fd)}, log=log_path,
+                                   pass_fds=(fd,))
+            self.procs[name or role] = proc
+            processes.wait_for_port(self.port, 60, proc, name or role, log_path, answers=True)
+            return proc
         if server is not None:
             proc = server.start(role, env, log_path)
         else:
@@ -429,6 +442,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs.clear()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
 
 def make_settings(data_dir: Path, redis_url: str, spark_remote: str, **overrides: str) -> tuple[Settings, dict[str, str]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from service.pipelines.store import PipelineCache
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import PrincipalCache
 
+log = logging.getLogger(__name__)
 CONSOLE_DIR = Path(__file__).resolve().parents[2] / "web"
 CONSOLE_PAGE = CONSOLE_DIR / "index.html"
 # The console runs no inline script and loads nothing from elsewhere: whatever an event or a name
@@ -97,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals)),
             asyncio.create_task(_follow_pipeline_changes(app.state.redis, app.state.pipelines)),
         ]
+        log.info("api started (pid %d)", os.getpid())  # its connections are accepted from here on
         try:
             yield
         finally:

@@ -62,6 +62,7 @@ OUTAGE_S = float(os.environ.get("CALVE_CHAOS_OUTAGE_S", "10"))
 # (`make chaos` sets this), not under `make test`, where the other pytest worker's Spark jobs load
 # the 2 cores in bursts that decide a 20-answer median (CI saw 3.7 s calm against 7.8 s poisoned,
 # with a 13 s stall in a calm phase). Under `make test` the scenario still fails on an outage.
+API_STARTED = "api started"  # what an api process logs once it takes connections
 COMPARE_LATENCY = os.environ.get("CALVE_CHAOS_COMPARE_LATENCY", "") == "1"
 COMMIT_INTERVAL_S = 1.0  # the stacks' commit interval (Calve's default)
 CHAOS_SETTINGS = {
@@ -117,13 +118,14 @@ class Load(Producers):
     """Producers in threads: the even ones wait for the commit (wait=true), the odd ones do not,
     so the load keeps arriving while commits are stuck.
 
-    With `drop_responses`, each request is first sent on a raw socket that is closed without
-    reading the answer, then retried with the same Idempotency-Key until it gets one.
+    With `retry_unanswered`, each request carries an Idempotency-Key and is sent again with it
+    until it is answered, as a shipper retries. With `drop_responses`, each request is first sent
+    on a raw socket that is closed without reading the answer, then retried so.
     """
 
     def __init__(
         self, url: str, producers: int = 4, events: int = 40, pause_s: float = 0.05, drop_responses: bool = False,
-        token: str = TEST_TOKEN, path: str = "/logs",
+        token: str = TEST_TOKEN, path: str = "/logs", retry_unanswered: bool = False,
     ) -> None:
         self.url = url
         self.token = token
@@ -132,6 +134,8 @@ class Load(Producers):
         self.events = events
         self.pause_s = pause_s
         self.drop_responses = drop_responses
+        self.retry_unanswered = retry_unanswered or drop_responses
+        self.retried = 0  # requests sent again with their Idempotency-Key after no answer came
         self.sent: list[Sent] = []
         super().__init__(producers)
 
@@ -151,7 +155,7 @@ class Load(Producers):
                 params = {"wait": "true", "timeout": "20"} if producer % 2 == 0 else {}
                 body = self._body(producer, seq)
                 started = time.monotonic()
-                if self.drop_responses:
+                if self.retry_unanswered:
                     sent = self._send_until_answered(http, producer, seq, body, params)
                 else:
                     sent = Sent(producer, seq, self.events, *self._send(http, body, params, {}))
@@ -174,11 +178,15 @@ class Load(Producers):
 
     def _send_until_answered(self, http: httpx.Client, producer: int, seq: int, body: bytes, params: dict) -> Sent:
         key = {"Idempotency-Key": f"chaos-{producer}-{seq}"}
-        self._send_and_drop(body, params, key)
+        if self.drop_responses:
+            self._send_and_drop(body, params, key)
         while True:
             outcome, replayed = self._send(http, body, params, key)
             if outcome in ("200", "202") or self._stop.is_set():
                 return Sent(producer, seq, self.events, outcome, replayed)
+            if outcome == "no_answer":
+                with self._lock:
+                    self.retried += 1
             time.sleep(0.5)
 
     def _send_and_drop(self, body: bytes, params: dict, headers: dict) -> None:
@@ -306,6 +314,8 @@ class Scenario:
     title: str
     inflict: Callable[[Chaos], None] | None
     committers: int = 2  # started before the fault; 0: the scenario starts its own
+    api_processes: int = 1  # more: on one listening socket the harness holds, as `calve up` does
+    retry_unanswered: bool = False  # producers send a request again, with its Idempotency-Key, until it is answered
     drop_responses: bool = False
     needs_spark_server: bool = False
     # A scenario that runs its own stack and load instead of `inflict` on the standard ones.
@@ -380,6 +390,24 @@ def committer_paused_past_lease(chaos: Chaos) -> None:
     fences = [int(s.summary.additional_properties[keys.SUMMARY_FENCE]) for s in table.snapshots()]
     if fences != sorted(fences):
         chaos.problems.append(f"fences out of order in commit order: {fences}")
+
+
+def api_process_killed(chaos: Chaos) -> None:
+    """kill -9 api processes sharing one socket in turn while requests are in flight on them, then
+    start each again on the socket (`calve up`'s supervisor does the same): the other process takes
+    every connection meanwhile, and each request cut off is sent again with its key."""
+    for name in ("api-1", "api-2", "api-1"):  # the second kill finds every connection on its process
+        time.sleep(random.uniform(0.5, 1.5))
+        answered = len(chaos.load.sent)
+        chaos.stack.kill(name)
+        wait_until(lambda: len(chaos.load.sent) >= answered + 4, timeout_s=30, what="the other api process to answer")
+        log = chaos.stack.data_dir / f"{name}.log"
+        started = log.read_text().count(API_STARTED)
+        chaos.stack.start("api", name=name)
+        wait_until(lambda: log.read_text().count(API_STARTED) > started, timeout_s=30, what=f"{name} to serve again")
+    chaos.evidence.append(f"api-1, api-2, api-1 killed -9 in turn and started again; {chaos.load.retried} requests cut off and sent again")
+    if not chaos.load.retried:
+        chaos.problems.append("no request was in flight at any kill: the scenario showed nothing")
 
 
 def is_stopped(pid: int) -> bool:
@@ -926,6 +954,10 @@ SCENARIOS = [
     Scenario("catalog_unavailable", "catalog unavailable for CALVE_CHAOS_OUTAGE_S (10 s)", catalog_unavailable),
     Scenario("idempotent_retries", "producers drop every response and retry with Idempotency-Key", idempotent_retries, drop_responses=True),
     Scenario(
+        "api_process_killed", "kill -9 one of two api processes on one socket while requests are in flight, in turn, three times",
+        api_process_killed, api_processes=2, retry_unanswered=True,
+    ),
+    Scenario(
         "poison_tenant", "tenant demo sends poison while alpha and beta send as usual; their latency must hold",
         None, runner=run_poison_tenant,
     ),
@@ -956,14 +988,19 @@ def run(scenario: Scenario, base: Path, redis_server: RedisServer, spark_server:
     client.flushall()
     data_dir = base / scenario.name
     data_dir.mkdir(parents=True)
-    stack = build_stack(data_dir, redis_server.url, spark_remote, client, roles=("api",), **CHAOS_SETTINGS)
+    stack = build_stack(data_dir, redis_server.url, spark_remote, client, roles=() if scenario.api_processes > 1 else ("api",),
+                        **CHAOS_SETTINGS)
     chaos = Chaos(stack, redis_server, spark_server)
     try:
+        if scenario.api_processes > 1:
+            stack.share_api_socket()
+            for i in range(1, scenario.api_processes + 1):
+                stack.start("api", name=f"api-{i}")
         stack.start("writer", name="writer-1")
         stack.start("writer", name="writer-2")
         for i in range(1, scenario.committers + 1):
             stack.start("committer", name=f"committer-{i}")
-        chaos.load = Load(stack.url, drop_responses=scenario.drop_responses).start()
+        chaos.load = Load(stack.url, drop_responses=scenario.drop_responses, retry_unanswered=scenario.retry_unanswered).start()
         try:
             if scenario.committers:
                 wait_until(lambda: chaos.commits() > 0, timeout_s=90, what="the first commit")

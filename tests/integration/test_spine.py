@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import signal
-import sys
 import time
 import uuid
 
@@ -12,7 +11,6 @@ import orjson
 import pytest
 from sqlmodel import Session
 
-from service.cli import processes
 from service.core import keys
 from service.core.db import get_engine
 from service.tenancy.tenants import issue_token
@@ -276,14 +274,9 @@ def test_api_processes_accept_on_one_socket_and_every_request_is_committed(stack
     """CALVE_API_PROCESSES: `calve up` binds the api's socket once and each api process accepts
     connections on it (CALVE_API_SOCKET_FD); every request is committed whichever took it."""
     stack = stack_factory(roles=("writer", "committer"))
-    listener = processes.listening_socket("127.0.0.1", stack.port)
-    env = stack.env | {"CALVE_API_PROCESSES": "2", "CALVE_API_SOCKET_FD": str(listener.fileno())}
+    stack.share_api_socket()
     for name in ("api-1", "api-2"):
-        stack.procs[name] = processes.spawn([sys.executable, "-m", "service.cli", "api"], env=env, log=stack.data_dir / f"{name}.log",
-                                            pass_fds=(listener.fileno(),))
-    listener.close()  # the api processes hold it
-    for name in ("api-1", "api-2"):
-        processes.wait_for_port(stack.port, 60, stack.procs[name], name, stack.data_dir / f"{name}.log", answers=True)
+        stack.start("api", name=name, env={"CALVE_API_PROCESSES": "2"})
     tag = uuid.uuid4().hex[:8]
     for paused, serving in (("api-1", "api-2"), ("api-2", "api-1")):  # a paused process accepts nothing: the other answers all
         stack.procs[paused].send_signal(signal.SIGSTOP)
