@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -175,6 +176,20 @@ def _groups_by(transform: str, data_type: pa.DataType) -> bool:
     if transform.startswith("bucket["):
         return text or integer or time_kind(data_type) is not None
     return transform.startswith("truncate[") and (text or integer)
+
+
+# pyarrow's error for a JSON string where the explicit schema has a number: the column and the row.
+_TEXT_FOR_NUMBER = re.compile(r"Column\(/(.+)\) changed from number to string in row ([0-9]+)$")
+MAX_MISTYPED = 16  # events of a request read alone for text in a number column; past them, the Spark job takes it
+
+
+def may_read_as_number(text: str) -> bool:
+    """Whether Spark's cast might read `text` as a number (coerce.scalar: trimmed, then tried as a
+    bigint and a double): any digit (of any script, to be safe), or the words it reads as a
+    double's specials (nan, inf, infinity, any case and sign). Text with neither ("slow", "",
+    "n/a") is NULL there whatever else it holds."""
+    folded = text.casefold()
+    return "inf" in folded or "nan" in folded or any(ch.isnumeric() for ch in text)
 
 
 class Refused(ValueError):
@@ -335,7 +350,7 @@ def append_directly(
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
     by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
-    task_bytes: int | None = None,
+    task_bytes: int | None = None, text_nulls: bool = False,
 ) -> tuple[dict[str, int] | None, str | None, list[int]]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, []),
     or (None, why not, []) with nothing left behind. by_request: a request (body) that this way
@@ -356,7 +371,10 @@ def append_directly(
     this many bytes of bodies, at least one, at most one per request (None: Spark's split, one task
     per core). Each task costs Spark's JVM and a Python worker ~40 ms of CPU whatever it holds,
     while the writers run their jobs side by side: fewer, fuller tasks leave more of the cores to
-    the work itself (make bench, README "The short way")."""
+    the work itself (make bench, README "The short way"). text_nulls: the table's columns are
+    converted as the full job converts a known table's (no processors, no evolving schema, no
+    row changes), so text that cannot be a number in an optional number column (not a partition's
+    source) reads as NULL there, as the full job makes it, instead of leaving its request out."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
@@ -370,7 +388,7 @@ def append_directly(
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
     append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries,
-                       by_request, processors, target_file_size)
+                       by_request, processors, target_file_size, text_nulls)
     if task_bytes is not None:
         # coalesce, not repartition: adjacent requests share a task, with no shuffle.
         frame = frame.coalesce(tasks_for(bodies, task_bytes))
@@ -642,18 +660,18 @@ MANY_INFERRED = 16  # more inferred columns than this: every line is read rather
 def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
-              target_file_size: int | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+              target_file_size: int | None = None, text_nulls: bool = False) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The short way's task: `_append` with the job's arguments, its code pickled once per process
     (task_code.py). Where the bodies are goes as plain data (StreamEntries' class would be pickled
     by value again), without the ids, which the job's rows hold."""
     where = None if entries is None else (entries.url, entries.cluster, entries.stream)
     return bound(_append, directory, filesystem, parsing, file_schema, required, extra_fields, partition, changes, where, by_request,
-                 processors, target_file_size)
+                 processors, target_file_size, text_nulls)
 
 
 def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
             extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
-            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None,
+            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None, text_nulls: bool,
             batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Write a task's requests (see append_directly): one answer row per file written, the last
     with the counts and the requests left out; or one row saying why this way cannot."""
@@ -679,33 +697,104 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                             "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
-    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False) -> pa.Table:
+    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_text: frozenset[str] = frozenset()) -> pa.Table:
         schema = epoch_reading if epoch else reading
+        if as_text:  # these number columns as text: an event read alone for its text there
+            schema = pa.schema([f.with_type(pa.string()) if f.name in as_text else f for f in schema])
         if shells:  # the maps as empty structs: which events have an object, its keys not inferred
             schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
         return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
-    def read_fields(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+    def read_fields(body: bytes, epoch: bool, as_text: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """(the body's table, whether every line must be read for the fields the table lacks)."""
         if wide_maps:
-            return read(body, "ignore", epoch, shells=True), True
+            return read(body, "ignore", epoch, shells=True, as_text=as_text), True
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
-            return read(body, "infer" if extra_fields or maps or drops else "error", epoch), False
-        except pa.ArrowInvalid:
-            if not extra_fields or maps:
+            return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_text=as_text), False
+        except pa.ArrowInvalid as exc:
+            if not extra_fields or maps or mistyped(exc):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
-            return read(body, "ignore", epoch), True
+            return read(body, "ignore", epoch, as_text=as_text), True
+
+    def mistyped(exc: pa.ArrowInvalid) -> tuple[str, int] | None:
+        """(the column, the row) where pyarrow met text in one of text_as_null's columns."""
+        found = _TEXT_FOR_NUMBER.search(str(exc))
+        return (found[1], int(found[2])) if found and found[1] in text_as_null else None
+
+    def read_lines(lines: list[bytes], epoch: bool, as_text: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+        table, every_line = read_fields(b"\n".join(lines), epoch, as_text)
+        if table.num_rows != len(lines):
+            raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
+        return table, every_line
+
+    def read_texts(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+        """read_fields, but where an event's value in an optional number column is text that
+        cannot be a number (may_read_as_number), that event is read alone, and the value is
+        NULL, as the full job converts it (coerce.scalar), instead of its request being left out
+        (make bench's `dirty`: one event in 50,000 with "slow" for a double sent its request to
+        the Spark job, a job for most batches). The events before it are read again (pyarrow's
+        error says where it stopped, not what it read), so a body with such an event is read
+        about twice; past MAX_MISTYPED such events, the request is the Spark job's."""
+        try:
+            return read_fields(body, epoch)
+        except pa.ArrowInvalid as exc:
+            if not text_as_null or mistyped(exc) is None:
+                raise
+            first = exc
+        lines = [line for line in body.split(b"\n") if line.strip()]
+        parts, start, alone = [], 0, 0
+        while start < len(lines):
+            try:
+                parts.append(read_lines(lines[start:], epoch))
+                break
+            except pa.ArrowInvalid as exc:
+                found = mistyped(exc)
+                if found is None or alone == MAX_MISTYPED or found[1] >= len(lines) - start:
+                    raise
+                row = start + found[1]
+                if row > start:
+                    parts.append(read_lines(lines[start:row], epoch))
+                parts.append(read_alone(lines[row], epoch))
+                alone, start = alone + 1, row + 1
+        if len({every_line for _table, every_line in parts}) > 1:
+            raise first
+        try:
+            # The parts' inferred columns (fields the table lacks: only which events hold them
+            # counts) may differ in type where one read would have widened them.
+            return pa.concat_tables([table for table, _every_line in parts], promote_options="permissive"), parts[0][1]
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            raise first from None
+
+    def read_alone(line: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+        """One event with text in a number column: read with its text columns as text, each
+        value checked to be no number, then NULL in the column's type."""
+        as_text: frozenset[str] = frozenset()
+        while True:
+            try:
+                table, every_line = read_lines([line], epoch, as_text)
+                break
+            except pa.ArrowInvalid as exc:
+                found = mistyped(exc)
+                if found is None or found[0] in as_text:
+                    raise
+                as_text |= {found[0]}
+        for name in as_text:
+            text = table.column(name)[0].as_py()
+            if text is not None and may_read_as_number(text):
+                raise pa.ArrowInvalid(f"text in number column {name!r} the Spark job may read as a number")
+            table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(1, reading.field(name).type))
+        return table, every_line
 
     def parse(body: bytes) -> tuple[pa.Table, bool, bool]:
         """read_fields's answer, and whether time columns came as integers (epoch)."""
         failed = None
         for epoch in list(epoch_order):
             try:
-                table, every_line = read_fields(body, epoch)
+                table, every_line = read_texts(body, epoch)
             except pa.ArrowInvalid as exc:
                 if not kinds or "changed from" not in str(exc):  # not a time column sent the other way
                     raise
@@ -817,6 +906,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return None
 
     known = [*parsing.names, *maps]
+    # Optional number columns whose text reads as NULL (append_directly's text_nulls).
+    text_as_null = frozenset(f.name for f in parsing if text_nulls and f.name not in required and f.name not in kinds
+                             and f.name not in {source for source, _transform in partition or ()}
+                             and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)))
     # A table that takes an OTLP export's columns as they are: each is one of its columns, and
     # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
     takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)

@@ -217,6 +217,7 @@ class PipelineJob:
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
                 partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None, processors=processors,
                 target_file_size=target.target_file_size, task_bytes=self.task_bytes,
+                text_nulls=processors is None and target.changes is None and not self.evolving_table,
             )
 
         try:

@@ -36,7 +36,7 @@ from pyiceberg.types import (
 
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, parse_schema, tasks_for, write_partitioned
+from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, may_read_as_number, parse_schema, tasks_for, write_partitioned
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -672,3 +672,36 @@ def test_a_jobs_task_pickles_its_code_once_per_process_and_runs_the_same_once_un
     assert path.startswith(str(tmp_path / "second"))
     assert pq.read_table(path).select(["id", "msg"]).to_pylist() == [{"id": 1, "msg": "a"}, {"id": 2, "msg": None}]
     assert pq.read_table(path).column("_extra").to_pylist() == [[("new", "2")], None]
+
+
+def test_text_that_cannot_be_a_number_in_an_optional_number_column_reads_as_null_and_the_rest_is_written(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: "slow" where the table has a double (no digit, no nan or inf: Spark's cast
+    reads NULL) is NULL there, its event and request written in their order; text Spark may read
+    as a number, or in a required column, leaves its request to the Spark job."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1, "x": 1.5}\n{"id": 2, "x": "slow", "n": "n/a", "level": "warn"}\n\n{"id": 3, "x": 2}\n{"id": 4, "n": "", "msg": "m"}',
+        b'{"id": 5, "x": "1e3"}',  # a number to Spark: the Spark job's
+        b'{"id": 6, "x": "Infinity"}',  # ... and so is a double's special word
+        b'{"id": "seven"}',  # a required column
+        b'{"id": 8, "x": "-"}\n{"id": 9, "x": "\\u0661"}',  # an Arabic-Indic digit: maybe a number, the request is the Spark job's
+        b'{"id": 10, "n": " ", "x": 3}',
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * i for i in (1, 2, 3, 4)]
+    assert json.loads(answer["counts"]) == {"r0": 4, "r5": 1}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "x": 1.5}, {"id": 2, "_extra": [("level", "warn")]}, {"id": 3, "x": 2.0}, {"id": 4, "msg": "m"}, {"id": 10, "x": 3.0}]
+
+
+@pytest.mark.parametrize("text", ["slow", "", " ", "n/a", "-", "😀", "true"])
+def test_may_read_as_number_says_no_only_for_text_without_a_digit_or_a_specials_word(text: str) -> None:
+    assert not may_read_as_number(text)
+    for number in ("1", " 12 ", "1e3", "NaN", "-inf", "Infinity", "0x10", "1d", "\u0661", "\uff11", text + "7"):
+        assert may_read_as_number(number), number
