@@ -47,18 +47,18 @@ WRITTEN_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("rows", pa.in
 
 def rewrite_files(
     spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int,
-    filesystem: object | None = None, deletes: dict[str, list[str]] | None = None,
+    filesystem: object | None = None, deletes: dict[str, list[str]] | None = None, tasks: int | None = None,
 ) -> None:
     """Write the rows of `paths` into `outputs` Parquet files under `directory` (filesystem: as
     for spark_jobs.files; None: local files), less the rows the position delete files `deletes`
-    (per path) delete."""
+    (per path) delete; at most `tasks` Spark tasks at once (None: all outputs')."""
     store = filesystem
     if store is None:
         from pyarrow import fs as pafs
 
         store = pafs.LocalFileSystem()
     try:
-        copy_files(spark, paths, schema, _path(directory), store, outputs, deletes or {})
+        copy_files(spark, paths, schema, _path(directory), store, outputs, deletes or {}, tasks)
         return
     except Exception as exc:
         if deletes:  # Spark's reader knows nothing of them: it would bring deleted rows back
@@ -93,14 +93,20 @@ def groups(paths: list[str], outputs: int) -> list[list[str]]:
 
 def copy_files(
     spark: SparkSession, paths: list[str], schema: pa.Schema, directory: str, filesystem, outputs: int,  # noqa: ANN001
-    deletes: dict[str, list[str]] | None = None,
+    deletes: dict[str, list[str]] | None = None, tasks: int | None = None,
 ) -> int:
     """One task per output file, each copying its run of `paths` in `schema`, less the rows the
-    position delete files `deletes` (per path) delete; the rows written."""
+    position delete files `deletes` (per path) delete; the rows written. At most `tasks` of them
+    at once: jobs of that many tasks, one after another (Spark gives a job's tasks every free core
+    before a later job's: the writers' jobs, submitted meanwhile, would wait for a compaction's)."""
     runs = [(index, "\n".join(run)) for index, run in enumerate(groups(paths, outputs))]
-    listing = spark.createDataFrame(runs, "index long, paths string").repartition(len(runs), "index")
-    written = listing.mapInArrow(_copier(directory, filesystem, schema, deletes or {}), WRITTEN).collect()
-    return sum(row.rows for row in written)
+    copier = _copier(directory, filesystem, schema, deletes or {})
+    rows = 0
+    for start in range(0, len(runs), tasks or len(runs)):
+        wave = runs[start:start + (tasks or len(runs))]
+        listing = spark.createDataFrame(wave, "index long, paths string").repartition(len(wave), "index")
+        rows += sum(row.rows for row in listing.mapInArrow(copier, WRITTEN).collect())
+    return rows
 
 
 ROW_GROUP_ROWS = 512 * 1024  # rows buffered per row group: Spark's writer makes them large too

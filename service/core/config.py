@@ -132,6 +132,11 @@ class Settings(BaseSettings):
     compact_min_files: int = Field(default=10, ge=2)
     compact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024)
     compact_timeout_s: float = Field(default=900.0, gt=0)
+    # A compaction's Spark tasks (each copies a run of files into one output file) run at most
+    # compact_tasks at once: Spark runs one application's jobs first come, first served, so a
+    # compaction of four outputs on local[*]'s two cores left the ingest jobs none for seconds
+    # (make bench: no append committed for 2.8 s; wait=true p99 2.5-3.6 s against 1.0-1.1 s).
+    compact_tasks: int = Field(default=1, ge=1)
     # A partition no file has been added to for compact_cold_after_s is cold: two of its small
     # files are enough to merge them (by size tier), not compact_min_files.
     compact_cold_after_s: float = Field(default=3600.0, gt=0)

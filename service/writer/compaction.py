@@ -12,6 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
+import redis
+from pyiceberg.catalog import Catalog
+
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
 from service.iceberg.files import list_data_files, spark_filesystem
@@ -29,6 +32,10 @@ log = logging.getLogger(__name__)
 class Compactor(LeaderRequests):
     queue = keys.COMPACTIONS
     waits_out_outages = False  # optional work: the leader plans it again
+
+    def __init__(self, client: redis.Redis, catalog: Catalog, spark_remote: str, name: str, tasks: int = 1) -> None:
+        super().__init__(client, catalog, spark_remote, name)
+        self.tasks = tasks  # the Spark tasks of a compaction at once (Settings.compact_tasks)
 
     def decode(self, raw: bytes) -> CompactionRequest:
         return CompactionRequest.from_json(raw)
@@ -48,7 +55,7 @@ class Compactor(LeaderRequests):
         spark = spark_session(self.spark_remote)
         for index, (paths, outputs) in enumerate(request.groups):
             rewrite_files(spark, paths, schema.as_arrow(), required, f"{directory}/part-{index}", outputs, spark_filesystem(directory, self.io),
-                          deletes={path: request.deletes[path] for path in paths if path in request.deletes})
+                          deletes={path: request.deletes[path] for path in paths if path in request.deletes}, tasks=self.tasks)
         written = CommitEntry(request.tenant, request.table, list_data_files(directory, self.io), {},
                               operation=Operation.REPLACE, removes=request.files, request=request.request, folded=request.deletes)
         self.client.xadd(keys.commit_stream_key(request.tenant, request.table), written.to_mapping(self.name))

@@ -543,7 +543,8 @@ def main() -> None:
     rates = [int(rate) for rate in os.environ.get("BENCH_OPEN_RATES", ",".join(str(r) for r in range(20_000, 300_001, 20_000))).split(",") if rate.strip()]
     step_s = float(os.environ.get("BENCH_OPEN_STEP_S", "30"))
     steps: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:
+    kept = contextlib.nullcontext(tempfile.mkdtemp(prefix="calve-bench-")) if os.environ.get("BENCH_KEEP") else None
+    with kept or tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:  # BENCH_KEEP=1: its logs kept for a look afterwards
         work = Path(tmp)
         port = free_port()
         say(f"starting the embedded stack (data in {work}) ...")

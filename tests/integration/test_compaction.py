@@ -169,3 +169,41 @@ def test_partitioned_tables_compact_per_partition_and_keep_their_settings(stack_
     day = (datetime.date(2026, 11, 20) - datetime.date(1970, 1, 1)).days
     pruned = {task.file.partition for task in table.scan(row_filter=EqualTo("ts", "2026-11-20T00:00:00+00:00")).plan_files()}
     assert pruned and all(partition[0] == day for partition in pruned) and len(pruned) < len(partitions)
+
+
+class CountedJobs:
+    """A real Spark session that counts the runs of each job copy_files makes (one task a run)."""
+
+    def __init__(self, spark) -> None:  # noqa: ANN001
+        self.spark, self.jobs = spark, []
+
+    def createDataFrame(self, data, schema):  # noqa: ANN001, ANN201 - the session's own name
+        self.jobs.append(len(data))
+        return self.spark.createDataFrame(data, schema)
+
+
+@pytest.mark.parametrize(("tasks", "jobs"), [(1, [1, 1, 1]), (2, [2, 1]), (None, [3])])
+def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_row(fresh_spark, tmp_path, tasks, jobs) -> None:  # noqa: ANN001
+    """Spark gives a job's tasks every free core before a later job's: a compaction's copies run as
+    jobs of at most compact_tasks tasks, one after another, so the writers' jobs find a core."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from service.iceberg.files import list_data_files
+    from spark_jobs.compact_job import copy_files
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "msg", StringType())).as_arrow()
+    paths = []
+    for index in range(6):
+        path = tmp_path / f"small-{index}.parquet"
+        pq.write_table(pa.table({"id": pa.array(range(index * 10, index * 10 + 10), pa.int64()), "msg": [f"m{index}"] * 10}, schema=schema), path)
+        paths.append(str(path))
+    spark = CountedJobs(fresh_spark)
+    written = copy_files(spark, paths, schema, str(tmp_path / "out"), pafs.LocalFileSystem(), 3, tasks=tasks)
+    assert spark.jobs == jobs
+    copies = list_data_files((tmp_path / "out").as_uri())
+    assert written == 60 and len(copies) == 3
+    assert sorted(row["id"] for path in copies for row in pq.read_table(path).to_pylist()) == list(range(60))
