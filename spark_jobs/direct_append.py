@@ -181,6 +181,7 @@ def _groups_by(transform: str, data_type: pa.DataType) -> bool:
 # pyarrow's error for a JSON string where the explicit schema has a number: the column and the row.
 _TEXT_FOR_NUMBER = re.compile(r"Column\(/(.+)\) changed from number to string in row ([0-9]+)$")
 MAX_MISTYPED = 16  # events of a request read alone for text in a number column; past them, the Spark job takes it
+REREAD_TIMES = 3  # ... and its bytes read again at most this many times over, whatever its size
 
 
 def may_read_as_number(text: str) -> bool:
@@ -738,7 +739,9 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         (make bench's `dirty`: one event in 50,000 with "slow" for a double sent its request to
         the Spark job, a job for most batches). The events before it are read again (pyarrow's
         error says where it stopped, not what it read), so a body with such an event is read
-        about twice; past MAX_MISTYPED such events, the request is the Spark job's."""
+        about twice; past MAX_MISTYPED such events, or once the body's bytes were read again
+        REREAD_TIMES times (such events spread over a large body: each stop reads the rest
+        again), the request is the Spark job's: one tenant's body costs a task a bounded share."""
         try:
             return read_fields(body, epoch)
         except pa.ArrowInvalid as exc:
@@ -746,8 +749,16 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 raise
             first = exc
         lines = [line for line in body.split(b"\n") if line.strip()]
+        ends, end = [0], 0  # where each line ends in the lines' bytes
+        for line in lines:
+            end += len(line) + 1
+            ends.append(end)
+        budget = REREAD_TIMES * end
         parts, start, alone = [], 0, 0
         while start < len(lines):
+            budget -= end - ends[start]
+            if budget < 0:
+                raise first
             try:
                 parts.append(read_lines(lines[start:], epoch))
                 break

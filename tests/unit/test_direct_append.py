@@ -705,3 +705,21 @@ def test_may_read_as_number_says_no_only_for_text_without_a_digit_or_a_specials_
     assert not may_read_as_number(text)
     for number in ("1", " 12 ", "1e3", "NaN", "-inf", "Infinity", "0x10", "1d", "\u0661", "\uff11", text + "7"):
         assert may_read_as_number(number), number
+
+
+def test_text_in_number_columns_spread_over_a_body_leaves_it_to_the_spark_job_past_three_reads_of_its_bytes(tmp_path) -> None:  # noqa: ANN001
+    """Each event with such text stops pyarrow, and the rest of the body is read again: a body
+    whose text events would have it read more than three times over goes to the Spark job."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+
+    def body(texts: set[int]) -> bytes:
+        return b"\n".join(b'{"id": %d, "x": %s}' % (i, b'"slow"' if i in texts else b"1.5") for i in range(100))
+
+    bodies = [body({80, 90}), body(set(range(10, 100, 10)))]  # read ~1.3 times over; ~5.4 times over
+    batch = pa.record_batch({"receipt": ["late", "spread"], "body": pa.array(bodies, pa.large_binary()),
+                             "seq": pa.array([0, LINE_SLOTS], pa.int64())})
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert json.loads(answer["counts"]) == {"late": 100} and json.loads(answer["rejected"]) == [LINE_SLOTS]
+    assert [row["x"] for row in pq.read_table(answer["path"]).to_pylist() if row["id"] in (79, 80, 90)] == [1.5, None, None]
