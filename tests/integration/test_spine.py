@@ -276,7 +276,7 @@ def test_api_processes_accept_on_one_socket_and_every_request_is_committed(stack
     stack = stack_factory(roles=("writer", "committer"))
     stack.share_api_socket()
     for name in ("api-1", "api-2"):
-        stack.start("api", name=name, env={"CALVE_API_PROCESSES": "2"})
+        stack.start("api", name=name)
     tag = uuid.uuid4().hex[:8]
     for paused, serving in (("api-1", "api-2"), ("api-2", "api-1")):  # a paused process accepts nothing: the other answers all
         stack.procs[paused].send_signal(signal.SIGSTOP)
