@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint test-deps bench bench-api bench-upsert bench-feed bench-files soak chaos system-deps clean
+.PHONY: run test test-long lint test-deps bench bench-api bench-upsert bench-feed bench-files soak chaos system-deps clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Calve needs Python 3.11 or newer ($(PYTHON))"; exit 1; }
@@ -27,15 +27,23 @@ run: $(STAMP) system-deps
 	$(VENV)/bin/calve up
 
 # Two pytest workers (each with its own redis-server and Spark Connect server); a test file runs
-# whole on one of them, so each half of the fault suite (test_chaos.py, test_chaos_tenants.py)
-# runs its scenarios one after another, and the longest files start first (tests/conftest.py
-# LONGEST_FIRST). A third worker was tried: 13:37 and 16:13 against 14:57 with two, with the fault
-# suite's scenarios up to 3x slower under the contention (writer_killed_mid_job 94 s against 27).
+# whole on one of them, and the longest files start first (tests/conftest.py LONGEST_FIRST). A
+# third worker was tried: 13:37 and 16:13 against 14:57 with two, with the fault suite's scenarios
+# up to 3x slower under the contention (writer_killed_mid_job 94 s against 27).
 # Calve's own modules are compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the few
 # hundred role processes the tests start would compile them again.
+# make test is everything but the fault suite (chaos), the Spark standalone cluster (long), and
+# it draws a third of the differential tests' examples; make test-long runs those (CI: .ci/run runs
+# both), each half of the fault suite (test_chaos.py, test_chaos_tenants.py) on one worker.
+PYTEST := $(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
 test: lint test-deps
 	$(PY) -m compileall -q service spark_jobs tests
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PYTEST) -m "not chaos and not long"
+
+test-long: $(STAMP) test-deps
+	$(PY) -m compileall -q service spark_jobs tests
+	CALVE_TEST_EXAMPLES=all $(PYTEST) -m "chaos or long or differential"
 
 # ruff and deptry, configured in pyproject.toml: seconds, so make test runs them first.
 lint: $(STAMP)
@@ -66,7 +74,7 @@ bench-files: $(STAMP) system-deps
 soak: $(STAMP) system-deps
 	$(PY) -m tests.bench.soak
 
-# The fault suite on its own Redis and Spark Connect; `make test` runs it too (pytest -m chaos).
+# The fault suite on its own Redis and Spark Connect, comparing latencies; `make test-long` runs it too (pytest -m chaos).
 chaos: $(STAMP) system-deps
 	CALVE_CHAOS_COMPARE_LATENCY=1 $(PY) -m tests.chaos
 

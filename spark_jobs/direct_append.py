@@ -56,6 +56,7 @@ never what.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -749,10 +750,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 raise
             first = exc
         lines = [line for line in body.split(b"\n") if line.strip()]
-        ends, end = [0], 0  # where each line ends in the lines' bytes
-        for line in lines:
-            end += len(line) + 1
-            ends.append(end)
+        ends = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))  # where each line ends in the lines' bytes
+        end = ends[-1]
         budget = REREAD_TIMES * end
         parts, start, alone = [], 0, 0
         while start < len(lines):

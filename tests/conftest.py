@@ -31,22 +31,27 @@ from tests.harness import (  # noqa: F401 - re-exported for the test modules
 )
 
 # The files that take longest, longest first (the others follow in collection order). `make test`
-# hands whole files to its two workers (--dist loadfile) in this order (--no-loadscope-reorder;
-# xdist's default order puts the files with the most tests first, the slow few-test files last):
-# a long file started last keeps the run waiting on one worker. Seconds on a 2-core machine.
+# and `make test-long` hand whole files to their two workers (--dist loadfile) in this order
+# (--no-loadscope-reorder; xdist's default order puts the files with the most tests first, the slow
+# few-test files last): a long file started last keeps the run waiting on one worker. Seconds on a
+# 2-core machine whose `make bench` baseline was 430,000-480,000 events/s, in make test (test-long).
 LONGEST_FIRST = (
-    "tests/chaos/test_chaos_tenants.py",  # 240
-    "tests/chaos/test_chaos.py",  # 230
-    "tests/integration/test_row_changes.py",  # 150
-    "tests/integration/test_pipelines.py",  # 105
-    "tests/integration/test_redis_cluster.py",  # 90
-    "tests/integration/test_object_store.py",  # 75 with SeaweedFS's start
-    "tests/integration/test_spark_cluster.py",  # 75 and its cluster's start
-    "tests/api/test_tenancy.py",  # 60
-    "tests/integration/test_spine.py",  # 50
-    "tests/integration/test_committer.py",  # 50
-    "tests/api/test_contract.py",  # 50
-    "tests/integration/test_compaction.py",  # 45
+    "tests/integration/test_fast_way.py",  # 265 (a third of the examples; all of them: 595)
+    "tests/chaos/test_chaos_tenants.py",  # (363)
+    "tests/chaos/test_chaos.py",  # (338)
+    "tests/integration/test_row_changes.py",  # 321
+    "tests/integration/test_object_store.py",  # 150 with SeaweedFS's start
+    "tests/integration/test_pipelines.py",  # 141
+    "tests/integration/test_redis_cluster.py",  # 112
+    "tests/api/test_contract.py",  # 105
+    "tests/integration/test_spark_cluster.py",  # (99) and its cluster's start
+    "tests/api/test_tenancy.py",  # 96
+    "tests/integration/test_spine.py",  # 83
+    "tests/integration/test_committer.py",  # 74
+    "tests/integration/test_postgres_catalog.py",  # 66
+    "tests/integration/test_writer.py",  # 62
+    "tests/integration/test_compaction.py",  # 55
+    "tests/integration/test_row_delta_ways.py",  # 55
 )
 
 

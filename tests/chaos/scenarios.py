@@ -56,12 +56,12 @@ from tests.harness import (
 TABLE = ("demo", "logs")
 LEASE_S = 3.0
 # How long Spark Connect and the catalog stay down: long enough for the backlog cap to push back
-# under this load (it fills in about a second), short enough to keep `make test` near 10 minutes.
+# under this load (it fills in about a second), short enough to keep `make test-long` short.
 OUTAGE_S = float(os.environ.get("CALVE_CHAOS_OUTAGE_S", "10"))
 # poison_tenant's latency comparison is a speed target: it holds on a machine doing nothing else
-# (`make chaos` sets this), not under `make test`, where the other pytest worker's Spark jobs load
+# (`make chaos` sets this), not under `make test-long`, where the other pytest worker's Spark jobs load
 # the 2 cores in bursts that decide a 20-answer median (CI saw 3.7 s calm against 7.8 s poisoned,
-# with a 13 s stall in a calm phase). Under `make test` the scenario still fails on an outage.
+# with a 13 s stall in a calm phase). Under `make test-long` the scenario still fails on an outage.
 API_STARTED = "api started"  # what an api process logs once it takes connections
 COMPARE_LATENCY = os.environ.get("CALVE_CHAOS_COMPARE_LATENCY", "") == "1"
 COMMIT_INTERVAL_S = 1.0  # the stacks' commit interval (Calve's default)
@@ -463,7 +463,7 @@ def idempotent_retries(chaos: Chaos) -> None:
 
 GOOD_TENANTS = ("alpha", "beta")
 # Each of: calm, poisoned, calm, poisoned. Comparing latencies wants ~20-30 answers a side; under
-# `make test`, which only checks that nothing is lost and every poisoned phase is answered, 7 s
+# `make test-long`, which only checks that nothing is lost and every poisoned phase is answered, 7 s
 # phases keep a wait=true answer (p99 ~4-7 s there) in each and save 12 s of the suite.
 PHASE_S = 10.0 if COMPARE_LATENCY else 7.0
 SETTLE_S = 3.0  # requests sent this soon after a phase starts count for neither: the last one's work is still draining
@@ -643,7 +643,7 @@ def run_noisy_tenant(
     COMPARE_LATENCY (`make chaos`), their median wait=true latency in the poisoned phases within
     twice the calm phases'.
 
-    Alternating the phases makes both halves see the same machine: under `make test` another
+    Alternating the phases makes both halves see the same machine: under `make test-long` another
     worker's tests load it in bursts, and one burst in one half decided a single calm/poisoned
     split. The median of ~20-30 answers a side is compared (their p90 and p99 are one or two stalls)."""
     from sqlmodel import Session
@@ -703,7 +703,7 @@ def run_noisy_tenant(
         )
         # The medians are compared: poison that holds the shared writers up slows every answer, the
         # median with them; the p90 of ~20-30 answers is their third-slowest, which one burst of
-        # another test worker's load decides (measured 2.5 vs 4.3 s quiet, 5.3 vs 10.8 s under make test).
+        # another test worker's load decides (measured 2.5 vs 4.3 s quiet, 5.3 vs 10.8 s under the whole test suite).
         # The outage this scenario guards against: one tenant's poison stops the writers for all.
         # Counted by when the answer came, over the whole poisoned phases: a stall of the loaded
         # machine lasts seconds, the outage lasts as long as the poison.

@@ -1,4 +1,4 @@
-"""The fault suite inside `make test` (select with `-m chaos`, skip with `-m "not chaos"`).
+"""The fault suite inside `make test-long` (select with `-m chaos`; `make test` skips it).
 
 Each scenario of tests/chaos/scenarios.py against the session's Redis and Spark Connect, which the Redis
 and Spark scenarios kill and start again on the same port. The scenarios with runners of their own

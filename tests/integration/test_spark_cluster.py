@@ -14,7 +14,7 @@ from service.iceberg.rewrites import live_data_files
 from tests.conftest import Stack, all_committed, assert_exactly_once, post_batches, wait_until
 from tests.harness import SparkServer, duckdb_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # four JVMs more: make test-long runs it
 
 PEOPLE = {
     "name": "people", "source": {"http": {"path": "/people"}},
