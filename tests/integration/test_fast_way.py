@@ -187,7 +187,7 @@ def _every_project_module_imported() -> None:
     """Hypothesis now and then (5% of draws) takes a constant found in the project's modules
     loaded so far (not the tests'), so which modules earlier tests of the worker had imported
     changed the examples drawn: test-long once drew a renames test its 40 examples with 2 written
-    the fast way, against 24 in every other order. With every module of service/, spark_jobs/ and
+    the fast way, against 24 alone and after the file's other tests. With every module of service/, spark_jobs/ and
     deploy/ imported first, the examples are the same whatever ran before."""
     for package in ("service", "spark_jobs", "deploy"):
         root = importlib.import_module(package)
