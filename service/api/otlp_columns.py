@@ -49,8 +49,6 @@ _EXPORT = pa.schema([("resourceLogs", pa.list_(pa.struct([
     ("schemaUrl", pa.string()),
 ])))])
 _PARSE = pj.ParseOptions(explicit_schema=_EXPORT, unexpected_field_behavior="error")
-_UINT = r"^[0-9]{1,20}$"  # otel._uint's digits
-_INT = r"^(-[0-9]{1,19}|[0-9]{1,20})$"  # otel._any_value_text's intValue digits
 _HEX_ID = r"^([0-9a-fA-F]{2})*$"
 # A number of 20 digits or more without a fraction or an exponent (may_hold_long_integers looks
 # first, at memory speed: a double's digits trigger it too).
@@ -319,12 +317,22 @@ def _check_uint(values: pa.Array, bits: int) -> None:
 
 def _uint(values: pa.Array, bits: int) -> pa.Array:
     """otel._uint of a field read as its string of digits: 0 where it is absent."""
-    if values.null_count < len(values) and not pc.all(pc.match_substring_regex(values.drop_null(), _UINT)).as_py():
+    if values.null_count < len(values) and not _digits(values.drop_null()):
         raise _NotPlain
     numbers = pc.fill_null(pc.cast(values, pa.uint64()), 0)  # ArrowInvalid past 2**64 - 1
     if bits < 64:
         _check_uint(numbers, bits)
     return numbers
+
+
+def _digits(texts: pa.Array, signed: bool = False) -> bool:
+    """Whether each text is 1 to 20 decimal digits (otel._uint's), or (`signed`) those or a minus
+    and 1 to 19 (otel._any_value_text's intValue). Three to five compute calls: a regular
+    expression took five times their time (~85 against ~17 microseconds for 1,000 times)."""
+    unsigned = texts
+    if signed and (negative := pc.starts_with(texts, "-")).true_count:
+        unsigned = pc.if_else(negative, pc.utf8_slice_codeunits(texts, 1), texts)
+    return pc.all(pc.and_(pc.ascii_is_decimal(unsigned), pc.less_equal(pc.binary_length(texts), 20))).as_py()
 
 
 def _hex_id(values: pa.Array) -> pa.Array:
@@ -343,7 +351,7 @@ def _value_texts(values: pa.StructArray, empty: str | None) -> pa.Array:
     kinds = [values.field(name) for name in ("stringValue", "intValue", "doubleValue", "boolValue")]
     texts = [kinds[0]]
     if kinds[1].null_count < len(kinds[1]):
-        if not pc.all(pc.match_substring_regex(kinds[1].drop_null(), _INT)).as_py():
+        if not _digits(kinds[1].drop_null(), signed=True):
             raise _NotPlain
         texts.append(pc.cast(pc.cast(kinds[1], pa.int64()), pa.string()))  # ArrowInvalid outside int64: str(int(...)) there
     if kinds[2].null_count < len(kinds[2]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import orjson
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,3 +230,23 @@ def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(docume
     twice = any(len({pair.key for pair in pairs}) < len(pairs) for resource in request.resource_logs
                 for pairs in [resource.resource.attributes, *(record.attributes for scope in resource.scope_logs for record in scope.log_records)])
     assert same_lines(columns, by_events) or (columns is None and (twice or b"NaN" in text or b"Infinity" in text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text("0123456789-+ .e٣", max_size=22), min_size=1, max_size=5))
+def test_the_column_readings_digit_checks_take_what_the_per_record_way_takes(texts: list[str]) -> None:
+    """otlp_columns._digits (compute calls, not a regular expression) against otel's checks of a
+    time's digits (_uint: 1 to 20 digits) and an intValue's (a minus and 1 to 19, or 1 to 20)."""
+
+    def uint(text: str) -> bool:
+        try:
+            otel._uint(text, 64 if len(text) < 20 else 70)  # its digit rule, whatever the range
+        except otel._NotPlain:
+            return False
+        return True
+
+    def int_value(text: str) -> bool:
+        return text not in ("", "-") and len(text) <= 20 and otel._DIGITS.issuperset(text.removeprefix("-"))  # otel._any_value_text's
+
+    assert otlp_columns._digits(pa.array(texts)) == all(map(uint, texts))
+    assert otlp_columns._digits(pa.array(texts), signed=True) == all(map(int_value, texts))
