@@ -69,14 +69,29 @@ def rewrite_files(
             store.delete_dir(_path(directory))
         except OSError:
             pass  # nothing was written, or orphan removal takes it later
+    spark_rewrite(spark, paths, schema, required, directory, outputs, filesystem, tasks)
+
+
+def spark_rewrite(
+    spark: SparkSession, paths: list[str], schema: pa.Schema, required: frozenset[str], directory: str, outputs: int,
+    filesystem: object | None = None, tasks: int | None = None,
+) -> None:
+    """rewrite_files by Spark's reader and writer (no deletes): `outputs` files, written by jobs of
+    at most `tasks` tasks one after another (as copy_files), each under a directory of its own
+    (`directory` itself when one job does it all)."""
     spark_schema = from_arrow_schema(schema)
-    frame = read_parquet(spark, paths, schema, filesystem)
-    frame = frame.select(*[
-        declared_not_null(F.col(field.name), field.dataType).alias(field.name) if field.name in required else F.col(field.name)
-        for field in spark_schema.fields
-    ])
-    # coalesce, not repartition: each output task reads whole input files, without a shuffle.
-    write_parquet(frame.coalesce(max(1, outputs)), directory, filesystem, schema=schema)
+    runs = groups(paths, outputs)
+    step = tasks or len(runs)
+    for start in range(0, len(runs), step):
+        wave = runs[start:start + step]
+        frame = read_parquet(spark, [path for run in wave for path in run], schema, filesystem)
+        frame = frame.select(*[
+            declared_not_null(F.col(field.name), field.dataType).alias(field.name) if field.name in required else F.col(field.name)
+            for field in spark_schema.fields
+        ])
+        # coalesce, not repartition: each output task reads whole input files, without a shuffle.
+        target = directory if step >= len(runs) else f"{directory}/wave-{start // step}"
+        write_parquet(frame.coalesce(len(wave)), target, filesystem, schema=schema)
 
 
 def groups(paths: list[str], outputs: int) -> list[list[str]]:

@@ -207,3 +207,33 @@ def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_r
     copies = list_data_files((tmp_path / "out").as_uri())
     assert written == 60 and len(copies) == 3
     assert sorted(row["id"] for path in copies for row in pq.read_table(path).to_pylist()) == list(range(60))
+
+
+@pytest.mark.parametrize(("tasks", "waves"), [(1, ["wave-0", "wave-1", "wave-2"]), (2, ["wave-0", "wave-1"]), (None, [""])])
+def test_a_compaction_spark_rewrites_runs_at_most_compact_tasks_at_once_and_keeps_every_row(fresh_spark, tmp_path, tasks, waves) -> None:  # noqa: ANN001
+    """When pyarrow cannot copy the files, Spark's reader and writer rewrite them: as jobs of at
+    most compact_tasks output files, one after another (each into a directory of its own), not one
+    job of every output's tasks at once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from service.iceberg.files import list_data_files
+    from spark_jobs.compact_job import spark_rewrite
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "msg", StringType())).as_arrow()
+    paths = []
+    for index in range(6):
+        path = tmp_path / f"small-{index}.parquet"
+        pq.write_table(pa.table({"id": pa.array(range(index * 10, index * 10 + 10), pa.int64()), "msg": [f"m{index}"] * 10}, schema=schema), path)
+        paths.append(str(path))
+    spark_rewrite(fresh_spark, paths, schema, frozenset({"id"}), str(tmp_path / "out"), 3, tasks=tasks)
+    out = (tmp_path / "out").as_uri()
+    copies = list_data_files(out)
+    by_wave: dict[str, int] = {}
+    for path in copies:
+        wave = path[len(out) + 1:].rpartition("/")[0]
+        by_wave[wave] = by_wave.get(wave, 0) + 1
+    assert sorted(by_wave) == waves and max(by_wave.values()) <= (tasks or 3)
+    assert sorted(row["id"] for path in copies for row in pq.read_table(path.removeprefix("file://")).to_pylist()) == list(range(60))
