@@ -87,13 +87,13 @@ class Settings(BaseSettings):
     max_pipelines_per_tenant: int = Field(default=100, ge=1)
 
     # Writer batching: a batch closes at whichever limit comes first. A busy stream's batch (at
-    # least a quarter of writer_batch_fill_events by writer_batch_wait_s) waits on, up to
+    # least an eighth of writer_batch_fill_events by writer_batch_wait_s) waits on, up to
     # writer_batch_max_wait_s, until it holds writer_batch_fill_events: each Spark job costs its
     # JVM, the writer and the committer ~0.1-0.15 CPU-s whatever it holds (see the README).
     writer_batch_events: int = 200_000
     writer_batch_bytes: int = 48 * 1024 * 1024
     writer_batch_wait_s: float = 0.25
-    writer_batch_fill_events: int = Field(default=30_000, ge=0)
+    writer_batch_fill_events: int = Field(default=60_000, ge=0)
     writer_batch_max_wait_s: float = Field(default=0.6, ge=0)
     # The short way's Spark job gets one task per this many bytes of request bodies (at least one,
     # at most one per request, at most what the Spark server's parallelism would give): each task

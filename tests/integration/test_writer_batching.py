@@ -81,7 +81,7 @@ def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the
             sender.join()
         return sum(batch.events for batch in batches), took
 
-    send(3)  # quiet: under a quarter of the fill by the wait's end
+    send(3)  # quiet: under an eighth of the fill by the wait's end
     events, took = poll()
     assert events == 3 and wait_s <= took < max_wait_s - 0.5, f"a quiet stream's batch closed after {took:.1f} s"
     send(20)  # busy, and no more comes: it waits the longest wait out
