@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
@@ -182,18 +183,12 @@ class CountedJobs:
         return self.spark.createDataFrame(data, schema)
 
 
-@pytest.mark.parametrize(("tasks", "jobs"), [(1, [1, 1, 1]), (2, [2, 1]), (None, [3])])
-def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_row(fresh_spark, tmp_path, tasks, jobs) -> None:  # noqa: ANN001
-    """Spark gives a job's tasks every free core before a later job's: a compaction's copies run as
-    jobs of at most compact_tasks tasks, one after another, so the writers' jobs find a core."""
+def six_small_files(tmp_path: Path) -> tuple:
+    """Six Parquet files of ten rows each (ids 0 to 59 in order), in an Arrow schema with `id` required: (schema, paths)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyarrow import fs as pafs
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
-
-    from service.iceberg.files import list_data_files
-    from spark_jobs.compact_job import copy_files
 
     schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "msg", StringType())).as_arrow()
     paths = []
@@ -201,6 +196,20 @@ def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_r
         path = tmp_path / f"small-{index}.parquet"
         pq.write_table(pa.table({"id": pa.array(range(index * 10, index * 10 + 10), pa.int64()), "msg": [f"m{index}"] * 10}, schema=schema), path)
         paths.append(str(path))
+    return schema, paths
+
+
+@pytest.mark.parametrize(("tasks", "jobs"), [(1, [1, 1, 1]), (2, [2, 1]), (None, [3])])
+def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_row(fresh_spark, tmp_path, tasks, jobs) -> None:  # noqa: ANN001
+    """Spark gives a job's tasks every free core before a later job's: a compaction's copies run as
+    jobs of at most compact_tasks tasks, one after another, so the writers' jobs find a core."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    from service.iceberg.files import list_data_files
+    from spark_jobs.compact_job import copy_files
+
+    schema, paths = six_small_files(tmp_path)
     spark = CountedJobs(fresh_spark)
     written = copy_files(spark, paths, schema, str(tmp_path / "out"), pafs.LocalFileSystem(), 3, tasks=tasks)
     assert spark.jobs == jobs
@@ -214,20 +223,12 @@ def test_a_compaction_spark_rewrites_runs_at_most_compact_tasks_at_once_and_keep
     """When pyarrow cannot copy the files, Spark's reader and writer rewrite them: as jobs of at
     most compact_tasks output files, one after another (each into a directory of its own), not one
     job of every output's tasks at once."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import LongType, NestedField, StringType
 
     from service.iceberg.files import list_data_files
     from spark_jobs.compact_job import spark_rewrite
 
-    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "msg", StringType())).as_arrow()
-    paths = []
-    for index in range(6):
-        path = tmp_path / f"small-{index}.parquet"
-        pq.write_table(pa.table({"id": pa.array(range(index * 10, index * 10 + 10), pa.int64()), "msg": [f"m{index}"] * 10}, schema=schema), path)
-        paths.append(str(path))
+    schema, paths = six_small_files(tmp_path)
     spark_rewrite(fresh_spark, paths, schema, frozenset({"id"}), str(tmp_path / "out"), 3, tasks=tasks)
     out = (tmp_path / "out").as_uri()
     copies = list_data_files(out)
