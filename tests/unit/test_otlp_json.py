@@ -11,7 +11,7 @@ import json
 import orjson
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from service.api import otlp_columns
@@ -234,6 +234,11 @@ def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(docume
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.text("0123456789-+ .e٣", max_size=22), min_size=1, max_size=5))
+@example(["1" * 20]).via("the longest time")
+@example(["1" * 21]).via("one digit too many")
+@example(["-" + "1" * 19]).via("the longest negative intValue")
+@example(["-" + "1" * 20]).via("a negative one digit too long")
+@example(["-", "--5", "-0", "5-"]).via("minus signs")
 def test_the_column_readings_digit_checks_take_what_the_per_record_way_takes(texts: list[str]) -> None:
     """otlp_columns._digits (compute calls, not a regular expression) against otel's checks of a
     time's digits (_uint: 1 to 20 digits) and an intValue's (a minus and 1 to 19, or 1 to 20)."""
