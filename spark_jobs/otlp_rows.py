@@ -119,9 +119,14 @@ def map_texts(maps: pa.Array) -> pa.Array:
     return pc.if_else(maps.is_valid(), texts, pa.scalar(None, pa.string())) if maps.null_count else texts
 
 
-def key_ordered_maps(offsets: pa.Array, keys: pa.Array, texts: pa.Array) -> pa.MapArray:
+def key_ordered_maps(offsets: pa.Array, keys: pa.Array, texts: pa.Array) -> pa.MapArray | None:
     """Maps of strings, each owner's pairs (`offsets` into `keys` and `texts`) in key order, as the
-    Spark job writes every map (and the short way too)."""
+    Spark job writes every map (and the short way too); None where an owner holds a key twice."""
     owners = pc.list_parent_indices(pa.ListArray.from_arrays(offsets, keys))
     order = pc.sort_indices(pa.table({"owner": owners, "key": keys}), sort_keys=[("owner", "ascending"), ("key", "ascending")])
-    return pa.MapArray.from_arrays(offsets, keys.take(order), texts.take(order))
+    keys = keys.take(order)
+    if len(keys) > 1:  # a key twice in one owner: side by side once sorted
+        owners = owners.take(order)
+        if pc.any(pc.and_(pc.equal(owners[1:], owners[:-1]), pc.equal(keys[1:], keys[:-1]))).as_py():
+            return None
+    return pa.MapArray.from_arrays(offsets, keys, texts.take(order))

@@ -51,7 +51,9 @@ _EXPORT = pa.schema([("resourceLogs", pa.list_(pa.struct([
 _PARSE = pj.ParseOptions(explicit_schema=_EXPORT, unexpected_field_behavior="error")
 _HEX_ID = r"^([0-9a-fA-F]{2})*$"
 # A number of 20 digits or more without a fraction or an exponent (may_hold_long_integers looks
-# first, at memory speed: a double's digits trigger it too).
+# first, at memory speed: a double's digits trigger it too). Only a doubleValue can take one (pyarrow
+# refuses it anywhere else): the text is searched only when a double read is that large.
+_LARGEST_SHORT = 1e18  # below any integer of 19 digits or more
 _LONG_INTEGER = re.compile(rb"[:,\[]\s*-?[0-9]{19,}(?![0-9.eE])")
 
 
@@ -95,8 +97,8 @@ def json_body(body: bytes, received_ns: int, max_events: int) -> ParsedBody | No
     """The export's events as the writer's lines, exactly those `made_events(json_events(...))`
     gives; None when this reading cannot say so (the caller reads the export the per-record way).
     BodyTooLarge past `max_events` records, as made_events says."""
-    if b"null" in body or (may_hold_long_integers(body) and _LONG_INTEGER.search(body)):
-        return None  # a JSON null reads as an absent field here, not there; orjson reads integers past 64 bits as floats
+    if b"null" in body:
+        return None  # a JSON null reads as an absent field here, not there
     try:
         body.decode()  # pyarrow passes bytes that are not UTF-8 through; orjson refuses them
         table = pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(use_threads=False, block_size=max(len(body), 1 << 16) + 1),
@@ -106,7 +108,7 @@ def json_body(body: bytes, received_ns: int, max_events: int) -> ParsedBody | No
     if table.num_rows != 1:
         return None  # more than one JSON value (orjson refuses it), or none
     try:
-        return _parsed(_json_records(table.column(0).combine_chunks(), received_ns), max_events)
+        return _parsed(_json_records(table.column(0).combine_chunks(), received_ns, body), max_events)
     except (_NotPlain, pa.ArrowInvalid):
         return None
 
@@ -130,21 +132,21 @@ def _parsed(records: _Records | None, max_events: int) -> ParsedBody | None:
     return ParsedBody(ndjson=otlp_rows.to_ipc(_rows(records)), events=count)
 
 
-def _json_records(resource_logs: pa.ListArray, received_ns: int) -> _Records | None:
-    """The records of an export pyarrow read, checked as json_events checks them (_NotPlain where
-    it would answer None, or pyarrow's ArrowInvalid)."""
+def _json_records(resource_logs: pa.ListArray, received_ns: int, body: bytes) -> _Records | None:
+    """The records of an export pyarrow read from `body`, checked as json_events checks them
+    (_NotPlain where it would answer None, or pyarrow's ArrowInvalid)."""
     resources = resource_logs.flatten()
     if not len(resources):
         return None
     resource = resources.field("resource")
     _check_uint(resource.field("droppedAttributesCount"), 32)
-    resource_attributes = _json_attributes(resource.field("attributes"))
+    resource_attributes = _json_attributes(resource.field("attributes"), body)
     scope_lists = resources.field("scopeLogs")
     scopes = scope_lists.flatten()
     scope_resource = pc.list_parent_indices(scope_lists)
     scope = scopes.field("scope")
     _check_uint(scope.field("droppedAttributesCount"), 32)
-    _json_attributes(scope.field("attributes"))  # checked as json_events checks them, then unused
+    _json_attributes(scope.field("attributes"), body)  # checked as json_events checks them, then unused
     record_lists = scopes.field("logRecords")
     records = record_lists.flatten()
     if not len(records):
@@ -161,14 +163,14 @@ def _json_records(resource_logs: pa.ListArray, received_ns: int) -> _Records | N
     _check_uint(flags, 32)
     return _Records(
         time=time, observed=observed, severity=severity, severity_text=records.field("severityText"),
-        body=_value_texts(records.field("body"), empty=None), attributes=_json_attributes(records.field("attributes")),
+        body=_value_texts(records.field("body"), body, empty=None), attributes=_json_attributes(records.field("attributes"), body),
         trace_id=_hex_id(records.field("traceId")), span_id=_hex_id(records.field("spanId")), flags=flags,
         event_name=records.field("eventName"), scope=record_scope, scope_name=scope.field("name"), scope_version=scope.field("version"),
         resource=pc.take(scope_resource, record_scope), resource_attributes=resource_attributes,
     )
 
 
-def _json_attributes(attributes: pa.ListArray) -> _Attributes:
+def _json_attributes(attributes: pa.ListArray, body: bytes) -> _Attributes:
     """KeyValues as pyarrow read them, checked as otel._json_attributes checks them: _NotPlain for
     a pair without a key or a value of two kinds."""
     pairs = attributes.flatten()  # an absent list: empty (a JSON null never reaches here)
@@ -176,7 +178,7 @@ def _json_attributes(attributes: pa.ListArray) -> _Attributes:
     if keys.null_count:
         raise _NotPlain
     offsets = attributes.offsets
-    return _Attributes(offsets=pc.subtract(offsets, offsets[0]), keys=keys, texts=_value_texts(pairs.field("value"), empty="null"))
+    return _Attributes(offsets=pc.subtract(offsets, offsets[0]), keys=keys, texts=_value_texts(pairs.field("value"), body, empty="null"))
 
 
 def _protobuf_records(request: ExportLogsServiceRequest, received_ns: int) -> _Records | None:
@@ -345,9 +347,10 @@ def _hex_id(values: pa.Array) -> pa.Array:
     return pc.utf8_lower(values)
 
 
-def _value_texts(values: pa.StructArray, empty: str | None) -> pa.Array:
-    """otel._any_value_text of each AnyValue; `empty` for one holding nothing.
-    _NotPlain for one holding two kinds."""
+def _value_texts(values: pa.StructArray, body: bytes, empty: str | None) -> pa.Array:
+    """otel._any_value_text of each AnyValue read from `body`; `empty` for one holding nothing.
+    _NotPlain for one holding two kinds, or a double that may be a JSON integer orjson reads as
+    a float (past 64 bits: json_events would give its text otherwise)."""
     kinds = [values.field(name) for name in ("stringValue", "intValue", "doubleValue", "boolValue")]
     texts = [kinds[0]]
     if kinds[1].null_count < len(kinds[1]):
@@ -355,6 +358,8 @@ def _value_texts(values: pa.StructArray, empty: str | None) -> pa.Array:
             raise _NotPlain
         texts.append(pc.cast(pc.cast(kinds[1], pa.int64()), pa.string()))  # ArrowInvalid outside int64: str(int(...)) there
     if kinds[2].null_count < len(kinds[2]):
+        if pc.max(pc.abs(kinds[2])).as_py() >= _LARGEST_SHORT and may_hold_long_integers(body) and _LONG_INTEGER.search(body):
+            raise _NotPlain
         texts.append(_double_texts(kinds[2]))
     if kinds[3].null_count < len(kinds[3]):
         texts.append(pc.if_else(kinds[3], "true", "false"))
@@ -380,14 +385,10 @@ def _double_texts(doubles: pa.Array) -> pa.Array:
 def _maps(attributes: _Attributes) -> pa.MapArray:
     """Each owner's attributes as the map otel._attributes makes of them, in key order.
     _NotPlain for a key too long to be a field name or a key twice in one list."""
-    keys, offsets = attributes.keys, attributes.offsets
-    if len(keys):
-        if pc.max(pc.binary_length(keys)).as_py() > MAX_FIELD_NAME:
-            raise _NotPlain
-        # Each (owner, key) once: keys numbered, then (owner, number) as one integer.
-        numbered = pc.dictionary_encode(keys)
-        owners = pc.list_parent_indices(pa.ListArray.from_arrays(offsets, keys))
-        owned = pc.add(pc.multiply(pc.cast(owners, pa.int64()), len(numbered.dictionary)), pc.cast(numbered.indices, pa.int64()))
-        if pc.count_distinct(owned).as_py() != len(keys):
-            raise _NotPlain
-    return otlp_rows.key_ordered_maps(offsets, keys, attributes.texts)
+    keys = attributes.keys
+    if len(keys) and pc.max(pc.binary_length(keys)).as_py() > MAX_FIELD_NAME:
+        raise _NotPlain
+    maps = otlp_rows.key_ordered_maps(attributes.offsets, keys, attributes.texts)
+    if maps is None:
+        raise _NotPlain
+    return maps

@@ -212,6 +212,24 @@ def test_the_column_reading_leaves_what_it_cannot_hold_exactly_to_the_per_record
         otlp_columns.json_body(export(), RECEIVED_NS, 0)
 
 
+def test_long_integers_are_looked_for_only_where_a_double_may_be_one() -> None:
+    """A run of 20 digits in a text is only text: read the column way. A doubleValue written as an
+    integer of 20 digits or more (orjson reads it past 64 bits as a float): the per-record way's
+    lines, or left to it."""
+    def export(value: bytes) -> bytes:
+        return (b'{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"timeUnixNano":"1764000000123456789","body":'
+                + value + b',"attributes":[{"key":"a","value":{"doubleValue":2.5}}]}]}]}]}')
+
+    in_text = export(b'{"stringValue":"id:123456789012345678901234, -1234567890123456789"}')
+    columns = otlp_columns.json_body(in_text, RECEIVED_NS, 10)
+    assert columns is not None and same_lines(columns, by_records(in_text))
+    for number in (b"123456789012345678901234", b"18446744073709551616", b"-9223372036854775809", b"1.5e20", b"-1e18"):
+        text = export(b'{"doubleValue":' + number + b"}")
+        columns = otlp_columns.json_body(text, RECEIVED_NS, 10)
+        assert columns is None or same_lines(columns, by_records(text)), number
+    assert otlp_columns.json_body(export(b'{"doubleValue":123456789012345678901234}'), RECEIVED_NS, 10) is None
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(documents, exporter_documents))
 def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(document: dict) -> None:
