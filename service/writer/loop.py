@@ -162,11 +162,11 @@ class Writer:
         wait: 7,500 events, 30,000 a second, by default) whose batch is not yet full, and a Spark
         job's cost, the same whatever it holds, would be a large share of that batch's (an OTLP
         load's jobs held ~16,000 events: ~0.85 of its 2.3 CPU-s per 100,000 went to the jobs'
-        fixed cost; filled to 30,000 events, ~37,000 a job, against ~56,000 filled to 60,000). A quiet stream's events are not
-        held for longer than the wait, nor are another tenant's: a poll that reads a second
-        stream, or a writer with failed or set-aside batches waiting, closes then, in the wait or
-        after it (make chaos's poison_tenant: its neighbours' p50 tripled when they waited on a
-        flooding tenant's batch to fill)."""
+        fixed cost; filled to 30,000 events, ~37,000 a job, against ~56,000 filled to 60,000). A
+        quiet stream's events are not held for longer than the wait, nor are another tenant's: a
+        poll that reads a second stream, or a writer with failed or set-aside batches waiting,
+        closes then, in the wait or after it (make chaos's poison_tenant: its neighbours' p50
+        tripled when they waited on a flooding tenant's batch to fill)."""
         fill = self.settings.writer_batch_fill_events
         return (len(batches) == 1 and not self._retries and not self._set_aside and fill / 8 <= events < fill
                 and self.settings.writer_batch_max_wait_s > self.settings.writer_batch_wait_s)
