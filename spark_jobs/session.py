@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
 _lock = threading.Lock()
 _sessions: dict[str, SparkSession] = {}
+# What sets how many tasks a stage of a job runs: its shuffles' partitions, and the splits of the
+# files it reads (Spark's suggestion, which it rescales the splits to; a file is not cut finer).
+_TASKS_CONFS = ("spark.sql.shuffle.partitions", "spark.sql.files.maxPartitionNum")
 
 
 def spark_session(remote: str) -> SparkSession:
@@ -34,6 +38,29 @@ def spark_session(remote: str) -> SparkSession:
             session.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
             _sessions[remote] = session
         return session
+
+
+@contextlib.contextmanager
+def tasks_at_most(spark: SparkSession, tasks: int | None) -> Iterator[None]:
+    """The session's jobs meanwhile run at most `tasks` tasks at a time (None: as the server's
+    settings say): Spark runs one application's jobs first come, first served, so one job's
+    stages of as many tasks as cores leave every other writer's jobs waiting until they end.
+    For one thread's jobs only: the settings are the session's, and put back after."""
+    if tasks is None:
+        yield
+        return
+    before = {name: spark.conf.get(name, None) for name in _TASKS_CONFS}
+    for name in _TASKS_CONFS:
+        spark.conf.set(name, str(tasks))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            with contextlib.suppress(Exception):  # the server may be gone: a new session starts from its settings
+                if value is None:
+                    spark.conf.unset(name)
+                else:
+                    spark.conf.set(name, value)
 
 
 def reset_session(remote: str) -> None:

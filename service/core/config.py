@@ -136,6 +136,8 @@ class Settings(BaseSettings):
     # compact_tasks at once: Spark runs one application's jobs first come, first served, so a
     # compaction of four outputs on local[*]'s two cores left the ingest jobs none for seconds
     # (make bench: no append committed for 2.8 s; wait=true p99 2.5-3.6 s against 1.0-1.1 s).
+    # The same bound holds the stages of a leader's other Spark jobs: a run of changes too large
+    # for one task, a feed's diff of a large snapshot (spark_jobs/session.py tasks_at_most).
     compact_tasks: int = Field(default=1, ge=1)
     # A partition no file has been added to for compact_cold_after_s is cold: two of its small
     # files are enough to merge them (by size tier), not compact_min_files.

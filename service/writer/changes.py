@@ -28,7 +28,7 @@ from service.protocol.commit_entry import Operation
 from service.writer.requests import LeaderRequests, Scratch, error_text
 from spark_jobs.changes_job import apply_changes
 from spark_jobs.row_delta_job import apply_in_one_task, fits
-from spark_jobs.session import spark_session
+from spark_jobs.session import spark_session, tasks_at_most
 from spark_jobs.targets import ChangeSpec, Target, new_directory
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class ChangeApplier(LeaderRequests):
                             request.tenant, request.table, error_text(exc))
                 delete_files(list_data_files(directory, self.io) + list_data_files(f"{directory}-deletes", self.io), self.io)
         if applied is None:
-            applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, by_deletes)
+            with tasks_at_most(spark, self.tasks):  # too large for one task: still not every core
+                applied = apply_changes(spark, entries, candidates, target, request.keys, request.upsert, by_deletes)
         result = ApplyResult(request.request, request.base_snapshot, applied.removes, list_data_files(directory, self.io), applied.counts,
                              deletes=[list(written) for written in applied.deletes])
         return result, time.perf_counter() - started, {"plan": round(planned - started, 3), **applied.seconds}

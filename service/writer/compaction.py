@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
-from pyiceberg.catalog import Catalog
-
 from service.core import keys, metrics
 from service.iceberg.catalog import load_table
 from service.iceberg.files import list_data_files, spark_filesystem
@@ -32,10 +29,6 @@ log = logging.getLogger(__name__)
 class Compactor(LeaderRequests):
     queue = keys.COMPACTIONS
     waits_out_outages = False  # optional work: the leader plans it again
-
-    def __init__(self, client: redis.Redis, catalog: Catalog, spark_remote: str, name: str, tasks: int = 1) -> None:
-        super().__init__(client, catalog, spark_remote, name)
-        self.tasks = tasks  # the Spark tasks of a compaction at once (Settings.compact_tasks)
 
     def decode(self, raw: bytes) -> CompactionRequest:
         return CompactionRequest.from_json(raw)

@@ -16,7 +16,7 @@ from service.protocol import feeds
 from service.protocol.feeds import DiffRequest, DiffResult
 from service.writer.requests import LeaderRequests, Scratch, error_text
 from spark_jobs.diff_job import diff_snapshot
-from spark_jobs.session import spark_session
+from spark_jobs.session import spark_session, tasks_at_most
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ class FeedDiffer(LeaderRequests):
             raise ValueError(f"snapshot {request.snapshot_id} has position deletes to apply, which the Spark diff does not read")
         changelog = Changelog(table)
         directory = scratch.directory = f"{table.location()}/data/_calve_feed/{request.snapshot_id}-{request.schema_id}-{request.request}"
-        diff_snapshot(spark_session(self.spark_remote), [p.file.file_path for p in files.removed], [p.file.file_path for p in files.added],
-                      changelog.schema.as_arrow(), changelog.identifier, directory, spark_filesystem(directory, self.io))
+        spark = spark_session(self.spark_remote)
+        with tasks_at_most(spark, self.tasks):
+            diff_snapshot(spark, [p.file.file_path for p in files.removed], [p.file.file_path for p in files.added],
+                          changelog.schema.as_arrow(), changelog.identifier, directory, spark_filesystem(directory, self.io))
         paths = list_data_files(directory, self.io)
         rows = 0
         for path in paths:

@@ -73,8 +73,8 @@ class Writer:
         self._outages = 0  # Spark or catalog calls failed in a row for want of a connection
         self._spark_reachable = True  # as of the last job: false while waiting out a Spark Connect outage
         self.compactor = Compactor(client, catalog, settings.spark_remote, self.name, settings.compact_tasks)
-        self.applier = ChangeApplier(client, catalog, settings.spark_remote, self.name)
-        self.differ = FeedDiffer(client, catalog, settings.spark_remote, self.name)
+        self.applier = ChangeApplier(client, catalog, settings.spark_remote, self.name, settings.compact_tasks)
+        self.differ = FeedDiffer(client, catalog, settings.spark_remote, self.name, settings.compact_tasks)
 
     # -- the loop ---------------------------------------------------------------------------
 

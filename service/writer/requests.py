@@ -40,12 +40,15 @@ class LeaderRequests:
     queue: str
     waits_out_outages = True  # a Spark outage puts the request back on the queue (else: failed)
 
-    def __init__(self, client: redis.Redis, catalog: Catalog, spark_remote: str, name: str) -> None:
+    def __init__(self, client: redis.Redis, catalog: Catalog, spark_remote: str, name: str, tasks: int | None = None) -> None:
         self.client = client
         self.catalog = catalog
         self.spark_remote = spark_remote
         self.name = name
         self.io = catalog_io(catalog)
+        # The Spark tasks a request's job runs at once (Settings.compact_tasks; None: unbounded):
+        # a leader's work shares the cores with every writer's ingest.
+        self.tasks = tasks
 
     def waiting(self) -> bool:
         """Whether a request waits on the queue."""

@@ -238,3 +238,26 @@ def test_a_compaction_spark_rewrites_runs_at_most_compact_tasks_at_once_and_keep
         by_wave[wave] = by_wave.get(wave, 0) + 1
     assert sorted(by_wave) == waves and max(by_wave.values()) <= (tasks or 3)
     assert sorted(row["id"] for path in copies for row in pq.read_table(path.removeprefix("file://")).to_pylist()) == list(range(60))
+
+
+@pytest.mark.parametrize("tasks", [None, 1])
+def test_a_leaders_other_spark_jobs_read_and_shuffle_in_at_most_compact_tasks_tasks(fresh_spark, tmp_path, tasks) -> None:  # noqa: ANN001
+    """A run of changes too large for one task and a feed's diff share Spark's cores with every
+    writer's ingest, as a compaction does: under tasks_at_most (a writer's compact_tasks) the
+    files a job reads are split into at most that many tasks, and its shuffles into that many
+    partitions; the session's own settings are back after."""
+    from service.iceberg.files import list_data_files
+    from spark_jobs.session import tasks_at_most
+
+    _schema, paths = six_small_files(tmp_path)
+    names = ("spark.sql.shuffle.partitions", "spark.sql.files.maxPartitionNum")
+    before = [fresh_spark.conf.get(name, None) for name in names]
+    with tasks_at_most(fresh_spark, tasks):
+        fresh_spark.read.parquet(*paths).write.parquet(str(tmp_path / "out"))  # no shuffle: a file per reading task
+        shuffles = fresh_spark.conf.get(names[0])
+    read_by = len(list_data_files((tmp_path / "out").as_uri()))
+    if tasks is None:
+        assert read_by > 1 and shuffles == before[0]  # the control: six files are more than one task's reading
+    else:
+        assert read_by == tasks and shuffles == str(tasks)
+    assert [fresh_spark.conf.get(name, None) for name in names] == before

@@ -18,6 +18,7 @@ from spark_jobs.changes_job import apply_changes
 from spark_jobs.columns import OP, RECEIPT, SEQ
 from spark_jobs.files import POSITION_DELETE_ARROW
 from spark_jobs.row_delta_job import apply_in_one_task
+from spark_jobs.session import tasks_at_most
 from spark_jobs.targets import Target
 
 pytestmark = pytest.mark.spark
@@ -111,3 +112,19 @@ def test_random_changes_give_the_same_answer_in_one_task_and_as_spark_jobs(
         if partition:  # one partition value (the name's first two characters) per file of new rows
             for path in list_data_files((where / "one-task").as_uri()):
                 assert len({name[:2] for name in pq.read_table(path.removeprefix("file://")).column("name").to_pylist()}) == 1, path
+
+
+def test_changes_too_large_for_one_task_give_the_same_answer_run_at_most_tasks_at_once(fresh_spark, tmp_path: Path) -> None:  # noqa: ANN001
+    """A run of changes the Spark jobs apply, bounded to one task at a time (tasks_at_most: a
+    writer's compact_tasks, so that it leaves the writers' ingest a core), gives the unbounded
+    run's answer. (That the bound holds: test_compaction's test of tasks_at_most.)"""
+    rng = random.Random(7)
+    candidates, entries = table_files(rng, tmp_path), change_entries(rng, tmp_path)
+    answers = []
+    for tasks in (None, 1):
+        directory = (tmp_path / f"tasks-{tasks}").as_uri()
+        target = Target(name="people", schema=SCHEMA, required=frozenset({"id"}), partition=[("name", "truncate[2]")], directory=directory)
+        with tasks_at_most(fresh_spark, tasks):
+            applied = apply_changes(fresh_spark, entries, candidates, target, ["id"], True, merge_on_read=True)
+        answers.append(answer(applied, directory, candidates))
+    assert answers[0] == answers[1] and answers[0][3]
