@@ -62,6 +62,27 @@ def may_hold_long_integers(text: bytes) -> bool:
     return _TWENTY_DIGITS in digits or _NEGATIVE_19 in digits
 
 
+# orjson keeps integers from -2**63 to 2**64 - 1; one beyond it is a float at least this large.
+_LONG_AS_FLOAT = 2.0**63
+
+
+def holds_long_float(value: object) -> bool:
+    """Whether `value` (orjson's reading of an event) holds a float as large as an integer orjson
+    could not keep becomes: only then can its text hold one. A run of 20 digits inside a string
+    (an ICCID, an order number, a hex id of small value) alone is no such integer."""
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        for child in node.values() if type(node) is dict else node:
+            kind = type(child)
+            if kind is float:
+                if not -_LONG_AS_FLOAT < child < _LONG_AS_FLOAT:
+                    return True
+            elif kind is dict or kind is list:
+                pending.append(child)
+    return False
+
+
 def _has_long_name(value: dict) -> bool:
     """Whether a field of `value`, at any depth through objects, is named longer than MAX_FIELD_NAME."""
     pending = [value]
@@ -154,7 +175,7 @@ def loads_exact(text: bytes, parsed: object) -> object:
     """`parsed` (orjson's reading of `text`), or the standard library's when `text` may hold an
     integer beyond 64 bits that orjson turned into a float. orjson read it first, so the text is
     valid JSON without infinities or lone surrogates, which the standard library would let through."""
-    if not may_hold_long_integers(text):
+    if not may_hold_long_integers(text) or not holds_long_float(parsed if isinstance(parsed, (dict, list)) else [parsed]):
         return parsed
     return json.loads(text)
 
@@ -244,13 +265,15 @@ def _parse_ndjson(body: bytes, max_events: int) -> ParsedBody:
 def _parsed_at_once(body: bytes, texts: list[bytes], max_events: int) -> ParsedBody | None:
     """The events of an NDJSON body, read line by line as _parse_texts does but without its work
     for what no line needs (None when one does: _parse_texts then reads them all, with its exact
-    errors and events set aside): a body that may hold an integer beyond 64 bits, or an event that
-    is no object, nested deeper than MAX_DEPTH or with a field name too long for a column. A line
+    errors and events set aside): an event that holds an integer beyond 64 bits (read as a float
+    by orjson), is no object, is nested deeper than MAX_DEPTH or has a field name too long for a
+    column. A line
     that is already its event's encoding, byte for byte (what orjson and most producers write; then
     no key is there twice), is kept as sent; any other is the encoding."""
     events = [text for text in texts if text]
-    if not events or len(events) > max_events or may_hold_long_integers(body):
+    if not events or len(events) > max_events:
         return None
+    long_numbers = may_hold_long_integers(body)  # then each event is asked whether it holds one
     shallow = shallow_body(body, len(events))
     lines = []
     for text in events:
@@ -258,7 +281,7 @@ def _parsed_at_once(body: bytes, texts: list[bytes], max_events: int) -> ParsedB
             value = orjson.loads(text)
         except orjson.JSONDecodeError:
             return None
-        if type(value) is not dict:
+        if type(value) is not dict or (long_numbers and holds_long_float(value)):
             return None
         if not shallow and may_be_deep(text) and deeper_than(value, MAX_DEPTH):
             return None

@@ -11,7 +11,9 @@ The last line of output is one JSON object.
 Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all of them):
 `plain`, every event with exactly the table's fields (the built-in `logs`); `extra`, the same with
 2% of events carrying one field the table lacks (kept in its `_extra` map); `dirty`, plain
-events but one request in 50 holds an event with text for a number; `declared`, the same
+events but one request in 50 holds an event with text for a number; `strings`, plain events with
+every number as text (`"status": "200"`, as grok's captures have them); `traced`, plain events
+each with a trace and a span id (two fields the table lacks: into `_extra`); `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
@@ -109,6 +111,20 @@ def with_bad_value(event: dict, i: int) -> dict:
     return event
 
 
+def with_number_texts(event: dict) -> dict:
+    """The event with its numbers as text ("200", "12.5"), as grok's captures and loggers that
+    write every value as a string send them."""
+    event["status"], event["latency_ms"] = str(event["status"]), str(event["latency_ms"])
+    return event
+
+
+def with_trace(event: dict) -> dict:
+    """The event with the trace it was logged in (a trace and a span id: fields the built-in
+    `logs` table lacks, kept in its `_extra` map), as a traced service's logger adds them."""
+    event["trace_id"], event["span_id"] = f"{random.getrandbits(128):032x}", f"{random.getrandbits(64):016x}"
+    return event
+
+
 def with_iso_time(event: dict) -> dict:
     """The event with its ts as ISO 8601 text (UTC, milliseconds), as most shippers send it."""
     event["ts"] = datetime.fromtimestamp(event["ts"] / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -156,6 +172,7 @@ def with_days(i: int) -> dict:
 
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
+          "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,

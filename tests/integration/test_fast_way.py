@@ -324,23 +324,29 @@ def plain_batch(draw) -> list[bytes]:  # noqa: ANN001
 # Text where the table has a number: what Spark's cast may read as one, and what it cannot.
 NUMBER_TEXT = st.one_of(
     st.sampled_from(["slow", "", " ", "n/a", "-", ".", "e", "+", "true", "null", "none", "😀", "Inferno", "banana", "NaN", "nan", "-Infinity",
-                     "inf", "+INF", "1", " 12 ", "1e3", "0x10", "1d", "1.5f", "\u0661", "\uff11", "12abc"]),
+                     "inf", "+INF", "1", " 12 ", "1e3", "0x10", "1d", "1.5f", "\u0661", "\uff11", "12abc", "-007", "2.50", "1e+17", "-0",
+                     "-0.0", "2147483648", "+12", "12.0", "1.", ".5", "1e999", "1e-999", "123456789012345678901234567890.5"]),
+    st.integers(-(2**63), 2**63).map(str),
+    FLOAT.map(repr),
     TEXT,
 )
 
 
 @st.composite
 def texts_in_numbers(draw) -> list[bytes]:  # noqa: ANN001
-    """Requests of the table's events, their number columns n and x now and then holding text."""
+    """Requests of the table's events, their number columns n and x now and then holding text;
+    in some requests every number is sent as its text (the required id's now and then)."""
     bodies, index = [], 0
     for _ in range(draw(st.integers(1, 3))):
-        lines = []
+        lines, as_text = [], draw(st.booleans())
         for _ in range(draw(st.integers(1, 6))):
-            fields = [("id", str(index))]
-            for name, number in (("n", st.integers(-1000, 1000).map(str)), ("x", FLOAT.map(repr))):
+            fields = [("id", json.dumps(str(index)) if as_text and draw(st.booleans()) else str(index))]  # required: text or not
+            for name, number in (("n", st.integers(-1000, 1000).map(str) | st.integers(-(2**40), 2**40).map(str)), ("x", FLOAT.map(repr))):
                 kind = draw(st.sampled_from(["number", "number", "text", "absent"]))
-                if kind != "absent":
-                    fields.append((name, draw(number) if kind == "number" else json.dumps(draw(NUMBER_TEXT), ensure_ascii=False)))
+                if kind == "number":
+                    fields.append((name, json.dumps(draw(number)) if as_text else draw(number)))
+                elif kind == "text":
+                    fields.append((name, json.dumps(draw(NUMBER_TEXT), ensure_ascii=False)))
             if draw(st.booleans()):
                 fields.append(("msg", json.dumps(draw(TEXT))))
             if draw(st.integers(0, 3)) == 0:

@@ -5,6 +5,7 @@ a plain row, it must refuse, leaving nothing behind."""
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from datetime import date, datetime, timedelta, timezone
@@ -12,8 +13,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform
@@ -36,7 +40,18 @@ from pyiceberg.types import (
 
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
-from spark_jobs.direct_append import Unspellable, _appender, extra_text, java_double, may_read_as_number, parse_schema, tasks_for, write_partitioned
+from spark_jobs.direct_append import (
+    Unspellable,
+    _appender,
+    _extras_by_column,
+    extra_maps,
+    extra_text,
+    java_double,
+    may_read_as_number,
+    parse_schema,
+    tasks_for,
+    write_partitioned,
+)
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -129,6 +144,75 @@ def test_fields_the_table_lacks_go_into_the_extra_map_as_the_spark_job_spells_th
     assert [row["_extra"] for row in pq.read_table(answer["path"]).to_pylist()] == [
         [("level", "warn")], [("o", '{"b":1,"c":[1,2.0,"x\\n"]}'), ("e", "1000.0")], [("code", "1")], [("code", "E1"), ("_extra", "5")], None,
     ]
+
+
+# Fields the table lacks, each name's values of one kind (as a logger sends them) but now and then
+# null, a key's own text or an object; names plain and odd.
+_PLAIN_TEXT = st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=6)
+_TEXTS = st.integers(0, 19).flatmap(lambda n: st.text(max_size=4) if n == 0 else st.sampled_from(["trace_id", "span_id", "x\\u"]) if n == 1
+                                     else _PLAIN_TEXT)
+EXTRA_FIELDS = {"trace_id": _TEXTS, "span_id": st.integers(0, 9).flatmap(lambda n: st.none() if n == 0 else _TEXTS), "user": st.integers(-(10**6), 10**6), "ok": st.booleans(),
+                "a/b": _TEXTS, "é": _TEXTS, 'x"y': _TEXTS, "": _TEXTS, "id2": st.integers() | st.just({"trace_id": 1}), "cost": st.floats(-1e3, 1e3)}
+PLAIN_EXTRA_NAMES = ["trace_id", "span_id", "user", "ok"]
+
+
+@st.composite
+def events_with_extras(draw) -> list[dict]:  # noqa: ANN001
+    """Events with fields the table lacks, mostly in one order (a logger's), now and then in another."""
+    odd = draw(st.lists(st.sampled_from(sorted(set(EXTRA_FIELDS) - set(PLAIN_EXTRA_NAMES))), max_size=1)) if draw(st.booleans()) else []
+    names = draw(st.permutations(PLAIN_EXTRA_NAMES + odd))
+    events = []
+    for index in range(draw(st.integers(1, 6))):
+        held = [name for name in names if draw(st.integers(0, 3))]
+        if draw(st.integers(0, 9)) == 0:
+            held = draw(st.permutations(held))
+        events.append({"id": index, **{name: draw(EXTRA_FIELDS[name]) for name in dict.fromkeys(held)}})
+    return events
+
+
+@settings(max_examples=300, deadline=None)
+@given(events_with_extras(), st.integers(0, 4).map(lambda n: n == 0))
+def test_the_extra_maps_taken_from_the_inferred_columns_are_those_read_from_the_lines(events: list, ascii_only: bool) -> None:
+    """Whichever way extra_maps takes (the columns pyarrow inferred for the fields, where it is
+    sure; else each line read again, as every_line does), the maps are the same: keys in each
+    event's order, values spelled alike."""
+    lines = [json.dumps(event, ensure_ascii=ascii_only).encode() for event in events]
+    body = b"\n".join(lines)
+    parsing = parse_schema(TABLE, "_extra", [])
+    try:
+        table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    except pa.ArrowInvalid:
+        return  # a field of changing type: not inferred as a column, every line is read (read_fields)
+    try:
+        expected = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    except ValueError:
+        expected = "unspellable"
+    try:
+        assert extra_maps(table, lines, parsing.names, body=body).to_pylist() == expected
+    except ValueError:
+        assert expected == "unspellable"
+
+
+def test_the_extra_maps_of_traced_events_come_from_the_inferred_columns_where_each_key_is_found_once() -> None:
+    def columns(body: bytes) -> list:
+        table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(
+            explicit_schema=parse_schema(TABLE, "_extra", []), unexpected_field_behavior="infer"))
+        return [(name, table.column(name)) for name in ("trace_id", "span_id", "retry") if name in table.column_names]
+
+    traced = b'{"id": 1, "trace_id": "t1", "span_id": "s1"}\n{"id": 2, "retry": 3}\n{"id": 3, "trace_id": "t3", "retry": true}'
+    with pytest.raises(pa.ArrowInvalid):
+        columns(traced)  # retry: an integer, then a boolean
+    traced = traced.replace(b"true", b"4")
+    assert _extras_by_column(columns(traced), traced).to_pylist() == [
+        [("trace_id", "t1"), ("span_id", "s1")], [("retry", "3")], [("trace_id", "t3"), ("retry", "4")],
+    ]
+    reordered = traced + b'\n{"id": 4, "span_id": "s4", "trace_id": "t4"}'  # each map in its event's order
+    assert _extras_by_column(columns(reordered), reordered).to_pylist()[2:] == [[("trace_id", "t3"), ("retry", "4")], [("span_id", "s4"), ("trace_id", "t4")]]
+    for other in (b'{"id": 4, "trace_id": "t4", "span_id": "s4", "msg": "trace_id"}',  # a key's text as a value
+                  b'{"id": 4, "trace_id": "t4", "span_\\u0069d": "s4"}',  # a key spelled with an escape
+                  b'{"id": 4, "trace_id": "t4", "span_id": null, "retry": 1}'):  # a null's key
+        body = traced + b"\n" + other
+        assert _extras_by_column(columns(body), body) is None, other
 
 
 def test_without_an_extra_fields_column_a_field_the_table_lacks_refuses_the_batch(tmp_path) -> None:  # noqa: ANN001
@@ -683,7 +767,7 @@ def test_text_that_cannot_be_a_number_in_an_optional_number_column_reads_as_null
                        text_nulls=True)
     bodies = [
         b'{"id": 1, "x": 1.5}\n{"id": 2, "x": "slow", "n": "n/a", "level": "warn"}\n\n{"id": 3, "x": 2}\n{"id": 4, "n": "", "msg": "m"}',
-        b'{"id": 5, "x": "1e3"}',  # a number to Spark: the Spark job's
+        b'{"id": 5, "x": " 1e3"}',  # a number to Spark, spelled as no plain number is: the Spark job's
         b'{"id": 6, "x": "Infinity"}',  # ... and so is a double's special word
         b'{"id": "seven"}',  # a required column
         b'{"id": 8, "x": "-"}\n{"id": 9, "x": "\\u0661"}',  # an Arabic-Indic digit: maybe a number, the request is the Spark job's
@@ -698,6 +782,43 @@ def test_text_that_cannot_be_a_number_in_an_optional_number_column_reads_as_null
     assert json.loads(answer["counts"]) == {"r0": 4, "r5": 1}
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
     assert rows == [{"id": 1, "x": 1.5}, {"id": 2, "_extra": [("level", "warn")]}, {"id": 3, "x": 2.0}, {"id": 4, "msg": "m"}, {"id": 10, "x": 3.0}]
+
+
+def test_numbers_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: a body whose number columns (a required one too) hold their values as text ("12", "-2.5e3": grok's
+    captures, a logger that writes strings) is written, each converted as the Spark job's cast
+    converts it (text that cannot be a number NULL), and the task's next body is read so first;
+    a spelling the cast may read otherwise ("+12", "1e3" or "12.0" for an integer), text and
+    numbers in one column, or a value beyond the column's range leaves its request to the Spark job."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1, "n": "12", "x": "2.5"}\n{"id": 2, "n": "-007", "x": "-1e3"}\n{"id": 3, "n": "n/a", "x": "123456789012345678901234567890"}\n'
+        b'{"id": 4, "msg": "m"}',
+        b'{"id": 5, "x": "0.1", "n": "2147483647"}',
+        b'{"id": 6, "n": 8, "x": 0.5}',  # numbers again
+        b'{"id": 7, "n": "+12"}',
+        b'{"id": 8, "n": "1e3"}',
+        b'{"id": 9, "n": "12.0"}',
+        b'{"id": 10, "n": "2147483648"}',
+        b'{"id": 11, "x": "1e999"}',
+        b'{"id": 12, "n": "3"}\n{"id": 13, "n": 4}',
+        b'{"id": 14, "n": "5"}\n{"id": 15, "n": "slow", "x": "4.25"}',
+        b'{"id": "16", "x": "0.25"}',  # a required column's number as text too
+        b'{"id": "17"}\n{"id": "n/a"}',  # ... but not its NULL: the Spark job's (the DLQ)
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * i for i in (*range(3, 9), 11)]
+    assert json.loads(answer["counts"]) == {"r0": 4, "r1": 1, "r2": 1, "r9": 2, "r10": 1}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "n": 12, "x": 2.5}, {"id": 2, "n": -7, "x": -1000.0}, {"id": 3, "x": 1.2345678901234568e29}, {"id": 4, "msg": "m"},
+                    {"id": 5, "n": 2147483647, "x": 0.1}, {"id": 6, "n": 8, "x": 0.5}, {"id": 14, "n": 5}, {"id": 15, "x": 4.25},
+                    {"id": 16, "x": 0.25}]
 
 
 @pytest.mark.parametrize("text", ["slow", "", " ", "n/a", "-", "😀", "true"])

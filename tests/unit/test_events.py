@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import tracemalloc
 
 import orjson
 import pytest
 
-from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, parse_events
+from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, parse_events
 from service.core.exceptions import BadRequestBody, BodyTooLarge
 
 
@@ -170,6 +171,15 @@ def test_one_event_past_the_depth_limit_among_many_flat_ones_is_still_set_aside(
     assert parsed.ndjson.split(b"\n")[250].startswith(b"!")
 
 
+def test_an_event_is_read_again_exactly_only_where_orjson_lost_an_integer_beyond_64_bits() -> None:
+    for text in (b'{"id":"12345678901234567890123"}', b'{"n":18446744073709551615,"m":-9223372036854775808}', b'{"x":1.5e300}'):
+        parsed = orjson.loads(text)
+        assert loads_exact(text, parsed) is parsed or text.endswith(b"1.5e300}"), text  # a float that large is looked at again
+    for text in (b'{"n":18446744073709551616}', b'{"a":{"b":[-18446744073709551617]}}'):
+        exact = loads_exact(text, orjson.loads(text))
+        assert json.dumps(exact, separators=(",", ":")).encode() == text
+
+
 CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":{"status":200},"ok":true,"x":null}'
 
 
@@ -183,6 +193,9 @@ CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":
     (b'{"a":"}\n{","b":1}\n{"c":1},{"d":1}', "line by line"),  # a string that only the joining would close
     (b'{"a":1}\n[1]', "line by line"),
     (b'{"big":18446744073709551616}\n' + CANONICAL, "line by line"),
+    (b'{"x":[1,{"big":-9223372036854775809}]}\n' + CANONICAL, "line by line"),
+    # Runs of 20 digits in strings, and integers of 19 digits that orjson keeps: no integer it lost.
+    (b'{"iccid":"89310410106543789301","trace":"00000000000000000000000000001eef","n":-1234567890123456789}\n' + CANONICAL, "as sent"),
     (b'{"d":' + b'{"e":' * 9 + b"1" + b"}" * 10 + b"\n" + CANONICAL, "line by line"),  # set aside: too deep
     (b'{"' + b"n" * 1100 + b'":1,"k":2}\n' + CANONICAL, "line by line"),  # a name too long for a column
 ])
