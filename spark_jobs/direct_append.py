@@ -232,6 +232,43 @@ def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: 
     return table
 
 
+# pyarrow's error for a JSON number with a fraction or an exponent where the explicit schema has an
+# integer (it names neither the column nor the row).
+_FRACTION_FOR_INTEGER = re.compile(r"Failed to convert JSON to u?int(8|16|32|64), couldn't parse:")
+_EXACT_IN_A_DOUBLE = 2.0**53  # integers below this read as doubles keep every digit
+# pyarrow's error for a JSON number where the explicit schema has a string: the column and the row.
+_NUMBER_FOR_TEXT = re.compile(r"Column\(/(.+)\) changed from string to number in row ([0-9]+)$")
+
+
+def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None:
+    """The column of `columns` where pyarrow met a JSON number in a text column, or None."""
+    found = _NUMBER_FOR_TEXT.search(str(exc))
+    return found[1] if found and found[1] in columns else None
+
+
+def integers_from_doubles(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+    """`table` with its columns `types` names (read as doubles: JSON numbers with or without a
+    fraction) in those integer types, where each is a whole number the double keeps exactly, as
+    the Spark job converts them (coerce.scalar: a number with no fraction, 12.0 or 1e3, is that
+    integer); pa.ArrowInvalid for any other value (12.5: the Spark job's NULL; beyond 2**53 or
+    the type's range: its digits or NULL)."""
+    import pyarrow.compute as pc
+
+    for name, target in types.items():
+        numbers = table.column(name)
+        if not (pa.types.is_int32(target) or pa.types.is_int64(target)):
+            raise pa.ArrowInvalid(f"numbers in the {target} column {name!r}")
+        whole = pc.and_(pc.equal(numbers, pc.floor(numbers)), pc.less(pc.abs(numbers), _EXACT_IN_A_DOUBLE))
+        if not pc.all(whole).as_py():
+            raise pa.ArrowInvalid(f"a number in the integer column {name!r} that is no integer a double keeps")
+        if pa.types.is_int32(target):
+            bounds = pc.min_max(numbers)
+            if bounds["min"].is_valid and (bounds["min"].as_py() < -(2**31) or bounds["max"].as_py() > 2**31 - 1):
+                raise pa.ArrowInvalid(f"a number in the int column {name!r} beyond its range")
+        table = table.set_column(table.schema.get_field_index(name), name, pc.cast(numbers, target))
+    return table
+
+
 class Refused(ValueError):
     """A value this path is not sure to read as the Spark job does: the batch goes to the Spark job."""
 
@@ -786,28 +823,28 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                             "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
 
-    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_text: frozenset[str] = frozenset()) -> pa.Table:
+    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
         schema = epoch_reading if epoch else reading
-        if as_text:  # these number columns as text: an event read alone for its text there
-            schema = pa.schema([f.with_type(pa.string()) if f.name in as_text else f for f in schema])
+        if as_read:  # columns read as another type than their own (numbers as text, ...), converted after
+            schema = pa.schema([f.with_type(as_read[f.name]) if f.name in as_read else f for f in schema])
         if shells:  # the maps as empty structs: which events have an object, its keys not inferred
             schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
         return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
-    def read_fields(body: bytes, epoch: bool, as_text: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+    def read_fields(body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None) -> tuple[pa.Table, bool]:
         """(the body's table, whether every line must be read for the fields the table lacks)."""
         if wide_maps:
-            return read(body, "ignore", epoch, shells=True, as_text=as_text), True
+            return read(body, "ignore", epoch, shells=True, as_read=as_read), True
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
-            return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_text=as_text), False
+            return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
-            if not extra_fields or maps or mistyped(exc):
+            if not extra_fields or maps or mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, text_columns):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
-            return read(body, "ignore", epoch, as_text=as_text), True
+            return read(body, "ignore", epoch, as_read=as_read), True
 
     def mistyped(exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
         """(the column, the row) where pyarrow met text in one of `columns` (text_as_null's)."""
@@ -815,28 +852,42 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return (found[1], int(found[2])) if found and found[1] in (text_as_null if columns is None else columns) else None
 
     def read_lines(lines: list[bytes], epoch: bool, as_text: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
-        table, every_line = read_fields(b"\n".join(lines), epoch, as_text)
+        table, every_line = read_fields(b"\n".join(lines), epoch, dict.fromkeys(as_text, pa.string()))
         if table.num_rows != len(lines):
             raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
         return table, every_line
 
-    def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str]) -> tuple[pa.Table, bool]:
+    def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
+                     as_integer: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """read_fields with the number columns `as_text` read as text (and any other found with
-        text on the way), converted by numbers_from_text; they are the task's next body's first
-        try. pa.ArrowInvalid where a column holds numbers and text alike."""
-        for _column in range(len(text_as_number)):
+        text on the way), converted by numbers_from_text; the integer columns `as_double` read as
+        doubles (all of them, once a number with a fraction or an exponent is found in one),
+        converted by integers_from_doubles; the text columns `as_integer` read as integers (and
+        any other found with a number on the way), spelled as their digits. They are the task's
+        next body's first try. pa.ArrowInvalid where a column holds numbers and text alike."""
+        for _column in range(len(text_as_number) + len(text_columns) + 1):
+            as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text, pa.string()),
+                       **dict.fromkeys(as_integer, pa.int64())}
             try:
-                table, every_line = read_fields(body, epoch, as_text)
+                table, every_line = read_fields(body, epoch, as_read)
                 break
             except pa.ArrowInvalid as exc:
-                found = mistyped(exc, text_as_number)
-                if found is None or found[0] in as_text:
+                found, number = mistyped(exc, text_as_number), _number_for_text(exc, text_columns)
+                if found is None and number is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
+                    as_double = integer_columns
+                elif number is not None and number not in as_integer:
+                    as_integer |= {number}
+                elif found is None or found[0] in as_text:
                     raise
-                as_text |= {found[0]}
+                else:
+                    as_text |= {found[0]}
         else:
             raise pa.ArrowInvalid("text in more number columns than the table has")
         table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null)
-        number_texts[:] = [as_text]
+        table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
+        for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it
+            table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
+        number_texts[:] = [(as_text, as_double, as_integer)]
         return table, every_line
 
     def read_texts(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
@@ -851,14 +902,24 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         about twice; past MAX_MISTYPED such events, or once the body's bytes were read again
         REREAD_TIMES times (such events spread over a large body: each stop reads the rest
         again), the request is the Spark job's: one tenant's body costs a task a bounded share."""
-        if number_texts:  # the task's last body sent numbers as text: so may this one
+        if number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
             try:
-                return read_numbers(body, epoch, number_texts[0])
+                return read_numbers(body, epoch, *number_texts[0])
             except pa.ArrowInvalid:
                 number_texts.clear()
         try:
             return read_fields(body, epoch)
         except pa.ArrowInvalid as exc:
+            if integer_columns and _FRACTION_FOR_INTEGER.search(str(exc)):
+                try:  # integers as 12.0 or 1e3 (pandas writes an integer column holding a NaN so)
+                    return read_numbers(body, epoch, frozenset(), integer_columns)
+                except pa.ArrowInvalid:
+                    raise exc from None
+            if (number := _number_for_text(exc, text_columns)) is not None:
+                try:  # integers in a text column (ids sent as numbers)
+                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
+                except pa.ArrowInvalid:
+                    raise exc from None
             if not text_as_number or (found := mistyped(exc, text_as_number)) is None:
                 raise
             first = exc
@@ -1052,6 +1113,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                                and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)))
     text_as_null = frozenset(name for name in text_as_number if name not in required
                              and name not in {source for source, _transform in partition or ()})
+    integer_columns = frozenset(name for name in text_as_number if pa.types.is_integer(parsing.field(name).type))
+    # Text columns whose values may come as integers (ids sent as numbers): each spelled as its digits.
+    text_columns = frozenset(f.name for f in parsing if text_nulls and f.name not in kinds
+                             and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)))
     # A table that takes an OTLP export's columns as they are: each is one of its columns, and
     # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
     takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
@@ -1062,7 +1127,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     folded_renames = {name.casefold() for pair in renames.items() for name in pair}
     nested = [f.name for f in parsing if is_nested(f.type)]
     wide_maps = False  # True once a body's maps had many keys
-    number_texts: list[frozenset[str]] = []  # the number columns the task's last body sent as text
+    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers
     epoch_order = [False, True]
     tables, places, rejected = [], [], []
     sizes: dict[int, int] = {}  # each written request's body size, by its place

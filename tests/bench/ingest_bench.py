@@ -13,7 +13,8 @@ Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all o
 2% of events carrying one field the table lacks (kept in its `_extra` map); `dirty`, plain
 events but one request in 50 holds an event with text for a number; `strings`, plain events with
 every number as text (`"status": "200"`, as grok's captures have them); `traced`, plain events
-each with a trace and a span id (two fields the table lacks: into `_extra`); `declared`, the same
+each with a trace and a span id (two fields the table lacks: into `_extra`); `pandas`, plain
+events with the integer status written as a double (`200.0`); `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
@@ -118,6 +119,13 @@ def with_number_texts(event: dict) -> dict:
     return event
 
 
+def with_whole_doubles(event: dict) -> dict:
+    """The event with its integer status as a double (200.0), as pandas writes an integer column
+    that holds a NaN somewhere."""
+    event["status"] = float(event["status"])
+    return event
+
+
 def with_trace(event: dict) -> dict:
     """The event with the trace it was logged in (a trace and a span id: fields the built-in
     `logs` table lacks, kept in its `_extra` map), as a traced service's logger adds them."""
@@ -173,6 +181,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
+          "pandas": lambda i: with_whole_doubles(make_event(i)),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,

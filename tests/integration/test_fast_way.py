@@ -335,20 +335,31 @@ NUMBER_TEXT = st.one_of(
 @st.composite
 def texts_in_numbers(draw) -> list[bytes]:  # noqa: ANN001
     """Requests of the table's events, their number columns n and x now and then holding text;
-    in some requests every number is sent as its text (the required id's now and then)."""
+    in some requests every number is sent as its text (the required id's now and then), in others
+    the integers with a fraction (12.0, as pandas writes them), in others the text column msg's
+    values as numbers (ids)."""
     bodies, index = [], 0
     for _ in range(draw(st.integers(1, 3))):
-        lines, as_text = [], draw(st.booleans())
+        lines, style = [], draw(st.sampled_from(["numbers", "text", "fractions", "ids"]))
+        as_text = style == "text"
         for _ in range(draw(st.integers(1, 6))):
             fields = [("id", json.dumps(str(index)) if as_text and draw(st.booleans()) else str(index))]  # required: text or not
-            for name, number in (("n", st.integers(-1000, 1000).map(str) | st.integers(-(2**40), 2**40).map(str)), ("x", FLOAT.map(repr))):
+            if style == "fractions" and draw(st.booleans()):
+                fields = [("id", draw(st.sampled_from([f"{index}.0", f"{index}e0", f"{index}.00"])))]
+            integers = st.integers(-1000, 1000) | st.integers(-(2**40), 2**40) | st.sampled_from([2**53 + 1, 2**31])
+            if style == "fractions":  # integers as pandas writes a column holding a NaN: 12.0, now and then 1e3 or 2.5
+                integers = integers.map(lambda value: repr(float(value))) | st.sampled_from(["1e3", "2.5", "-0.0", "1E2", "3e9"])
+            for name, number in (("n", integers.map(str)), ("x", FLOAT.map(repr))):
                 kind = draw(st.sampled_from(["number", "number", "text", "absent"]))
                 if kind == "number":
                     fields.append((name, json.dumps(draw(number)) if as_text else draw(number)))
                 elif kind == "text":
                     fields.append((name, json.dumps(draw(NUMBER_TEXT), ensure_ascii=False)))
             if draw(st.booleans()):
-                fields.append(("msg", json.dumps(draw(TEXT))))
+                if style == "ids":  # the text column's values as numbers (ids), now and then a fraction or text
+                    fields.append(("msg", draw(st.integers(-(2**63), 2**64).map(str) | st.sampled_from(["-0", "1.5", "1e3", '"x"', "0"]))))
+                else:
+                    fields.append(("msg", json.dumps(draw(TEXT))))
             if draw(st.integers(0, 3)) == 0:
                 fields.append(("level", draw(USUAL_VALUE)))
             lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())

@@ -821,6 +821,59 @@ def test_numbers_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_
                     {"id": 16, "x": 0.25}]
 
 
+def test_integers_sent_with_a_fraction_or_an_exponent_are_read_as_the_spark_job_converts_them(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: 12.0 or 1e3 in an integer column (pandas writes an integer column holding a NaN
+    so) is that integer, as the Spark job converts it; a fraction (its NULL), an integer beyond
+    what a double keeps beside such a number (its digits), or a value beyond the column's range
+    leaves its request to the Spark job."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1.0, "n": 12.0, "x": 0.5}\n{"id": 2, "n": 1e3}\n{"id": 3e0, "n": -0.0}\n{"id": 4}',
+        b'{"id": 5, "n": 7}',  # read as doubles first, as the body before
+        b'{"id": 6, "n": "8", "x": "1.5"}\n{"id": 7.0, "n": "9"}',  # text and a whole double in one request
+        b'{"id": 8, "n": 12.5}',
+        b'{"id": 9007199254740993, "n": 1.0}',
+        b'{"id": 10, "n": 3e9}',
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * i for i in (3, 4, 5)]
+    assert json.loads(answer["counts"]) == {"r0": 4, "r1": 1, "r2": 2}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "n": 12, "x": 0.5}, {"id": 2, "n": 1000}, {"id": 3, "n": 0}, {"id": 4}, {"id": 5, "n": 7},
+                    {"id": 6, "n": 8, "x": 1.5}, {"id": 7, "n": 9}]
+
+
+def test_integers_sent_for_a_text_column_are_written_as_their_digits_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: ids sent as numbers where the table has text are their digits, as the Spark
+    job writes a number read as text; a number with a fraction (which it spells as Java does) or
+    numbers and text in one column leave the request to the Spark job."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1, "msg": 12345}\n{"id": 2, "msg": -7, "n": 3}\n{"id": 3}',
+        b'{"id": 4, "msg": "text"}',
+        b'{"id": 5, "msg": 1.5}',
+        b'{"id": 6, "msg": 5}\n{"id": 7, "msg": "x"}',
+        b'{"id": 8, "msg": 0, "n": 2.0}',  # and a whole double for an integer
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * 2, LINE_SLOTS * 3]
+    assert json.loads(answer["counts"]) == {"r0": 3, "r1": 1, "r4": 1}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"}, {"id": 8, "msg": "0", "n": 2}]
+
+
 @pytest.mark.parametrize("text", ["slow", "", " ", "n/a", "-", "😀", "true"])
 def test_may_read_as_number_says_no_only_for_text_without_a_digit_or_a_specials_word(text: str) -> None:
     assert not may_read_as_number(text)
