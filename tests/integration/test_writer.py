@@ -118,7 +118,7 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     send({"id": 1, "msg": "creates the table", "n": 1})
     assert send({"id": 2, "msg": "fits", "n": 2}, {"id": 3, "msg": None, "n": 3})["tables"]["logs"]["rows"] == 2
     send({"id": 4, "msg": "and more", "n": 4, "level": "warn"})
-    send({"id": 5, "msg": "a number as text", "n": "5"})
+    send({"id": 5, "msg": "a number as text with a sign", "n": "+5"})
     text = stack.metrics()
     assert 'calve_direct_batches_total{outcome="written",pipeline="logs",tenant="demo"} 2.0' in text
     assert 'calve_direct_batches_total{outcome="refused",pipeline="logs",tenant="demo"} 1.0' in text
@@ -127,7 +127,7 @@ def test_batches_that_fit_their_table_take_the_short_way_and_the_others_the_spar
     rows = sorted(stack.rows(), key=lambda row: row["id"])
     assert [(row["id"], row["msg"], row["n"], row["_extra"]) for row in rows] == [
         (1, "creates the table", 1, None), (2, "fits", 2, None), (3, None, 3, None), (4, "and more", 4, [("level", "warn")]),
-        (5, "a number as text", 5, None),
+        (5, "a number as text with a sign", 5, None),
     ]
 
 

@@ -89,7 +89,8 @@ def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the
     assert events == 20 and took >= max_wait_s, f"a busy stream's batch closed after {took:.1f} s, unfilled"
     send(20)  # busy, and filled 1.5 s in: closed then, not at the longest wait
     events, took = poll((1.5, 25))
-    assert events == 45 and 1.5 <= took < max_wait_s - 0.5, f"a busy stream's filled batch closed after {took:.1f} s"
+    # (The sender's timer starts a moment before the poll's clock: 1.5 s on it may read 1.499.)
+    assert events == 45 and 1.4 <= took < max_wait_s - 0.5, f"a busy stream's filled batch closed after {took:.1f} s"
     send(45)  # filled within the wait: closed at the wait's end, as before
     events, took = poll((0.3, 30))
     assert events == 75 and wait_s <= took < max_wait_s - 0.5, f"a filled batch closed after {took:.1f} s"
@@ -101,4 +102,4 @@ def test_a_busy_streams_batch_waits_on_until_it_fills_a_quiet_ones_closes_at_the
     assert events == 21 and wait_s <= took < max_wait_s - 0.5, f"a poll of two tenants' streams closed after {took:.1f} s"
     send(20)  # nor does one that comes while the busy batch waits on: the poll closes on it
     events, took = poll((1.5, 1, keys.input_stream_key("other", "events")))
-    assert events == 21 and 1.5 <= took < max_wait_s - 0.5, f"a poll joined by another tenant closed after {took:.1f} s"
+    assert events == 21 and 1.4 <= took < max_wait_s - 0.5, f"a poll joined by another tenant closed after {took:.1f} s"
