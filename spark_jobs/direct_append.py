@@ -864,8 +864,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         doubles (all of them, once a number with a fraction or an exponent is found in one),
         converted by integers_from_doubles; the text columns `as_integer` read as integers (and
         any other found with a number on the way), spelled as their digits. They are the task's
-        next body's first try. pa.ArrowInvalid where a column holds numbers and text alike."""
-        for _column in range(len(text_as_number) + len(text_columns) + 1):
+        next body's first try. pa.ArrowInvalid where a column holds numbers and text alike, and
+        once the body was read REREAD_TIMES + 1 times (each read finds one more such column: a
+        body built to find one per read would cost a task a read per column)."""
+        for _read in range(REREAD_TIMES + 1):
             as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text, pa.string()),
                        **dict.fromkeys(as_integer, pa.int64())}
             try:
@@ -882,7 +884,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 else:
                     as_text |= {found[0]}
         else:
-            raise pa.ArrowInvalid("text in more number columns than the table has")
+            raise pa.ArrowInvalid(f"numbers and text of other columns than the table's types, found one a read past {REREAD_TIMES + 1} reads")
         table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null)
         table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
         for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it

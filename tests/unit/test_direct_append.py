@@ -874,6 +874,25 @@ def test_integers_sent_for_a_text_column_are_written_as_their_digits_as_the_spar
     assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"}, {"id": 8, "msg": "0", "n": 2}]
 
 
+def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_at_most_four_times(tmp_path) -> None:  # noqa: ANN001
+    """Each read of a body finds one more text column holding a number: past REREAD_TIMES + 1
+    reads the request is the Spark job's, so a body built so costs a task a bounded share."""
+    schema = Schema(NestedField(1, "id", LongType(), required=True),
+                    *(NestedField(2 + i, f"s{i}", StringType()) for i in range(6))).as_arrow()
+    parsing = parse_schema(schema, None, [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, schema, frozenset({"id"}), None, [], by_request=True,
+                       text_nulls=True)
+
+    def body(columns: int) -> bytes:  # numbers in s0 ... s{columns - 1}, text in the others: a read finds one such column
+        return b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if j < columns else f"t{j}") for j in range(6)}}).encode() for i in range(3))
+
+    bodies = [body(6), body(3)]
+    batch = pa.record_batch({"receipt": ["six", "three"], "body": pa.array(bodies, pa.large_binary()), "seq": pa.array([0, LINE_SLOTS], pa.int64())})
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert json.loads(answer["counts"]) == {"three": 3} and json.loads(answer["rejected"]) == [0]
+    assert [row["s2"] for row in pq.read_table(answer["path"]).to_pylist()] == ["2"] * 3
+
+
 @pytest.mark.parametrize("text", ["slow", "", " ", "n/a", "-", "😀", "true"])
 def test_may_read_as_number_says_no_only_for_text_without_a_digit_or_a_specials_word(text: str) -> None:
     assert not may_read_as_number(text)
