@@ -204,6 +204,17 @@ DECIMAL_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]{1,3})?$"
 _PLAIN_NUMBER_TEXT = re.compile(DECIMAL_TEXT)
 
 
+def _as_int32(numbers: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+    """Whole numbers (int64 or double) of the int column `name` as int32; pa.ArrowInvalid for one
+    beyond its range (the Spark job's NULL)."""
+    import pyarrow.compute as pc
+
+    bounds = pc.min_max(numbers)
+    if bounds["min"].is_valid and (bounds["min"].as_py() < -(2**31) or bounds["max"].as_py() > 2**31 - 1):
+        raise pa.ArrowInvalid(f"a number in the int column {name!r} beyond its range")
+    return pc.cast(numbers, pa.int32())
+
+
 def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: frozenset[str] | set[str]) -> pa.Table:
     """`table` with its columns `types` names (read as text) in those number types: a plain
     number's text as its number, and in the columns `nullable` text that cannot be a number
@@ -222,10 +233,7 @@ def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: 
                 raise pa.ArrowInvalid(f"text in the number column {name!r} the Spark job may read otherwise: {value[:40]!r}")
         numbers = pc.cast(pc.if_else(plain, text, pa.scalar(None, pa.string())), pa.int64() if integral else target)
         if pa.types.is_int32(target):
-            bounds = pc.min_max(numbers)
-            if bounds["min"].is_valid and (bounds["min"].as_py() < -(2**31) or bounds["max"].as_py() > 2**31 - 1):
-                raise pa.ArrowInvalid(f"text in the int column {name!r} beyond its range")
-            numbers = numbers.cast(target)
+            numbers = _as_int32(numbers, name)
         elif not integral and not pc.all(pc.is_finite(numbers)).as_py():
             raise pa.ArrowInvalid(f"text in the double column {name!r} beyond its range")
         table = table.set_column(table.schema.get_field_index(name), name, numbers)
@@ -261,11 +269,8 @@ def integers_from_doubles(table: pa.Table, types: dict[str, pa.DataType]) -> pa.
         whole = pc.and_(pc.equal(numbers, pc.floor(numbers)), pc.less(pc.abs(numbers), _EXACT_IN_A_DOUBLE))
         if not pc.all(whole).as_py():
             raise pa.ArrowInvalid(f"a number in the integer column {name!r} that is no integer a double keeps")
-        if pa.types.is_int32(target):
-            bounds = pc.min_max(numbers)
-            if bounds["min"].is_valid and (bounds["min"].as_py() < -(2**31) or bounds["max"].as_py() > 2**31 - 1):
-                raise pa.ArrowInvalid(f"a number in the int column {name!r} beyond its range")
-        table = table.set_column(table.schema.get_field_index(name), name, pc.cast(numbers, target))
+        numbers = _as_int32(numbers, name) if pa.types.is_int32(target) else pc.cast(numbers, target)
+        table = table.set_column(table.schema.get_field_index(name), name, numbers)
     return table
 
 
