@@ -30,10 +30,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.columns import all_of
+from spark_jobs.plain_processors import FALSE_TEXTS, TRUE_TEXTS
 
 INTEGER = "^-?[0-9]+$"
-TRUE_WORDS = ("true", "t", "yes", "y", "1")
-FALSE_WORDS = ("false", "f", "no", "n", "0")
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
 
@@ -156,7 +155,7 @@ def scalar(text: Column, target: T.DataType) -> Column:
         return text
     if isinstance(target, T.BooleanType):
         word = F.lower(trimmed)
-        return F.when(word.isin(*TRUE_WORDS), F.lit(True)).when(word.isin(*FALSE_WORDS), F.lit(False))
+        return F.when(word.isin(*TRUE_TEXTS), F.lit(True)).when(word.isin(*FALSE_TEXTS), F.lit(False))
     if isinstance(target, (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
         as_double = trimmed.try_cast("double")
         whole = F.coalesce(

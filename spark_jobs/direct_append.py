@@ -76,8 +76,8 @@ from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
 from spark_jobs.files import _path, conform, freeze_once, rows_per_file, write_runs
 from spark_jobs.otlp_rows import ROWS, from_ipc, is_rows
 from spark_jobs.otlp_rows import lines as rows_lines
+from spark_jobs.plain_processors import BOOLEAN_TEXT, TRUE_TEXTS, dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.plain_processors import apply as apply_processors
-from spark_jobs.plain_processors import dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
 from spark_jobs.task_code import bound
 
@@ -252,6 +252,40 @@ def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | Non
     """The column of `columns` where pyarrow met a JSON number in a text column, or None."""
     found = _NUMBER_FOR_TEXT.search(str(exc))
     return found[1] if found and found[1] in columns else None
+
+
+# pyarrow's error for a JSON string where the explicit schema has a boolean: the column and the row.
+_TEXT_FOR_FLAG = re.compile(r"Column\(/(.+)\) changed from boolean to string in row ([0-9]+)$")
+# Text that no trimming and lower-casing makes one of Spark's words for true and false: printable
+# ASCII with no space at either end, or none at all (Java lower-cases ASCII letters to ASCII).
+_NO_FLAG_TEXT = r"^([!-~]([ -~]*[!-~])?)?$"
+
+
+def _text_for_flag(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None:
+    """The column of `columns` where pyarrow met a JSON string in a boolean column, or None."""
+    found = _TEXT_FOR_FLAG.search(str(exc))
+    return found[1] if found and found[1] in columns else None
+
+
+def flags_from_text(table: pa.Table, names: list[str], nullable: frozenset[str] | set[str]) -> pa.Table:
+    """`table` with its boolean columns `names` (read as text) as booleans: Spark's words for true
+    and false in any ASCII case and nothing around them ("true", "False", "yes", "N", "1") as the
+    Spark job converts them (coerce.scalar: trimmed, lower-cased, looked up), and in the columns
+    `nullable` other text no trimming makes such a word ("maybe", "") as NULL, as it does;
+    pa.ArrowInvalid for any other text (a space or a control character at an end, or other than
+    ASCII: the Spark job's)."""
+    import pyarrow.compute as pc
+
+    for name in names:
+        text = table.column(name)
+        word = pc.match_substring_regex(text, BOOLEAN_TEXT)
+        if not pc.all(word).as_py():  # (all skips nulls)
+            others = pc.filter(text, pc.invert(word))
+            if name not in nullable or not pc.all(pc.match_substring_regex(others, _NO_FLAG_TEXT)).as_py():
+                raise pa.ArrowInvalid(f"text in the boolean column {name!r} the Spark job may read otherwise")
+        flags = pc.if_else(word, pc.is_in(pc.ascii_lower(text), pa.array(TRUE_TEXTS)), pa.scalar(None, pa.bool_()))
+        table = table.set_column(table.schema.get_field_index(name), name, flags)
+    return table
 
 
 def integers_from_doubles(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
@@ -846,7 +880,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             # of strings as structs: which events have one).
             return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
-            if not extra_fields or maps or mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, text_columns):
+            if (not extra_fields or maps or mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, text_columns)
+                    or _text_for_flag(exc, flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
             return read(body, "ignore", epoch, as_read=as_read), True
@@ -863,27 +898,31 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return table, every_line
 
     def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
-                     as_integer: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+                     as_integer: frozenset[str] = frozenset(), as_flag: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """read_fields with the number columns `as_text` read as text (and any other found with
         text on the way), converted by numbers_from_text; the integer columns `as_double` read as
         doubles (all of them, once a number with a fraction or an exponent is found in one),
         converted by integers_from_doubles; the text columns `as_integer` read as integers (and
-        any other found with a number on the way), spelled as their digits. They are the task's
-        next body's first try. pa.ArrowInvalid where a column holds numbers and text alike, and
+        any other found with a number on the way), spelled as their digits; the boolean columns
+        `as_flag` read as text (and any other found with text on the way), converted by
+        flags_from_text. They are the task's next body's first try. pa.ArrowInvalid where a column holds numbers and text alike, and
         once the body was read REREAD_TIMES + 1 times (each read finds one more such column: a
         body built to find one per read would cost a task a read per column)."""
         for _read in range(REREAD_TIMES + 1):
-            as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text, pa.string()),
+            as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text | as_flag, pa.string()),
                        **dict.fromkeys(as_integer, pa.int64())}
             try:
                 table, every_line = read_fields(body, epoch, as_read)
                 break
             except pa.ArrowInvalid as exc:
                 found, number = mistyped(exc, text_as_number), _number_for_text(exc, text_columns)
-                if found is None and number is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
+                flag = _text_for_flag(exc, flag_columns)
+                if found is None and number is None and flag is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
                     as_double = integer_columns
                 elif number is not None and number not in as_integer:
                     as_integer |= {number}
+                elif flag is not None and flag not in as_flag:
+                    as_flag |= {flag}
                 elif found is None or found[0] in as_text:
                     raise
                 else:
@@ -894,7 +933,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
         for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it
             table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
-        number_texts[:] = [(as_text, as_double, as_integer)]
+        table = flags_from_text(table, sorted(as_flag), flag_as_null)
+        number_texts[:] = [(as_text, as_double, as_integer, as_flag)]
         return table, every_line
 
     def read_texts(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
@@ -925,6 +965,11 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             if (number := _number_for_text(exc, text_columns)) is not None:
                 try:  # integers in a text column (ids sent as numbers)
                     return read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
+                except pa.ArrowInvalid:
+                    raise exc from None
+            if (flag := _text_for_flag(exc, flag_columns)) is not None:
+                try:  # booleans as text ("true", "yes": a logger that writes every value as a string)
+                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
             if not text_as_number or (found := mistyped(exc, text_as_number)) is None:
@@ -1124,6 +1169,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     # Text columns whose values may come as integers (ids sent as numbers): each spelled as its digits.
     text_columns = frozenset(f.name for f in parsing if text_nulls and f.name not in kinds
                              and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)))
+    # Boolean columns whose values may come as text, and of those the ones whose other text reads as NULL.
+    flag_columns = frozenset(f.name for f in parsing if text_nulls and pa.types.is_boolean(f.type))
+    flag_as_null = frozenset(name for name in flag_columns if name not in required
+                             and name not in {source for source, _transform in partition or ()})
     # A table that takes an OTLP export's columns as they are: each is one of its columns, and
     # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
     takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
@@ -1134,7 +1183,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     folded_renames = {name.casefold() for pair in renames.items() for name in pair}
     nested = [f.name for f in parsing if is_nested(f.type)]
     wide_maps = False  # True once a body's maps had many keys
-    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers
+    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers, booleans as text
     epoch_order = [False, True]
     tables, places, rejected = [], [], []
     sizes: dict[int, int] = {}  # each written request's body size, by its place

@@ -124,8 +124,8 @@ _DIGITS = r"^-?[0-9]+$"
 _DECIMAL_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]{1,3})?$"
 # Text Spark reads as a boolean (its StringUtils, after trimming and lower-casing, which the short
 # way leaves to it: ASCII letters of either case only, nothing around them).
-_TRUE, _FALSE = ("t", "true", "y", "yes", "1"), ("f", "false", "n", "no", "0")
-_BOOLEAN = "^(" + "|".join("".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in word) for word in _TRUE + _FALSE) + ")$"
+TRUE_TEXTS, FALSE_TEXTS = ("t", "true", "y", "yes", "1"), ("f", "false", "n", "no", "0")
+BOOLEAN_TEXT = "^(" + "|".join("".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in word) for word in TRUE_TEXTS + FALSE_TEXTS) + ")$"
 
 
 class NotPlain(ValueError):
@@ -633,14 +633,14 @@ def _cast_value(node: tuple, table: pa.Table):  # noqa: ANN202 - an array or a s
         return pa.scalar(None, wanted)
     if kind == "string":
         texts = pa.array([value.as_py()], pa.string()) if isinstance(value, pa.Scalar) else value.drop_null()
-        spelling, what = {"double": (_DECIMAL_TEXT, "a decimal number"), "bool": (_BOOLEAN, "Spark's words for true and false")}.get(
+        spelling, what = {"double": (_DECIMAL_TEXT, "a decimal number"), "bool": (BOOLEAN_TEXT, "Spark's words for true and false")}.get(
             into, (_DIGITS, "digits"))
         if len(texts) and not pc.all(pc.match_substring_regex(texts, spelling)).as_py():
             raise ValueError(f"a cast of text other than {what}: Spark's reading of it is its own")
         if into == "bool":  # pyarrow's cast takes "true", "false", "1" and "0" only
             if isinstance(value, pa.Scalar):
-                return pa.scalar(value.as_py().lower() in _TRUE)
-            return pc.if_else(pc.is_valid(value), pc.is_in(pc.utf8_lower(value), pa.array(_TRUE)), pa.scalar(None, pa.bool_()))
+                return pa.scalar(value.as_py().lower() in TRUE_TEXTS)
+            return pc.if_else(pc.is_valid(value), pc.is_in(pc.utf8_lower(value), pa.array(TRUE_TEXTS)), pa.scalar(None, pa.bool_()))
         if into == "double":
             doubles = value.cast(wanted)
             if not pc.all(pc.is_finite(doubles.drop_null() if not isinstance(doubles, pa.Scalar) else pa.array([doubles.as_py()]))).as_py():

@@ -406,6 +406,45 @@ def test_a_batch_with_a_few_requests_the_fast_way_cannot_take_writes_the_rest_th
     assert fast.tables["events"].rows_by_receipt == full.tables["events"].rows_by_receipt
 
 
+# A boolean as text: Spark's words in any case, now and then text its conversion reads as NULL or may read otherwise.
+FLAG_TEXT = st.integers(0, 7).flatmap(lambda pick: st.sampled_from(["true", "false", "True", "FALSE", "yes", "No", "y", "N", "t", "F", "1", "0", "tRuE"])
+                                       if pick else st.sampled_from(["maybe", "", " true", "false ", "yes\t", "\u0131", "on", "2", "-0"]) | st.text(max_size=3))
+
+
+@st.composite
+def texts_in_flags(draw) -> list[bytes]:  # noqa: ANN001
+    """Requests of the table's events whose boolean ok comes as text (FLAG_TEXT), now and then
+    as a JSON boolean or a number, beside numbers sent as text or as numbers."""
+    bodies, index = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        lines = []
+        for _ in range(draw(st.integers(1, 6))):
+            fields = [("id", str(index))]
+            kind = draw(st.sampled_from(["text", "text", "text", "boolean", "number", "absent"]))
+            if kind == "text":
+                fields.append(("ok", json.dumps(draw(FLAG_TEXT), ensure_ascii=False)))
+            elif kind == "boolean":
+                fields.append(("ok", json.dumps(draw(st.booleans()))))
+            elif kind == "number":
+                fields.append(("ok", draw(st.sampled_from(["1", "0", "2", "-0", "1.0"]))))
+            if draw(st.booleans()):
+                n = draw(st.integers(-1000, 1000))
+                fields.append(("n", json.dumps(str(n)) if draw(st.booleans()) else str(n)))
+            if draw(st.integers(0, 3)) == 0:
+                fields.append(("msg", json.dumps(draw(TEXT))))
+            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            index += 1
+        bodies.append(b"\n".join(lines))
+    return bodies
+
+
+@differential
+def test_booleans_as_text_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # Spark's words for true and false in any case are read the fast way, other plain text NULL
+    # as the full job converts it; text a trim may change, numbers and mixed kinds: the full job's.
+    compare_ways(fresh_spark, tmp_path, TABLE, [], texts_in_flags(), examples=12, least_written=5)
+
+
 @differential
 def test_change_events_are_kept_alike_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     # An upsert sink's events are kept as change files: the same rows, operations, receipts and order.

@@ -874,6 +874,37 @@ def test_integers_sent_for_a_text_column_are_written_as_their_digits_as_the_spar
     assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"}, {"id": 8, "msg": "0", "n": 2}]
 
 
+def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: a boolean column's values sent as text are Spark's words for true and false in
+    any case ("true", "NO", "Y", "1"), other printable ASCII text NULL, as the Spark job's
+    conversion makes them, with numbers sent as text beside them; text a trim may change
+    (" true"), other than ASCII, numbers for a boolean, or text and booleans in one column leave
+    the request to the Spark job; the task's next body is read so first."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1, "ok": "true"}\n{"id": 2, "ok": "NO"}\n{"id": 3, "ok": "maybe"}\n{"id": 4, "ok": ""}\n{"id": 5}',
+        b'{"id": 6, "ok": "Y", "n": "12"}',  # the next body read as the last: text, and numbers as text too
+        b'{"id": 7, "ok": true}',  # booleans again
+        b'{"id": 8, "ok": " true"}',
+        b'{"id": 9, "ok": "vrai\xc3\xa9"}',
+        b'{"id": 10, "ok": 1}',
+        b'{"id": 11, "ok": "1"}\n{"id": 12, "ok": false}',
+        b'{"id": 13, "ok": "F"}',
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * i for i in (3, 4, 5, 6)]
+    assert json.loads(answer["counts"]) == {"r0": 5, "r1": 1, "r2": 1, "r7": 1}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "ok": True}, {"id": 2, "ok": False}, {"id": 3}, {"id": 4}, {"id": 5}, {"id": 6, "n": 12, "ok": True},
+                    {"id": 7, "ok": True}, {"id": 13, "ok": False}]
+
+
 def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_at_most_four_times(tmp_path) -> None:  # noqa: ANN001
     """Each read of a body finds one more text column holding a number: past REREAD_TIMES + 1
     reads the request is the Spark job's, so a body built so costs a task a bounded share."""
