@@ -21,6 +21,7 @@ OP = "_calve_op"  # row changes: I, U or D
 OP_VALUE = "_calve_op_value"  # row changes: the operation expression's own value (for the DLQ reason)
 SEQ = "_calve_seq"  # row changes: the event's place in the batch (request, then line)
 DROPPED = "_calve_dropped"  # the event's top-level fields that no column of its table takes
+NULLED = "_calve_nulled"  # the columns where the event's value could not be converted: NULL in the row
 # An event's place: its request's index in the batch times LINE_SLOTS plus its line (a request
 # holds at most max_events_per_request events, well below).
 LINE_SLOTS = 1 << 24

@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import coerce, exact_type, shadow_type
-from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of
+from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of
 from spark_jobs.targets import Target
 
 NO_NAMES = "array<string>"
@@ -18,8 +18,9 @@ NO_NAMES = "array<string>"
 
 def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_table_schema: bool,
             processed: frozenset[str] = frozenset(), produced: frozenset[str] = frozenset()) -> DataFrame:
-    """Rows in the table's types, with a REASON for those that must go to the DLQ instead, and
-    the fields no column takes (DROPPED). `consumed`: fields the sink's operation reads (no
+    """Rows in the table's types, with a REASON for those that must go to the DLQ instead, the
+    fields no column takes (DROPPED) and the optional columns whose value the event had but
+    could not be converted, so NULL in the row (NULLED). `consumed`: fields the sink's operation reads (no
     column's); `parsed_with_table_schema`: the events' other fields were never parsed (columns
     the parse lacks are then read from the events' text, but for `processed`: fields the
     definition's processors dropped or renamed). Parsed with the batch's inferred types instead,
@@ -42,7 +43,7 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
     keys = set(target.changes.keys) if target.changes is not None else set()
     # A delete needs only the row's key: the table's other required fields may be absent.
     not_delete = F.col(OP) != F.lit("D") if keys else F.lit(True)
-    columns, reasons, present = [], [], []
+    columns, reasons, present, nulled = [], [], [], []
     for column in target_fields:
         if column.name == target.extra_fields:
             kept = extra_fields(rows, target, consumed, parsed_with_table_schema)
@@ -64,6 +65,8 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
         elif column.name in target.required:
             reasons.append(F.when(not_delete & missing, F.lit(f"missing required field {column.name!r}")))
             reasons.append(F.when(not_delete & ~converted.ok, unconvertible))
+        elif column.name in source_types:
+            nulled.append(F.when(~converted.ok, F.lit(column.name)))
     matches_nothing = ~any_of(present)
     reasons.insert(0, F.when(matches_nothing, F.lit(f"no field of the event matches a column of table {target.name!r}")))
     extra = [SEQ]
@@ -74,7 +77,9 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
         )))
         extra.append(OP)
     dropped = F.array().cast(NO_NAMES) if target.extra_fields else dropped_fields(rows, target, consumed, parsed_with_table_schema)
-    return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON), dropped.alias(DROPPED))
+    unconverted = F.filter(F.array(*nulled), lambda name: name.isNotNull()) if nulled else F.array().cast(NO_NAMES)
+    return rows.select(RECEIPT, EVENT, TABLE, *extra, *columns, F.coalesce(*reasons).alias(REASON), dropped.alias(DROPPED),
+                       unconverted.alias(NULLED))
 
 
 def _read_late(rows: DataFrame, columns: list[T.StructField]) -> DataFrame:

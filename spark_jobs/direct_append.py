@@ -79,6 +79,7 @@ from spark_jobs.otlp_rows import lines as rows_lines
 from spark_jobs.plain_processors import BOOLEAN_TEXT, TRUE_TEXTS, dropped, is_text_map, negative_zero, nulled, renamed
 from spark_jobs.plain_processors import apply as apply_processors
 from spark_jobs.stream_bodies import UNREACHABLE, StreamEntries, read_bodies
+from spark_jobs.targets import MAX_DROPPED_NAMES
 from spark_jobs.task_code import bound
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -113,9 +114,9 @@ def time_kind(data_type: pa.DataType) -> str | None:
     return "date" if pa.types.is_date32(data_type) else None
 
 RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType()),
-                       T.StructField("rejected", T.StringType())])
+                       T.StructField("rejected", T.StringType()), T.StructField("nulled", T.StringType())])
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string()),
-                          pa.field("rejected", pa.string())])
+                          pa.field("rejected", pa.string()), pa.field("nulled", pa.string())])
 
 
 def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tuple[str, str]] | tuple = ()) -> pa.Schema | None:
@@ -215,11 +216,13 @@ def _as_int32(numbers: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
     return pc.cast(numbers, pa.int32())
 
 
-def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: frozenset[str] | set[str]) -> pa.Table:
+def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: frozenset[str] | set[str],
+                      nulled: dict[str, pa.Array] | None = None) -> pa.Table:
     """`table` with its columns `types` names (read as text) in those number types: a plain
     number's text as its number, and in the columns `nullable` text that cannot be a number
-    (may_read_as_number) as NULL, as the Spark job converts them; pa.ArrowInvalid for any other
-    text (the Spark job's) and for a value beyond the type's range (its NULL)."""
+    (may_read_as_number) as NULL, as the Spark job converts them (each such column's rows so
+    made NULL in `nulled`, a mask); pa.ArrowInvalid for any other text (the Spark job's) and for
+    a value beyond the type's range (its NULL)."""
     import pyarrow.compute as pc
 
     for name, target in types.items():
@@ -232,6 +235,8 @@ def numbers_from_text(table: pa.Table, types: dict[str, pa.DataType], nullable: 
             if name not in nullable or may_read_as_number(value):
                 raise pa.ArrowInvalid(f"text in the number column {name!r} the Spark job may read otherwise: {value[:40]!r}")
         numbers = pc.cast(pc.if_else(plain, text, pa.scalar(None, pa.string())), pa.int64() if integral else target)
+        if nulled is not None and pc.any(made_null := pc.fill_null(pc.invert(plain), False)).as_py():
+            nulled[name] = made_null
         if pa.types.is_int32(target):
             numbers = _as_int32(numbers, name)
         elif not integral and not pc.all(pc.is_finite(numbers)).as_py():
@@ -267,12 +272,12 @@ def _text_for_flag(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None:
     return found[1] if found and found[1] in columns else None
 
 
-def flags_from_text(table: pa.Table, names: list[str], nullable: frozenset[str] | set[str]) -> pa.Table:
+def flags_from_text(table: pa.Table, names: list[str], nullable: frozenset[str] | set[str], nulled: dict[str, pa.Array] | None = None) -> pa.Table:
     """`table` with its boolean columns `names` (read as text) as booleans: Spark's words for true
     and false in any ASCII case and nothing around them ("true", "False", "yes", "N", "1") as the
     Spark job converts them (coerce.scalar: trimmed, lower-cased, looked up), and in the columns
-    `nullable` other text no trimming makes such a word ("maybe", "") as NULL, as it does;
-    pa.ArrowInvalid for any other text (a space or a control character at an end, or other than
+    `nullable` other text no trimming makes such a word ("maybe", "") as NULL, as it does (the
+    rows so made NULL in `nulled`, as numbers_from_text); pa.ArrowInvalid for any other text (a space or a control character at an end, or other than
     ASCII: the Spark job's)."""
     import pyarrow.compute as pc
 
@@ -283,6 +288,8 @@ def flags_from_text(table: pa.Table, names: list[str], nullable: frozenset[str] 
             others = pc.filter(text, pc.invert(word))
             if name not in nullable or not pc.all(pc.match_substring_regex(others, _NO_FLAG_TEXT)).as_py():
                 raise pa.ArrowInvalid(f"text in the boolean column {name!r} the Spark job may read otherwise")
+            if nulled is not None:
+                nulled[name] = pc.fill_null(pc.invert(word), False)
         flags = pc.if_else(word, pc.is_in(pc.ascii_lower(text), pa.array(TRUE_TEXTS)), pa.scalar(None, pa.bool_()))
         table = table.set_column(table.schema.get_field_index(name), name, flags)
     return table
@@ -467,9 +474,10 @@ def append_directly(
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
     by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
     task_bytes: int | None = None, text_nulls: bool = False,
-) -> tuple[dict[str, int] | None, str | None, list[int]]:
-    """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, []),
-    or (None, why not, []) with nothing left behind. by_request: a request (body) that this way
+) -> tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]:
+    """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, [],
+    per receipt the columns where a value was made NULL by its conversion and in how many events),
+    or (None, why not, [], {}) with nothing left behind. by_request: a request (body) that this way
     cannot take is left out instead of refusing the batch, and the third item lists the places in
     `bodies` of those left out (the caller runs them through the Spark job); the batch is still
     refused whole when the tasks cannot read the bodies. extra_fields: the table's map column for the fields
@@ -517,13 +525,14 @@ def append_directly(
                 filesystem.delete_file(path)
             except OSError:
                 pass  # orphan removal takes it later
-        return None, refused, []
+        return None, refused, [], {}
     counts: dict[str, int] = {}
     for row in results:
         for receipt, rows in json.loads(row.counts or "{}").items():
             counts[receipt] = counts.get(receipt, 0) + rows
     rejected = sorted({seq // LINE_SLOTS for row in results for seq in json.loads(row.rejected or "[]")})
-    return counts, None, rejected
+    made_null = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in results for receipt, (names, events) in json.loads(row.nulled or "{}").items()}
+    return counts, None, rejected, made_null
 
 
 def tasks_for(bodies: list[bytes], task_bytes: int) -> int:
@@ -857,10 +866,13 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     import pyarrow.json as pj
 
     freeze_once()
-    def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False) -> pa.RecordBatch:
-        """One row of the task's answer: a file written; the last also the counts and the requests left out."""
+    def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False,
+               nulled: dict | None = None) -> pa.RecordBatch:
+        """One row of the task's answer: a file written; the last also the counts, the requests
+        left out and, per request, the columns where values were made NULL and in how many events."""
         return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
-                                            "rejected": json.dumps(rejected) if last and rejected else None}], schema=RESULT_ARROW)
+                                            "rejected": json.dumps(rejected) if last and rejected else None,
+                                            "nulled": json.dumps(nulled) if nulled else None}], schema=RESULT_ARROW)
 
     def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
         schema = epoch_reading if epoch else reading
@@ -929,12 +941,14 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                     as_text |= {found[0]}
         else:
             raise pa.ArrowInvalid(f"numbers and text of other columns than the table's types, found one a read past {REREAD_TIMES + 1} reads")
-        table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null)
+        made_null: dict[str, pa.Array] = {}
+        table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null, made_null)
         table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
         for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it
             table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
-        table = flags_from_text(table, sorted(as_flag), flag_as_null)
+        table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
         number_texts[:] = [(as_text, as_double, as_integer, as_flag)]
+        nulled_rows.update({name: set(pc.indices_nonzero(mask).to_pylist()) for name, mask in made_null.items()})
         return table, every_line
 
     def read_texts(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
@@ -948,7 +962,9 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         error says where it stopped, not what it read), so a body with such an event is read
         about twice; past MAX_MISTYPED such events, or once the body's bytes were read again
         REREAD_TIMES times (such events spread over a large body: each stop reads the rest
-        again), the request is the Spark job's: one tenant's body costs a task a bounded share."""
+        again), the request is the Spark job's: one tenant's body costs a task a bounded share.
+        The rows whose values it made NULL: in nulled_rows, by column."""
+        nulled_rows.clear()
         if number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
             try:
                 return read_numbers(body, epoch, *number_texts[0])
@@ -987,6 +1003,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         end = ends[-1]
         budget = REREAD_TIMES * end
         parts, start, alone = [], 0, 0
+        alone_nulled: dict[str, set[int]] = {}  # the rows of events read alone whose text was made NULL, by column
         while start < len(lines):
             budget -= end - ends[start]
             if budget < 0:
@@ -1001,16 +1018,21 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 row = start + found[1]
                 if row > start:
                     parts.append(read_lines(lines[start:row], epoch))
-                parts.append(read_alone(lines[row], epoch))
+                made_null: set[str] = set()
+                parts.append(read_alone(lines[row], epoch, made_null))
+                for name in made_null:
+                    alone_nulled.setdefault(name, set()).add(row)
                 alone, start = alone + 1, row + 1
         if len({every_line for _table, every_line in parts}) > 1:
             raise first
         try:
             # The parts' inferred columns (fields the table lacks: only which events hold them
             # counts) may differ in type where one read would have widened them.
-            return pa.concat_tables([table for table, _every_line in parts], promote_options="permissive"), parts[0][1]
+            table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             raise first from None
+        nulled_rows.update(alone_nulled)
+        return table, parts[0][1]
 
     def numbers_as_text(lines: list[bytes], row: int) -> frozenset[str]:
         """The number columns where the event pyarrow stopped at holds a plain number's text."""
@@ -1021,9 +1043,9 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return frozenset(name for name in text_as_number if isinstance(event, dict) and isinstance(value := event.get(name), str)
                          and _PLAIN_NUMBER_TEXT.match(value))
 
-    def read_alone(line: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+    def read_alone(line: bytes, epoch: bool, made_null: set[str]) -> tuple[pa.Table, bool]:
         """One event with text in a number column: read with its text columns as text, each
-        value checked to be no number, then NULL in the column's type."""
+        value checked to be no number, then NULL in the column's type (its column in `made_null`)."""
         as_text: frozenset[str] = frozenset()
         while True:
             try:
@@ -1038,6 +1060,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             text = table.column(name)[0].as_py()
             if text is not None and may_read_as_number(text):
                 raise pa.ArrowInvalid(f"text in number column {name!r} the Spark job may read as a number")
+            if text is not None:
+                made_null.add(name)
             table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(1, reading.field(name).type))
         return table, every_line
 
@@ -1059,6 +1083,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     def rows_of(body: bytes) -> tuple[pa.Table, int]:
         """The body's rows and its number of events; Refused saying why this way cannot."""
         nonlocal wide_maps
+        nulled_rows.clear()
         if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
             rows = from_ipc(body)
             if takes_rows:
@@ -1184,6 +1209,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     nested = [f.name for f in parsing if is_nested(f.type)]
     wide_maps = False  # True once a body's maps had many keys
     number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers, booleans as text
+    nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
+    nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
     epoch_order = [False, True]
     tables, places, rejected = [], [], []
     sizes: dict[int, int] = {}  # each written request's body size, by its place
@@ -1207,6 +1234,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             tables.append(table)
             places.append((receipt, seq, events))
             sizes[seq] = len(body)
+            if nulled_rows:
+                nulled_by_seq[seq] = (sorted(nulled_rows), len(set().union(*nulled_rows.values())))
     if tables and (reason := fault(data := joined(tables))) is not None:
         if not by_request:
             yield answer(refused=reason)
@@ -1234,4 +1263,5 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
     for path, _rows, _key in written[:-1]:
         yield answer(path=path)
-    yield answer(path=written[-1][0] if written else None, counts=counts, last=True)
+    nulled_by_receipt = {receipt: nulled_by_seq[seq] for receipt, seq, _events in places if seq in nulled_by_seq}
+    yield answer(path=written[-1][0] if written else None, counts=counts, last=True, nulled=nulled_by_receipt)

@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import shadow_type
-from spark_jobs.columns import DROPPED, EVENT, INTERNAL, OP, REASON, RECEIPT, SEQ, SIZE, TABLE, any_of
+from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, REASON, RECEIPT, SEQ, SIZE, TABLE, any_of
 from spark_jobs.contract import SET_ASIDE_MARK
 from spark_jobs.convert import convert, holds_maps
 from spark_jobs.definition import Definition, Sink
@@ -139,6 +139,7 @@ class PipelineJob:
     evolving_table: bool = False
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
+    nulled: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     parsed_with_table_schema: bool = False  # the events' other fields were never parsed: look at their keys
     max_columns: int | None = None  # a batch with more fields is parsed with as many only (schemas.narrowed)
     refusals_key: str | None = None  # whose short way refusals this batch counts in (the tenant's pipeline; None: the pipeline's name)
@@ -178,6 +179,7 @@ class PipelineJob:
                 mine.more_directories.append(output.directory)
                 for receipt, rows in output.rows_by_receipt.items():
                     mine.rows_by_receipt[receipt] = mine.rows_by_receipt.get(receipt, 0) + rows
+                mine.nulled_by_receipt.update(output.nulled_by_receipt)  # each request is one way's
             else:
                 result.tables[name] = output
         result.direct, result.bodies, result.rejected = short.direct, short.bodies, short.rejected
@@ -211,7 +213,7 @@ class PipelineJob:
         if time.monotonic() < _pointers_off_until:
             entries = None
 
-        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None, list[int]]:
+        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]:
             # Row changes all or nothing: a change's place in the batch orders it (SEQ).
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
@@ -221,7 +223,7 @@ class PipelineJob:
             )
 
         try:
-            counts, refused, rejected = append(entries)
+            counts, refused, rejected, nulled = append(entries)
             if counts is None and entries is not None and refused.startswith(UNREACHABLE):
                 if GONE in refused:  # taken over: shipped, its hand-off finds it is no longer this writer's
                     log.info("%s; this batch's bodies are shipped", refused)
@@ -230,7 +232,7 @@ class PipelineJob:
                     log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
                                 refused, DIRECT_OFF_S)
                 entries = None
-                counts, refused, rejected = append(None)
+                counts, refused, rejected, nulled = append(None)
         except Exception as exc:
             if is_spark_outage(exc):  # the writer waits it out and tries again, this way first
                 raise
@@ -244,7 +246,7 @@ class PipelineJob:
         if counts is None:
             return JobResult(direct="refused", bodies=way)
         good = {receipt: n for receipt, n in counts.items() if n}
-        tables = {target.name: Output(target.directory, good, target.changes)} if good else {}
+        tables = {target.name: Output(target.directory, good, target.changes, nulled_by_receipt=nulled)} if good else {}
         if len(rejected) == len(bodies):  # none written: the Spark job writes the batch
             return JobResult(direct="refused", bodies=way)
         if rejected:
@@ -397,7 +399,7 @@ class PipelineJob:
                     bound = with_operation(bound, target.changes.operation)
                 converted = convert(bound, target, operation_fields(sink), self.parsed_with_table_schema, self._processed(), self._produced())
                 written.append((name, converted, target))
-                counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE), DROPPED))
+                counted.append(converted.select(RECEIPT, F.lit(name).alias(TABLE), REASON, F.length(EVENT).alias(SIZE), DROPPED, NULLED))
         counts = self._counts(counted)
         for name, converted, target in written:
             by_receipt = counts.get(name, {})
@@ -407,10 +409,11 @@ class PipelineJob:
                 # (spark_jobs/changes_job.py): here they are only kept, in the table's types.
                 changes = converted.where(F.col(REASON).isNull()).select(*target.schema.names, OP, SEQ, RECEIPT)
                 write_parquet(changes, target.directory, target.filesystem)
-                result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}))
+                result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}), self.nulled.get(name, {}))
             elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
-                result.tables[name] = Output(target.directory, good, dropped_by_receipt=self.dropped.get(name, {}))
+                result.tables[name] = Output(target.directory, good, dropped_by_receipt=self.dropped.get(name, {}),
+                                             nulled_by_receipt=self.nulled.get(name, {}))
             if any(bad for _n, bad in by_receipt.values()):
                 self.dead_letters.add(converted.where(F.col(REASON).isNotNull()), F.col(REASON))
         result.dlq = self.dead_letters.write()
@@ -432,18 +435,23 @@ class PipelineJob:
         union = reduce(DataFrame.unionByName, counted)
         bad = F.col(REASON).isNotNull().cast("int")
         good_bytes = F.when(F.col(REASON).isNull(), F.col(SIZE)).otherwise(0)
-        # Rows bound for the DLQ keep their whole event there: only written rows lose fields.
+        # Rows bound for the DLQ keep their whole event there: only written rows lose fields or values.
         dropped = F.when(F.col(REASON).isNull() & (F.size(DROPPED) > 0), F.col(DROPPED))
+        nulled = F.when(F.col(REASON).isNull() & (F.size(NULLED) > 0), F.col(NULLED))
         rows = union.groupBy(TABLE, RECEIPT).agg(
             F.count(F.lit(1)).alias("n"), F.sum(bad).alias("bad"), F.sum(good_bytes).alias("bytes"),
             F.slice(F.array_sort(F.array_distinct(F.flatten(F.collect_list(dropped)))), 1, MAX_DROPPED_NAMES).alias("dropped"),
             F.count(dropped).alias("dropping"),
+            F.slice(F.array_sort(F.array_distinct(F.flatten(F.collect_list(nulled)))), 1, MAX_DROPPED_NAMES).alias("nulled"),
+            F.count(nulled).alias("nulling"),
         ).collect()
         counts: dict[str, dict[str, tuple[int, int]]] = {}
-        for table, receipt, total, failed, size, dropped_names, dropping in rows:
+        for table, receipt, total, failed, size, dropped_names, dropping, nulled_names, nulling in rows:
             counts.setdefault(table, {})[receipt] = (total - failed, failed)
             if dropping:
                 self.dropped.setdefault(table, {})[receipt] = (list(dropped_names), dropping)
+            if nulling:
+                self.nulled.setdefault(table, {})[receipt] = (list(nulled_names), nulling)
             seen_rows, seen_bytes = self.json_bytes.get(table, (0, 0))
             self.json_bytes[table] = (seen_rows + total - failed, seen_bytes + (size or 0))
         return counts

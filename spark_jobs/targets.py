@@ -49,6 +49,9 @@ class Output:
     changes: ChangeSpec | None = None  # row changes to apply (not data files)
     # receipt -> (up to MAX_DROPPED_NAMES names of fields no column took, events that had any)
     dropped_by_receipt: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    # receipt -> (up to MAX_DROPPED_NAMES names of columns whose values could not be converted, so
+    # NULL in their rows; events that had any)
+    nulled_by_receipt: dict[str, tuple[list[str], int]] = field(default_factory=dict)
     # Where else this batch's files of the table are: the short way's, for the requests it took
     # when the Spark job took the others
     more_directories: list[str] = field(default_factory=list)

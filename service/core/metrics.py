@@ -32,6 +32,10 @@ EVENTS_WRITTEN = Counter("calve_events_written", "Events written to data files b
 EVENTS_WITH_DROPPED_FIELDS = Counter(
     "calve_events_with_dropped_fields", "Events written without some of their fields: no column of the table takes them", ["tenant", "pipeline"]
 )
+EVENTS_WITH_NULLED_VALUES = Counter(
+    "calve_events_with_nulled_values", "Events written with NULL for a value that could not be converted to its optional column's type",
+    ["tenant", "pipeline"],
+)
 PROCESS_RESTARTS = Counter(
     "calve_process_restarts", "Processes `calve up` started again after they exited (api, writer, committer, redis, spark)", ["process"],
 )

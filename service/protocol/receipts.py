@@ -33,11 +33,13 @@ WRITTEN_PREFIX = "written:"  # written:<table> = rows
 COMMITTED_PREFIX = "committed:"  # committed:<table> = "<snapshot id>:<rows>"
 CHANGES_PREFIX = "changes:"  # changes:<table> = JSON {inserted, updated, deleted, noop} (row changes)
 DROPPED_PREFIX = "dropped:"  # dropped:<table> = JSON [names of fields no column took] (writer)
+NULLED_PREFIX = "nulled:"  # nulled:<table> = JSON [columns where a value could not be converted: NULL] (writer)
 
 
-def written_fields(rows_by_table: dict[str, int], now: str, dropped_by_table: dict[str, list[str]] | None = None) -> list[str]:
+def written_fields(rows_by_table: dict[str, int], now: str, dropped_by_table: dict[str, list[str]] | None = None,
+                   nulled_by_table: dict[str, list[str]] | None = None) -> list[str]:
     """The writer's update of a receipt: the rows each table got (and the names of the fields no
-    column of it took), or committed at once when its events went to no table (all filtered out or
+    column of it took, and of its columns where a value could not be converted), or committed at once when its events went to no table (all filtered out or
     routed nowhere)."""
     if not rows_by_table:
         return [STATUS, COMMITTED, TABLES, "0", WRITTEN_AT, now, COMMITTED_AT, now]
@@ -46,6 +48,8 @@ def written_fields(rows_by_table: dict[str, int], now: str, dropped_by_table: di
         fields += [f"{WRITTEN_PREFIX}{table}", str(rows)]
     for table, names in (dropped_by_table or {}).items():
         fields += [f"{DROPPED_PREFIX}{table}", orjson.dumps(names).decode()]
+    for table, names in (nulled_by_table or {}).items():
+        fields += [f"{NULLED_PREFIX}{table}", orjson.dumps(names).decode()]
     return fields
 
 
@@ -96,6 +100,8 @@ def parse_receipt(receipt_id: str, raw: dict[bytes | str, bytes | str]) -> Recei
             tables.setdefault(name[len(CHANGES_PREFIX):], {})["changes"] = orjson.loads(value)
         elif name.startswith(DROPPED_PREFIX):
             tables.setdefault(name[len(DROPPED_PREFIX):], {})["dropped_fields"] = orjson.loads(value)
+        elif name.startswith(NULLED_PREFIX):
+            tables.setdefault(name[len(NULLED_PREFIX):], {})["nulled_fields"] = orjson.loads(value)
     return Receipt(
         id=receipt_id,
         status=fields.get(STATUS, BUFFERED),

@@ -80,6 +80,8 @@ class BatchWriter:
                 metrics.EVENTS_WRITTEN.labels(batch.tenant, entry.table).inc(entry.rows)
             if outcome.dropped_events:
                 metrics.EVENTS_WITH_DROPPED_FIELDS.labels(batch.tenant, batch.pipeline).inc(outcome.dropped_events)
+            if outcome.nulled_events:
+                metrics.EVENTS_WITH_NULLED_VALUES.labels(batch.tenant, batch.pipeline).inc(outcome.nulled_events)
         return outcome
 
     def _entries(self, batch: Batch) -> StreamEntries | None:
@@ -100,7 +102,8 @@ class BatchWriter:
         for table, output in result.tables.items():
             files = [path for directory in output.directories for path in list_data_files(directory, self.io)]
             outcome.add(CommitEntry(batch.tenant, table, files, output.rows_by_receipt,
-                                    commit_interval_s=intervals.get(table), **changes_fields(output.changes)), output.dropped_by_receipt)
+                                    commit_interval_s=intervals.get(table), **changes_fields(output.changes)), output.dropped_by_receipt,
+                        output.nulled_by_receipt)
         replayed = [(entry.receipt, dlq_id) for entry in batch.entries for dlq_id in entry.replays]
         if result.dlq is not None or replayed:
             # Replayed entries leave the DLQ in the DLQ table's commit of this very batch (which
@@ -143,7 +146,8 @@ class BatchWriter:
             if not share.rows_by_table:
                 done_events += entry.events
                 done.append(entry.receipt)
-            hset.append((keys.receipt_key(batch.tenant, entry.receipt), written_fields(share.rows_by_table, now, share.dropped_by_table)))
+            fields = written_fields(share.rows_by_table, now, share.dropped_by_table, share.nulled_by_table)
+            hset.append((keys.receipt_key(batch.tenant, entry.receipt), fields))
         plan = HandOffPlan(
             xadd=[(keys.commit_stream_key(written.tenant, written.table), written.to_fields(self.name)) for written in outcome.entries],
             hset=hset,

@@ -207,7 +207,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
                  evolving: bool = False) -> None:
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
-    rows, no DLQ entry, the same counts, no dropped field), each of its files passing `check_file`.
+    rows, no DLQ entry, the same counts, no dropped field, the same columns and events with values
+    made NULL by their conversion), each of its files passing `check_file`.
     Both kinds of batch must be drawn: at least `least_written` written the fast way (whole or in
     part), one refused (or written in part).
     changes: the events upsert rows by id (change files, in the events' order, are compared).
@@ -281,6 +282,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
             assert {r: o.dropped_by_receipt for r, o in fast.tables.items()} == {r: o.dropped_by_receipt for r, o in full.tables.items()}
         assert {r: o.rows_by_receipt for r, o in fast.tables.items()} == {r: o.rows_by_receipt for r, o in full.tables.items()}
         assert {r: o.changes for r, o in fast.tables.items()} == {r: o.changes for r, o in full.tables.items()}
+        # Values made NULL by their conversion are named alike, per request: the columns, the events.
+        assert {r: o.nulled_by_receipt for r, o in fast.tables.items()} == {r: o.nulled_by_receipt for r, o in full.tables.items()}, bodies
         if check_file:
             for path in list_data_files(fast.tables["events"].directory):
                 check_file(path)

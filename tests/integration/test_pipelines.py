@@ -491,6 +491,34 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
     assert 'calve_events_with_dropped_fields_total{pipeline="kept",tenant="demo"} 1.0' in text, "only before extra_fields"
 
 
+def test_values_that_cannot_be_converted_are_null_named_in_the_answer_and_counted(stack: Stack) -> None:
+    """No value is made NULL in silence: a value an optional column cannot take ("slow" for a
+    long, "maybe" for a boolean, "yesterday" for a timestamp) is NULL in its row, as the
+    conversion rules say, and the answer and the receipt name the columns, per table; the
+    events are counted. Whichever way wrote the request: the full job (the table's first request,
+    numbers and text in one column, a time it cannot read) or the short way (a column sent as text)."""
+    create(stack, {
+        "name": "typed", "source": {"http": {"path": "/typed"}},
+        "sinks": [{"table": "typed", "auto_create": True, "schema": {"columns": [
+            {"name": "id", "type": "string", "required": True}, {"name": "n", "type": "long"}, {"name": "ok", "type": "boolean"},
+            {"name": "at", "type": "timestamptz"}]}}],
+    })
+    first = send(stack, "/typed", [{"id": "a", "n": "slow", "ok": "maybe"}, {"id": "b", "n": 2, "ok": True}])
+    assert first["tables"]["typed"]["nulled_fields"] == ["n", "ok"]
+    texts = send(stack, "/typed", [{"id": "c", "n": "n/a", "ok": "no"}, {"id": "d", "n": "12", "ok": "Y"}])
+    assert texts["tables"]["typed"]["nulled_fields"] == ["n"]
+    assert send(stack, "/typed", [{"id": "e", "at": "yesterday"}])["tables"]["typed"]["nulled_fields"] == ["at"]
+    clean = send(stack, "/typed", [{"id": "f", "n": 6, "ok": "yes", "at": "2026-11-29T10:00:00Z"}, {"id": "g", "n": None}])
+    assert "nulled_fields" not in clean["tables"]["typed"], "a null or a missing value is no value made NULL"
+    with stack.client() as http:
+        assert http.get(f"/v1/receipts/{texts['receipt']}").json()["tables"]["typed"]["nulled_fields"] == ["n"]
+    assert {r["id"]: (r["n"], r["ok"], r["at"] is not None) for r in stack.rows("typed")} == {
+        "a": (None, None, False), "b": (2, True, False), "c": (None, False, False), "d": (12, True, False), "e": (None, None, False),
+        "f": (6, True, True), "g": (None, None, False),
+    }
+    assert 'calve_events_with_nulled_values_total{pipeline="typed",tenant="demo"} 3.0' in stack.metrics()
+
+
 def test_fields_a_struct_column_lacks_are_kept_under_their_path_or_named_never_lost(stack: Stack) -> None:
     """Inside an object, a field its struct column lacks is kept in the sink's extra_fields map
     under its dotted path (`user.email`), or named in the answer where the sink has none; whether

@@ -782,6 +782,8 @@ def test_text_that_cannot_be_a_number_in_an_optional_number_column_reads_as_null
     assert json.loads(answer["counts"]) == {"r0": 4, "r5": 1}
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
     assert rows == [{"id": 1, "x": 1.5}, {"id": 2, "_extra": [("level", "warn")]}, {"id": 3, "x": 2.0}, {"id": 4, "msg": "m"}, {"id": 10, "x": 3.0}]
+    # Each request says which columns had values made NULL, and in how many of its events (the receipt's nulled_fields).
+    assert json.loads(answer["nulled"]) == {"r0": [["n", "x"], 2], "r5": [["n"], 1]}
 
 
 def test_numbers_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
@@ -819,6 +821,7 @@ def test_numbers_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_
     assert rows == [{"id": 1, "n": 12, "x": 2.5}, {"id": 2, "n": -7, "x": -1000.0}, {"id": 3, "x": 1.2345678901234568e29}, {"id": 4, "msg": "m"},
                     {"id": 5, "n": 2147483647, "x": 0.1}, {"id": 6, "n": 8, "x": 0.5}, {"id": 14, "n": 5}, {"id": 15, "x": 4.25},
                     {"id": 16, "x": 0.25}]
+    assert json.loads(answer["nulled"]) == {"r0": [["n"], 1], "r9": [["n"], 1]}
 
 
 def test_integers_sent_with_a_fraction_or_an_exponent_are_read_as_the_spark_job_converts_them(tmp_path) -> None:  # noqa: ANN001
@@ -903,6 +906,7 @@ def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
     assert rows == [{"id": 1, "ok": True}, {"id": 2, "ok": False}, {"id": 3}, {"id": 4}, {"id": 5}, {"id": 6, "n": 12, "ok": True},
                     {"id": 7, "ok": True}, {"id": 13, "ok": False}]
+    assert json.loads(answer["nulled"]) == {"r0": [["ok"], 2]}
 
 
 def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_at_most_four_times(tmp_path) -> None:  # noqa: ANN001

@@ -56,7 +56,9 @@ class IngestAnswer(BaseModel):
     receipt: str
     events: int
     status: str = Field(description="buffered (202), committed (200) or failed (500)")
-    tables: dict[str, dict] | None = Field(None, description="with wait=true: per table, rows, snapshot_id, and dropped_fields (fields no column took)")
+    tables: dict[str, dict] | None = Field(None, description=(
+        "with wait=true: per table, rows, snapshot_id, dropped_fields (fields no column took) and nulled_fields (columns where a value "
+        "could not be converted and is NULL)"))
     dlq_events: int | None = Field(None, description="with wait=true: events that went to the DLQ")
     detail: str | None = Field(None, description="failed: why the events could not be committed")
 
