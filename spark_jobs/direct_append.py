@@ -295,6 +295,40 @@ def flags_from_text(table: pa.Table, names: list[str], nullable: frozenset[str] 
     return table
 
 
+# pyarrow's error for a JSON number where the explicit schema has a boolean: the column and the row.
+_NUMBER_FOR_FLAG = re.compile(r"Column\(/(.+)\) changed from boolean to number in row ([0-9]+)$")
+
+
+def _number_for_flag(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None:
+    """The column of `columns` where pyarrow met a JSON number in a boolean column, or None."""
+    found = _NUMBER_FOR_FLAG.search(str(exc))
+    return found[1] if found and found[1] in columns else None
+
+
+def flags_from_numbers(table: pa.Table, names: list[str], nullable: frozenset[str] | set[str],
+                       nulled: dict[str, pa.Array] | None = None) -> pa.Table:
+    """`table` with its boolean columns `names` (read as integers: 1 and 0 for true and false, as
+    some loggers and databases write them) as booleans, as the Spark job converts them: it reads a
+    JSON integer as its digits (Jackson spells -0 as 0) and looks them up among its words, where
+    "1" and "0" are the only numbers. In the columns `nullable` any other integer is NULL, as
+    there (the rows so made NULL in `nulled`, as numbers_from_text); pa.ArrowInvalid for one in
+    another column (the DLQ's: the Spark job's to say). A number with a fraction or an exponent
+    ("1.0") never reads as an integer: its request is the Spark job's."""
+    import pyarrow.compute as pc
+
+    for name in names:
+        numbers = table.column(name)
+        word = pc.or_(pc.equal(numbers, 0), pc.equal(numbers, 1))
+        if not pc.all(word).as_py():  # (all skips nulls)
+            if name not in nullable:
+                raise pa.ArrowInvalid(f"a number other than 1 and 0 in the boolean column {name!r}")
+            if nulled is not None:
+                nulled[name] = pc.fill_null(pc.invert(word), False)
+        flags = pc.if_else(word, pc.equal(numbers, 1), pa.scalar(None, pa.bool_()))
+        table = table.set_column(table.schema.get_field_index(name), name, flags)
+    return table
+
+
 def integers_from_doubles(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
     """`table` with its columns `types` names (read as doubles: JSON numbers with or without a
     fraction) in those integer types, where each is a whole number the double keeps exactly, as
@@ -893,7 +927,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
             if (not extra_fields or maps or mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, text_columns)
-                    or _text_for_flag(exc, flag_columns)):
+                    or _text_for_flag(exc, flag_columns) or _number_for_flag(exc, flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
             return read(body, "ignore", epoch, as_read=as_read), True
@@ -910,31 +944,36 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         return table, every_line
 
     def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
-                     as_integer: frozenset[str] = frozenset(), as_flag: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+                     as_integer: frozenset[str] = frozenset(), as_flag: frozenset[str] = frozenset(),
+                     flag_numbers: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """read_fields with the number columns `as_text` read as text (and any other found with
         text on the way), converted by numbers_from_text; the integer columns `as_double` read as
         doubles (all of them, once a number with a fraction or an exponent is found in one),
         converted by integers_from_doubles; the text columns `as_integer` read as integers (and
         any other found with a number on the way), spelled as their digits; the boolean columns
         `as_flag` read as text (and any other found with text on the way), converted by
-        flags_from_text. They are the task's next body's first try. pa.ArrowInvalid where a column holds numbers and text alike, and
-        once the body was read REREAD_TIMES + 1 times (each read finds one more such column: a
-        body built to find one per read would cost a task a read per column)."""
+        flags_from_text, and those `flag_numbers` read as integers (and any other found with a
+        number on the way), converted by flags_from_numbers. They are the task's next body's first
+        try. pa.ArrowInvalid where a column holds numbers and text alike, and once the body was
+        read REREAD_TIMES + 1 times (each read finds one more such column: a body built to find
+        one per read would cost a task a read per column)."""
         for _read in range(REREAD_TIMES + 1):
             as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text | as_flag, pa.string()),
-                       **dict.fromkeys(as_integer, pa.int64())}
+                       **dict.fromkeys(as_integer | flag_numbers, pa.int64())}
             try:
                 table, every_line = read_fields(body, epoch, as_read)
                 break
             except pa.ArrowInvalid as exc:
                 found, number = mistyped(exc, text_as_number), _number_for_text(exc, text_columns)
-                flag = _text_for_flag(exc, flag_columns)
+                flag, flag_number = _text_for_flag(exc, flag_columns), _number_for_flag(exc, flag_columns)
                 if found is None and number is None and flag is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
                     as_double = integer_columns
                 elif number is not None and number not in as_integer:
                     as_integer |= {number}
-                elif flag is not None and flag not in as_flag:
+                elif flag is not None and flag not in as_flag | flag_numbers:
                     as_flag |= {flag}
+                elif flag_number is not None and flag_number not in as_flag | flag_numbers:
+                    flag_numbers |= {flag_number}
                 elif found is None or found[0] in as_text:
                     raise
                 else:
@@ -947,7 +986,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it
             table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
         table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
-        number_texts[:] = [(as_text, as_double, as_integer, as_flag)]
+        table = flags_from_numbers(table, sorted(flag_numbers), flag_as_null, made_null)
+        number_texts[:] = [(as_text, as_double, as_integer, as_flag, flag_numbers)]
         nulled_rows.update({name: set(pc.indices_nonzero(mask).to_pylist()) for name, mask in made_null.items()})
         return table, every_line
 
@@ -986,6 +1026,11 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             if (flag := _text_for_flag(exc, flag_columns)) is not None:
                 try:  # booleans as text ("true", "yes": a logger that writes every value as a string)
                     return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
+                except pa.ArrowInvalid:
+                    raise exc from None
+            if (flag := _number_for_flag(exc, flag_columns)) is not None:
+                try:  # booleans as 1 and 0
+                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
             if not text_as_number or (found := mistyped(exc, text_as_number)) is None:
@@ -1208,7 +1253,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     folded_renames = {name.casefold() for pair in renames.items() for name in pair}
     nested = [f.name for f in parsing if is_nested(f.type)]
     wide_maps = False  # True once a body's maps had many keys
-    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers, booleans as text
+    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers, booleans as text, as numbers
     nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
     nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
     epoch_order = [False, True]

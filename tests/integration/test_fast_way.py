@@ -417,22 +417,29 @@ FLAG_TEXT = st.integers(0, 7).flatmap(lambda pick: st.sampled_from(["true", "fal
                                        if pick else st.sampled_from(["maybe", "", " true", "false ", "yes\t", "\u0131", "on", "2", "-0"]) | st.text(max_size=3))
 
 
+# Integers for a boolean (1 and 0 mostly), and numbers Spark spells otherwise than they are sent.
+FLAG_NUMBER = st.integers(0, 5).flatmap(lambda pick: st.sampled_from(["1", "0", "-0"]) if pick
+                                        else st.sampled_from(["2", "-1", "1.0", "1e0", "12345678901", "99999999999999999999"]))
+
+
 @st.composite
-def texts_in_flags(draw) -> list[bytes]:  # noqa: ANN001
+def texts_in_flags(draw, numbers: bool = False) -> list[bytes]:  # noqa: ANN001
     """Requests of the table's events whose boolean ok comes as text (FLAG_TEXT), now and then
-    as a JSON boolean or a number, beside numbers sent as text or as numbers."""
+    as a JSON boolean or a number, beside numbers sent as text or as numbers; `numbers`: ok comes
+    as a number (FLAG_NUMBER), now and then as a JSON boolean or text."""
     bodies, index = [], 0
+    kinds = ["number", "number", "number", "boolean", "text", "absent"] if numbers else ["text", "text", "text", "boolean", "number", "absent"]
     for _ in range(draw(st.integers(1, 3))):
         lines = []
         for _ in range(draw(st.integers(1, 6))):
             fields = [("id", str(index))]
-            kind = draw(st.sampled_from(["text", "text", "text", "boolean", "number", "absent"]))
+            kind = draw(st.sampled_from(kinds))
             if kind == "text":
                 fields.append(("ok", json.dumps(draw(FLAG_TEXT), ensure_ascii=False)))
             elif kind == "boolean":
                 fields.append(("ok", json.dumps(draw(st.booleans()))))
             elif kind == "number":
-                fields.append(("ok", draw(st.sampled_from(["1", "0", "2", "-0", "1.0"]))))
+                fields.append(("ok", draw(FLAG_NUMBER)))
             if draw(st.booleans()):
                 n = draw(st.integers(-1000, 1000))
                 fields.append(("n", json.dumps(str(n)) if draw(st.booleans()) else str(n)))
@@ -449,6 +456,13 @@ def test_booleans_as_text_give_the_same_rows_the_fast_way_and_the_full_way(fresh
     # Spark's words for true and false in any case are read the fast way, other plain text NULL
     # as the full job converts it; text a trim may change, numbers and mixed kinds: the full job's.
     compare_ways(fresh_spark, tmp_path, TABLE, [], texts_in_flags(), examples=12, least_written=5)
+
+
+@differential
+def test_booleans_as_numbers_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # 1 and 0 are read the fast way, other integers NULL as the full job converts them; numbers
+    # with a fraction or beyond a long, and mixed kinds: the full job's.
+    compare_ways(fresh_spark, tmp_path, TABLE, [], texts_in_flags(numbers=True), examples=10, least_written=4)
 
 
 @differential

@@ -881,7 +881,7 @@ def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other
     """text_nulls: a boolean column's values sent as text are Spark's words for true and false in
     any case ("true", "NO", "Y", "1"), other printable ASCII text NULL, as the Spark job's
     conversion makes them, with numbers sent as text beside them; text a trim may change
-    (" true"), other than ASCII, numbers for a boolean, or text and booleans in one column leave
+    (" true"), other than ASCII, a number with a fraction, or text and booleans in one column leave
     the request to the Spark job; the task's next body is read so first."""
     parsing = parse_schema(TABLE, "_extra", [])
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
@@ -892,7 +892,7 @@ def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other
         b'{"id": 7, "ok": true}',  # booleans again
         b'{"id": 8, "ok": " true"}',
         b'{"id": 9, "ok": "vrai\xc3\xa9"}',
-        b'{"id": 10, "ok": 1}',
+        b'{"id": 10, "ok": 1.0}',
         b'{"id": 11, "ok": "1"}\n{"id": 12, "ok": false}',
         b'{"id": 13, "ok": "F"}',
     ]
@@ -907,6 +907,41 @@ def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other
     assert rows == [{"id": 1, "ok": True}, {"id": 2, "ok": False}, {"id": 3}, {"id": 4}, {"id": 5}, {"id": 6, "n": 12, "ok": True},
                     {"id": 7, "ok": True}, {"id": 13, "ok": False}]
     assert json.loads(answer["nulled"]) == {"r0": [["ok"], 2]}
+
+
+def test_booleans_sent_as_one_and_zero_are_read_as_the_spark_job_converts_them_and_other_numbers_are_null(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: a boolean column's values sent as JSON integers are true for 1 and false for 0
+    (and -0), as the Spark job reads a number's digits; any other integer is NULL in an optional
+    column, named in the answer; a number with a fraction, numbers beside booleans or text in one
+    column of one request, or another integer in a required boolean column leave the request to
+    the Spark job; the task's next body is read as the last was first."""
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ok", BooleanType()),
+                    NestedField(3, "sure", BooleanType(), required=False), NestedField(4, "must", BooleanType(), required=True)).as_arrow()
+    parsing = parse_schema(schema, None, [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, schema, frozenset({"id", "must"}), None, [], by_request=True,
+                       text_nulls=True)
+    bodies = [
+        b'{"id": 1, "ok": 1, "must": 1}\n{"id": 2, "ok": 0, "must": 0}\n{"id": 3, "ok": 2, "must": 1}\n{"id": 4, "ok": -0, "must": -0}\n'
+        b'{"id": 5, "must": 1, "sure": -1}',
+        b'{"id": 6, "ok": 1, "must": true}',  # the next body read as the last: numbers here, a boolean there
+        b'{"id": 7, "ok": true, "must": false}',  # booleans again
+        b'{"id": 8, "ok": 1.0, "must": true}',
+        b'{"id": 9, "ok": 1, "must": true}\n{"id": 10, "ok": false, "must": true}',
+        b'{"id": 11, "ok": "yes", "must": true}\n{"id": 12, "ok": 0, "must": true}',
+        b'{"id": 13, "ok": 1, "must": 2}',
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * i for i in (3, 4, 5, 6)]
+    assert json.loads(answer["counts"]) == {"r0": 5, "r1": 1, "r2": 1}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    assert rows == [{"id": 1, "ok": True, "must": True}, {"id": 2, "ok": False, "must": False}, {"id": 3, "must": True},
+                    {"id": 4, "ok": False, "must": False}, {"id": 5, "must": True},
+                    {"id": 6, "ok": True, "must": True}, {"id": 7, "ok": True, "must": False}]
+    assert json.loads(answer["nulled"]) == {"r0": [["ok", "sure"], 2]}
 
 
 def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_at_most_four_times(tmp_path) -> None:  # noqa: ANN001
