@@ -259,6 +259,31 @@ def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | Non
     return found[1] if found and found[1] in columns else None
 
 
+def spelled_numbers(numbers: pa.ChunkedArray, lines: list[bytes], name: str) -> pa.Array:
+    """The text column `name`'s values sent as JSON numbers, some with a fraction or an exponent
+    (read as doubles: `numbers`, a row per line of `lines`), spelled as the Spark job spells them:
+    reading a number as text, Jackson writes an integer's digits (-0 as 0, beyond a long too) and
+    any other number as Java's Double.toString spells its double (1.50 as 1.5, 1e3 as 1000.0:
+    java_double). Which each was is its line's, read again by Python's json (only the lines with
+    a value there). pa.ArrowInvalid where a spelling is unsure (Unspellable) or the line's value is
+    not the number pyarrow read (a key twice)."""
+    import pyarrow.compute as pc
+
+    if len(numbers) != len(lines):
+        raise pa.ArrowInvalid(f"{len(lines)} events read as {len(numbers)} rows")
+    values = numbers.to_pylist()
+    texts: list[str | None] = [None] * len(values)
+    for row in pc.indices_nonzero(pc.is_valid(numbers)).to_pylist():
+        value = json.loads(lines[row]).get(name)
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != values[row]:
+                raise pa.ArrowInvalid(f"the text column {name!r} read otherwise than its line holds it")
+            texts[row] = str(value) if isinstance(value, int) else java_double(value)
+        except (Unspellable, OverflowError) as exc:
+            raise pa.ArrowInvalid(f"a number in the text column {name!r}: {exc}") from None
+    return pa.array(texts, pa.string())
+
+
 # pyarrow's error for a JSON string where the explicit schema has a boolean: the column and the row.
 _TEXT_FOR_FLAG = re.compile(r"Column\(/(.+)\) changed from boolean to string in row ([0-9]+)$")
 # Text that no trimming and lower-casing makes one of Spark's words for true and false: printable
@@ -353,10 +378,29 @@ class Refused(ValueError):
     """A value this path is not sure to read as the Spark job does: the batch goes to the Spark job."""
 
 
+def _from_epoch(numbers: pa.ChunkedArray, name: str, kind: str) -> pa.ChunkedArray:
+    """Epoch milliseconds (days for a date) as the time column `name`'s type; Refused for one
+    beyond EPOCH_RANGE."""
+    import pyarrow.compute as pc
+
+    low, high = EPOCH_RANGE[kind]
+    bounds = pc.min_max(numbers)
+    if bounds["min"].as_py() < low or bounds["max"].as_py() > high:
+        raise Refused(f"{name!r}: a number beyond {EPOCH_RANGE[kind]}")
+    if kind == "date":
+        return numbers.cast(pa.int32()).cast(pa.date32())
+    return pc.multiply(numbers, 1000).cast(pa.timestamp("us")).cast(_TIME_TYPES[kind])
+
+
+# Epoch milliseconds (days) sent as text: digits alone, as the conversion rules read them (coerce.INTEGER).
+_EPOCH_TEXT = r"^-?[0-9]{1,18}$"
+
+
 def times(table: pa.Table, kinds: dict[str, str], epoch: bool) -> pa.Table:
     """`table` with its time columns (name -> time_kind, parsed as text, or as integers when
-    `epoch`) in their types: microseconds since 1970 in UTC, or days. Raises Refused for a value
-    whose reading is not sure (see the module's docstring)."""
+    `epoch`) in their types: microseconds since 1970 in UTC, or days. Text of digits alone is
+    epoch milliseconds (days), as the conversion rules read it. Raises Refused for a value whose
+    reading is not sure (see the module's docstring)."""
     import pyarrow.compute as pc
 
     for name, kind in kinds.items():
@@ -364,17 +408,16 @@ def times(table: pa.Table, kinds: dict[str, str], epoch: bool) -> pa.Table:
         if column.null_count == len(column):
             converted = pa.nulls(len(column), _TIME_TYPES[kind])
         elif epoch:
-            low, high = EPOCH_RANGE[kind]
-            bounds = pc.min_max(column)
-            if bounds["min"].as_py() < low or bounds["max"].as_py() > high:
-                raise Refused(f"{name!r}: a number beyond {EPOCH_RANGE[kind]}")
-            if kind == "date":
-                converted = column.cast(pa.int32()).cast(pa.date32())
-            else:
-                converted = pc.multiply(column, 1000).cast(pa.timestamp("us")).cast(_TIME_TYPES[kind])
+            converted = _from_epoch(column, name, kind)
         else:
             if not pc.all(pc.match_substring_regex(column, ISO[kind])).as_py():  # nulls are skipped
-                raise Refused(f"{name!r}: a text other than ISO 8601 as this path reads it")
+                digits = pc.match_substring_regex(column, _EPOCH_TEXT)
+                if not pc.all(pc.or_(digits, pc.match_substring_regex(column, ISO[kind]))).as_py():
+                    raise Refused(f"{name!r}: a text other than ISO 8601 or epoch digits as this path reads it")
+                from_digits = _from_epoch(pc.if_else(digits, column, None).cast(pa.int64()), name, kind)
+                converted = pc.coalesce(from_digits, times(pa.table({name: pc.if_else(digits, None, column)}), {name: kind}, False).column(name))
+                table = table.set_column(table.schema.get_field_index(name), name, converted)
+                continue
             try:
                 if kind == "date":
                     converted = column.cast(pa.date32())
@@ -901,12 +944,12 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
 
     freeze_once()
     def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False,
-               nulled: dict | None = None) -> pa.RecordBatch:
+               nulled_by_receipt: dict | None = None) -> pa.RecordBatch:
         """One row of the task's answer: a file written; the last also the counts, the requests
         left out and, per request, the columns where values were made NULL and in how many events."""
         return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                             "rejected": json.dumps(rejected) if last and rejected else None,
-                                            "nulled": json.dumps(nulled) if nulled else None}], schema=RESULT_ARROW)
+                                            "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None}], schema=RESULT_ARROW)
 
     def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
         schema = epoch_reading if epoch else reading
@@ -945,12 +988,14 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
 
     def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
                      as_integer: frozenset[str] = frozenset(), as_flag: frozenset[str] = frozenset(),
-                     flag_numbers: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+                     flag_numbers: frozenset[str] = frozenset(), spelled: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """read_fields with the number columns `as_text` read as text (and any other found with
         text on the way), converted by numbers_from_text; the integer columns `as_double` read as
         doubles (all of them, once a number with a fraction or an exponent is found in one),
         converted by integers_from_doubles; the text columns `as_integer` read as integers (and
-        any other found with a number on the way), spelled as their digits; the boolean columns
+        any other found with a number on the way), spelled as their digits, or, once a number
+        with a fraction or an exponent is found in one (and those `spelled`), read as doubles
+        and spelled by spelled_numbers; the boolean columns
         `as_flag` read as text (and any other found with text on the way), converted by
         flags_from_text, and those `flag_numbers` read as integers (and any other found with a
         number on the way), converted by flags_from_numbers. They are the task's next body's first
@@ -959,14 +1004,16 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         one per read would cost a task a read per column)."""
         for _read in range(REREAD_TIMES + 1):
             as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text | as_flag, pa.string()),
-                       **dict.fromkeys(as_integer | flag_numbers, pa.int64())}
+                       **dict.fromkeys((as_integer - spelled) | flag_numbers, pa.int64()), **dict.fromkeys(spelled, pa.float64())}
             try:
                 table, every_line = read_fields(body, epoch, as_read)
                 break
             except pa.ArrowInvalid as exc:
                 found, number = mistyped(exc, text_as_number), _number_for_text(exc, text_columns)
                 flag, flag_number = _text_for_flag(exc, flag_columns), _number_for_flag(exc, flag_columns)
-                if found is None and number is None and flag is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
+                if found is None and number is None and flag is None and as_integer - spelled and _FRACTION_FOR_INTEGER.search(str(exc)):
+                    spelled |= as_integer  # (pyarrow's error names no column: a text column's numbers are tried first)
+                elif found is None and number is None and flag is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
                     as_double = integer_columns
                 elif number is not None and number not in as_integer:
                     as_integer |= {number}
@@ -983,11 +1030,16 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         made_null: dict[str, pa.Array] = {}
         table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null, made_null)
         table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
-        for name in sorted(as_integer):  # an integer in a text column is its digits, as the Spark job spells it
+        for name in sorted(as_integer - spelled):  # an integer in a text column is its digits, as the Spark job spells it
             table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
+        if spelled:
+            lines = [line for line in body.split(b"\n") if line.strip()]
+            for name in sorted(spelled):
+                table = table.set_column(table.schema.get_field_index(name), name,
+                                         spelled_numbers(table.column(name), lines, name).cast(reading.field(name).type))
         table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
         table = flags_from_numbers(table, sorted(flag_numbers), flag_as_null, made_null)
-        number_texts[:] = [(as_text, as_double, as_integer, as_flag, flag_numbers)]
+        number_texts[:] = [(as_text, as_double, as_integer, as_flag, flag_numbers, spelled)]
         nulled_rows.update({name: set(pc.indices_nonzero(mask).to_pylist()) for name, mask in made_null.items()})
         return table, every_line
 
@@ -1253,7 +1305,9 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     folded_renames = {name.casefold() for pair in renames.items() for name in pair}
     nested = [f.name for f in parsing if is_nested(f.type)]
     wide_maps = False  # True once a body's maps had many keys
-    number_texts: list[tuple[frozenset[str], ...]] = []  # the columns the task's last body sent as text, as doubles, as integers, booleans as text, as numbers
+    # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
+    # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
+    number_texts: list[tuple[frozenset[str], ...]] = []
     nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
     nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
     epoch_order = [False, True]
@@ -1309,4 +1363,4 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     for path, _rows, _key in written[:-1]:
         yield answer(path=path)
     nulled_by_receipt = {receipt: nulled_by_seq[seq] for receipt, seq, _events in places if seq in nulled_by_seq}
-    yield answer(path=written[-1][0] if written else None, counts=counts, last=True, nulled=nulled_by_receipt)
+    yield answer(path=written[-1][0] if written else None, counts=counts, last=True, nulled_by_receipt=nulled_by_receipt)

@@ -323,7 +323,8 @@ def test_timestamps_and_dates_as_iso_8601_or_epoch_numbers_one_file_per_partitio
     b'{"id": 1, "ts": "2024-05-01T10:11:12+0530"}',       # an offset spelled otherwise
     b'{"id": 1, "local": "2024-05-01T10:11:12Z"}',        # an offset for a timestamp without zone
     b'{"id": 1, "d": "2024-05-01T10:11:12"}',             # a timestamp for a date
-    b'{"id": 1, "ts": "1714608000000"}',                  # epoch milliseconds as text
+    b'{"id": 1, "ts": "+1714608000000"}',                 # epoch milliseconds as text with a sign
+    b'{"id": 1, "ts": "253402300800000"}',                # ... after 9999
     b'{"id": 1, "ts": 1714608000000.0}',                  # ... or with a fraction
     b'{"id": 1, "ts": 253402300800000}',                  # after 9999
     b'{"id": 1, "ts": 1714608000000}\n{"id": 2, "ts": "2024-05-01"}',  # both ways in one request
@@ -333,6 +334,20 @@ def test_times_this_way_is_not_sure_of_refuse_the_batch(tmp_path, body: bytes) -
     answers = run_timed(tmp_path, {"r1": b'{"id": 7, "ts": "2024-05-01T10:11:12Z"}', "r2": body}, [("ts", "day")])
     assert answers[-1]["refused"] and not any(answer["path"] for answer in answers)
     assert not list((tmp_path).rglob("*.parquet"))
+
+
+def test_epoch_milliseconds_and_days_sent_as_text_are_read_as_the_conversion_rules_read_them(tmp_path) -> None:  # noqa: ANN001
+    """Digits alone in a time column's text are epoch milliseconds (days for a date), beside ISO
+    8601 in the same request, as the full job's conversion reads them."""
+    answers = run_timed(tmp_path, {
+        "r": b'{"id": 1, "ts": "1714608000000", "local": "-1", "d": "19844"}\n{"id": 2, "ts": "2024-05-01T10:11:12Z", "d": "-25567"}\n'
+             b'{"id": 3, "ts": "-2208988800000", "local": "2024-05-02 03:04:05"}',
+    }, [("ts", "day")])
+    assert all(answer["refused"] is None for answer in answers) and json.loads(answers[-1]["counts"]) == {"r": 3}
+    rows = {row["id"]: row for answer in answers for row in pq.read_table(answer["path"]).to_pylist()}
+    assert rows[1] == {"id": 1, "ts": utc(2024, 5, 2), "local": datetime(1969, 12, 31, 23, 59, 59, 999000), "d": date(2024, 5, 1), "msg": None}
+    assert (rows[2]["ts"], rows[2]["d"]) == (utc(2024, 5, 1, 10, 11, 12), date(1900, 1, 1))
+    assert (rows[3]["ts"], rows[3]["local"]) == (utc(1900, 1, 1), datetime(2024, 5, 2, 3, 4, 5))
 
 
 def test_requests_may_send_times_either_way(tmp_path) -> None:  # noqa: ANN001
@@ -852,9 +867,10 @@ def test_integers_sent_with_a_fraction_or_an_exponent_are_read_as_the_spark_job_
                     {"id": 6, "n": 8, "x": 1.5}, {"id": 7, "n": 9}]
 
 
-def test_integers_sent_for_a_text_column_are_written_as_their_digits_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
+def test_numbers_sent_for_a_text_column_are_written_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
     """text_nulls: ids sent as numbers where the table has text are their digits, as the Spark
-    job writes a number read as text; a number with a fraction (which it spells as Java does) or
+    job writes a number read as text, and a number with a fraction or an exponent is spelled as
+    Java spells its double (1000.0 for 1e3); one whose spelling is unsure (from 1e16 on) or
     numbers and text in one column leave the request to the Spark job."""
     parsing = parse_schema(TABLE, "_extra", [])
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
@@ -862,19 +878,23 @@ def test_integers_sent_for_a_text_column_are_written_as_their_digits_as_the_spar
     bodies = [
         b'{"id": 1, "msg": 12345}\n{"id": 2, "msg": -7, "n": 3}\n{"id": 3}',
         b'{"id": 4, "msg": "text"}',
-        b'{"id": 5, "msg": 1.5}',
+        b'{"id": 5, "msg": 1.5}\n{"id": 51, "msg": 1e3}\n{"id": 52, "msg": 18446744073709551616}\n{"id": 53, "msg": -0}\n{"id": 54, "msg": 1E-4}',
         b'{"id": 6, "msg": 5}\n{"id": 7, "msg": "x"}',
         b'{"id": 8, "msg": 0, "n": 2.0}',  # and a whole double for an integer
+        b'{"id": 9, "msg": 2.5, "n": 2.0}',  # a fraction in the text column, a whole double in the integer one
+        b'{"id": 10, "msg": 1e20}',
     ]
     batch = pa.record_batch({
         "receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
         "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
     })
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
-    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * 2, LINE_SLOTS * 3]
-    assert json.loads(answer["counts"]) == {"r0": 3, "r1": 1, "r4": 1}
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * 3, LINE_SLOTS * 6]
+    assert json.loads(answer["counts"]) == {"r0": 3, "r1": 1, "r2": 5, "r4": 1, "r5": 1}
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
-    assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"}, {"id": 8, "msg": "0", "n": 2}]
+    assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"},
+                    {"id": 5, "msg": "1.5"}, {"id": 51, "msg": "1000.0"}, {"id": 52, "msg": "18446744073709551616"}, {"id": 53, "msg": "0"},
+                    {"id": 54, "msg": "1.0E-4"}, {"id": 8, "msg": "0", "n": 2}, {"id": 9, "msg": "2.5", "n": 2}]
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
