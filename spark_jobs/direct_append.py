@@ -184,6 +184,7 @@ def _groups_by(transform: str, data_type: pa.DataType) -> bool:
 _TEXT_FOR_NUMBER = re.compile(r"Column\(/(.+)\) changed from number to string in row ([0-9]+)$")
 MAX_MISTYPED = 16  # events of a request read alone for text in a number column; past them, the Spark job takes it
 REREAD_TIMES = 3  # ... and its bytes read again at most this many times over, whatever its size
+MAX_SPLITS = 4  # ways a request's events hold numbers in its text columns, each read apart (read_split); past them, read alone
 
 
 def may_read_as_number(text: str) -> bool:
@@ -980,8 +981,16 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         found = _TEXT_FOR_NUMBER.search(str(exc))
         return (found[1], int(found[2])) if found and found[1] in (text_as_null if columns is None else columns) else None
 
-    def read_lines(lines: list[bytes], epoch: bool, as_text: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
-        table, every_line = read_fields(b"\n".join(lines), epoch, dict.fromkeys(as_text, pa.string()))
+    def stray(exc: pa.ArrowInvalid) -> tuple[str, int] | None:
+        """(the column, the row) where pyarrow met text in an optional number column (mistyped) or
+        a number in a text column: an event read_texts may read alone."""
+        if (found := mistyped(exc)) is not None:
+            return found
+        found = _NUMBER_FOR_TEXT.search(str(exc))
+        return (found[1], int(found[2])) if found and found[1] in text_columns else None
+
+    def read_lines(lines: list[bytes], epoch: bool, as_text: frozenset[str] = frozenset(), as_number: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+        table, every_line = read_fields(b"\n".join(lines), epoch, {**dict.fromkeys(as_text, pa.string()), **dict.fromkeys(as_number, pa.float64())})
         if table.num_rows != len(lines):
             raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
         return table, every_line
@@ -1070,32 +1079,38 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                     return read_numbers(body, epoch, frozenset(), integer_columns)
                 except pa.ArrowInvalid:
                     raise exc from None
-            if (number := _number_for_text(exc, text_columns)) is not None:
+            number = _number_for_text(exc, text_columns)
+            if number is not None:
                 try:  # integers in a text column (ids sent as numbers)
                     return read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
                 except pa.ArrowInvalid:
-                    raise exc from None
-            if (flag := _text_for_flag(exc, flag_columns)) is not None:
+                    pass  # numbers and text in one text column: the events with a number are read alone (below)
+            elif (flag := _text_for_flag(exc, flag_columns)) is not None:
                 try:  # booleans as text ("true", "yes": a logger that writes every value as a string)
                     return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
-            if (flag := _number_for_flag(exc, flag_columns)) is not None:
+            elif (flag := _number_for_flag(exc, flag_columns)) is not None:
                 try:  # booleans as 1 and 0
                     return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
-            if not text_as_number or (found := mistyped(exc, text_as_number)) is None:
+            elif not text_as_number or mistyped(exc, text_as_number) is None:
                 raise
             first = exc
         lines = [line for line in body.split(b"\n") if line.strip()]
-        if as_text := numbers_as_text(lines, found[1]):
+        if (found := mistyped(first, text_as_number)) is not None and (as_text := numbers_as_text(lines, found[1])):
             try:
                 return read_numbers(body, epoch, as_text)
             except pa.ArrowInvalid:
                 pass  # numbers and text in one column: the events with text are read alone
-        if mistyped(first) is None:  # text in a required column or a partition's source
+        if stray(first) is None:  # text in a required column or a partition's source
             raise first
+        if _number_for_text(first, text_columns) is not None:
+            try:
+                return read_split(lines, epoch)
+            except pa.ArrowInvalid:
+                pass  # the events with a number there (and with text in a number column) are read alone
         ends = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))  # where each line ends in the lines' bytes
         end = ends[-1]
         budget = REREAD_TIMES * end
@@ -1109,7 +1124,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 parts.append(read_lines(lines[start:], epoch))
                 break
             except pa.ArrowInvalid as exc:
-                found = mistyped(exc)
+                found = stray(exc)
                 if found is None or alone == MAX_MISTYPED or found[1] >= len(lines) - start:
                     raise
                 row = start + found[1]
@@ -1131,6 +1146,48 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         nulled_rows.update(alone_nulled)
         return table, parts[0][1]
 
+    def read_split(lines: list[bytes], epoch: bool) -> tuple[pa.Table, bool]:
+        """The events of a body that sends numbers and text in one text column (a user id now
+        12345, now "anon"), read in groups, by the text columns where each holds a number
+        (Python's json says which): each group by one read of pyarrow, those columns read as
+        doubles and spelled as the Spark job spells them (spelled_numbers), the rows put back in
+        the events' order. pa.ArrowInvalid past MAX_SPLITS groups, or where the groups' reads do
+        not fit together."""
+        import orjson
+        import pyarrow.compute as pc
+
+        groups: dict[frozenset[str], list[int]] = {}
+        for row, line in enumerate(lines):
+            try:
+                try:
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    event = json.loads(line)  # an integer beyond 64 bits, which orjson does not read
+            except ValueError as exc:
+                raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
+            if not isinstance(event, dict):
+                raise pa.ArrowInvalid("an event that is not a JSON object")
+            numbered = frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
+            groups.setdefault(numbered, []).append(row)
+        if len(groups) > MAX_SPLITS:
+            raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
+        parts, order = [], []
+        for numbered, rows in groups.items():
+            group = [lines[row] for row in rows]
+            table, every_line = read_lines(group, epoch, as_number=numbered)
+            for name in sorted(numbered):
+                spelled = spelled_numbers(table.column(name), group, name).cast(reading.field(name).type)
+                table = table.set_column(table.schema.get_field_index(name), name, spelled)
+            parts.append((table, every_line))
+            order += rows
+        if len({every_line for _table, every_line in parts}) > 1:
+            raise pa.ArrowInvalid("the groups' fields the table lacks read otherwise")
+        try:
+            table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
+        return table.take(pc.sort_indices(pa.array(order))), parts[0][1]
+
     def numbers_as_text(lines: list[bytes], row: int) -> frozenset[str]:
         """The number columns where the event pyarrow stopped at holds a plain number's text."""
         try:
@@ -1141,18 +1198,22 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                          and _PLAIN_NUMBER_TEXT.match(value))
 
     def read_alone(line: bytes, epoch: bool, made_null: set[str]) -> tuple[pa.Table, bool]:
-        """One event with text in a number column: read with its text columns as text, each
-        value checked to be no number, then NULL in the column's type (its column in `made_null`)."""
-        as_text: frozenset[str] = frozenset()
-        while True:
-            try:
-                table, every_line = read_lines([line], epoch, as_text)
-                break
-            except pa.ArrowInvalid as exc:
-                found = mistyped(exc)
-                if found is None or found[0] in as_text:
-                    raise
-                as_text |= {found[0]}
+        """One event with text in a number column or a number in a text column: read with the
+        first as text, each value checked to be no number, then NULL in the column's type (its
+        column in `made_null`), the second as a double, spelled as the Spark job spells it
+        (spelled_numbers). Which columns are such is the line's, read by Python's json: one read
+        of the line by pyarrow, however many such columns it has."""
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
+        if not isinstance(event, dict):
+            raise pa.ArrowInvalid("an event that is not a JSON object")
+        as_text = frozenset(name for name in text_as_null if isinstance(event.get(name), str))
+        as_number = frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
+        table, every_line = read_lines([line], epoch, as_text, as_number)
+        for name in as_number:
+            table = table.set_column(table.schema.get_field_index(name), name, spelled_numbers(table.column(name), [line], name).cast(reading.field(name).type))
         for name in as_text:
             text = table.column(name)[0].as_py()
             if text is not None and may_read_as_number(text):

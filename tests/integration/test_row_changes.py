@@ -211,7 +211,8 @@ class FeedCopy:
         return found
 
 
-@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+# Copy-on-write's run (the longest of make test: 2.5 min on a slow machine) is make test-long's; merge-on-read's make test's.
+@pytest.mark.parametrize("write_mode", [pytest.param("copy-on-write", marks=pytest.mark.long), "merge-on-read"])
 def test_random_changes_across_two_writers_and_a_killed_committer_end_as_the_model(stack_factory, write_mode: str) -> None:  # noqa: ANN001
     """Random inserts, updates and deletes over 200 keys in many requests, written by two writers,
     with the leader killed once mid-run and a compaction: the table ends as a model applying them

@@ -41,6 +41,7 @@ from pyiceberg.types import (
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
+    MAX_MISTYPED,
     Unspellable,
     _appender,
     _extras_by_column,
@@ -870,8 +871,9 @@ def test_integers_sent_with_a_fraction_or_an_exponent_are_read_as_the_spark_job_
 def test_numbers_sent_for_a_text_column_are_written_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
     """text_nulls: ids sent as numbers where the table has text are their digits, as the Spark
     job writes a number read as text, and a number with a fraction or an exponent is spelled as
-    Java spells its double (1000.0 for 1e3); one whose spelling is unsure (from 1e16 on) or
-    numbers and text in one column leave the request to the Spark job."""
+    Java spells its double (1000.0 for 1e3), beside text in the same column too (each event with a
+    number then read alone); one whose spelling is unsure (from 1e16 on) leaves the request to the
+    Spark job."""
     parsing = parse_schema(TABLE, "_extra", [])
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
                        text_nulls=True)
@@ -889,12 +891,31 @@ def test_numbers_sent_for_a_text_column_are_written_as_the_spark_job_spells_them
         "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
     })
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
-    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * 3, LINE_SLOTS * 6]
-    assert json.loads(answer["counts"]) == {"r0": 3, "r1": 1, "r2": 5, "r4": 1, "r5": 1}
+    assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS * 6]
+    assert json.loads(answer["counts"]) == {"r0": 3, "r1": 1, "r2": 5, "r3": 2, "r4": 1, "r5": 1}
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
     assert rows == [{"id": 1, "msg": "12345"}, {"id": 2, "msg": "-7", "n": 3}, {"id": 3}, {"id": 4, "msg": "text"},
                     {"id": 5, "msg": "1.5"}, {"id": 51, "msg": "1000.0"}, {"id": 52, "msg": "18446744073709551616"}, {"id": 53, "msg": "0"},
-                    {"id": 54, "msg": "1.0E-4"}, {"id": 8, "msg": "0", "n": 2}, {"id": 9, "msg": "2.5", "n": 2}]
+                    {"id": 54, "msg": "1.0E-4"}, {"id": 6, "msg": "5"}, {"id": 7, "msg": "x"}, {"id": 8, "msg": "0", "n": 2},
+                    {"id": 9, "msg": "2.5", "n": 2}]
+
+
+def test_numbers_and_text_in_one_text_column_are_read_in_groups_and_written_in_the_events_order(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: a request whose text column holds numbers in many events and text in others
+    (more than MAX_MISTYPED of either) is read in groups, each event's number spelled as the
+    Spark job spells it, its fields the table lacks kept, the rows in the events' order."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    values = [i if i % 3 == 0 else i + 0.5 if i % 3 == 1 else f"m{i}" for i in range(3 * MAX_MISTYPED)]
+    body = b"\n".join(json.dumps({"id": i, "msg": value, **({"level": "warn"} if i % 5 == 0 else {})}).encode() for i, value in enumerate(values))
+    batch = pa.record_batch({"receipt": ["r"], "body": pa.array([body], pa.large_binary()), "seq": pa.array([0], pa.int64())})
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["rejected"] is None and json.loads(answer["counts"]) == {"r": len(values)}
+    rows = pq.read_table(answer["path"]).to_pylist()
+    assert [row["id"] for row in rows] == list(range(len(values)))
+    assert [row["msg"] for row in rows] == [str(v) if isinstance(v, (int, float)) else v for v in values]
+    assert [row["_extra"] for row in rows] == [[("level", "warn")] if i % 5 == 0 else None for i in range(len(values))]
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
@@ -964,9 +985,11 @@ def test_booleans_sent_as_one_and_zero_are_read_as_the_spark_job_converts_them_a
     assert json.loads(answer["nulled"]) == {"r0": [["ok", "sure"], 2]}
 
 
-def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_at_most_four_times(tmp_path) -> None:  # noqa: ANN001
+def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_a_bounded_number_of_times(tmp_path) -> None:  # noqa: ANN001
     """Each read of a body finds one more text column holding a number: past REREAD_TIMES + 1
-    reads the request is the Spark job's, so a body built so costs a task a bounded share."""
+    reads its events are read in groups by the columns where they hold numbers (one read each),
+    past MAX_SPLITS groups alone, and past MAX_MISTYPED of them (or REREAD_TIMES its bytes over)
+    the request is the Spark job's, so a body built so costs a task a bounded share."""
     schema = Schema(NestedField(1, "id", LongType(), required=True),
                     *(NestedField(2 + i, f"s{i}", StringType()) for i in range(6))).as_arrow()
     parsing = parse_schema(schema, None, [])
@@ -976,11 +999,16 @@ def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_a
     def body(columns: int) -> bytes:  # numbers in s0 ... s{columns - 1}, text in the others: a read finds one such column
         return b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if j < columns else f"t{j}") for j in range(6)}}).encode() for i in range(3))
 
-    bodies = [body(6), body(3)]
-    batch = pa.record_batch({"receipt": ["six", "three"], "body": pa.array(bodies, pa.large_binary()), "seq": pa.array([0, LINE_SLOTS], pa.int64())})
+    # Each event with numbers in other columns than the others (event i: those of the bits of i + 1).
+    scattered = b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if (i + 1) >> j & 1 else f"t{j}") for j in range(6)}}).encode()
+                            for i in range(MAX_MISTYPED + 1))
+    bodies = [scattered, body(6), body(3)]
+    batch = pa.record_batch({"receipt": ["scattered", "six", "three"], "body": pa.array(bodies, pa.large_binary()),
+                             "seq": pa.array([0, LINE_SLOTS, 2 * LINE_SLOTS], pa.int64())})
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
-    assert json.loads(answer["counts"]) == {"three": 3} and json.loads(answer["rejected"]) == [0]
-    assert [row["s2"] for row in pq.read_table(answer["path"]).to_pylist()] == ["2"] * 3
+    assert json.loads(answer["counts"]) == {"six": 3, "three": 3} and json.loads(answer["rejected"]) == [0]
+    rows = pq.read_table(answer["path"]).to_pylist()
+    assert [row["s2"] for row in rows] == ["2"] * 6 and [row["s5"] for row in rows] == ["5"] * 3 + ["t5"] * 3
 
 
 @pytest.mark.parametrize("text", ["slow", "", " ", "n/a", "-", "😀", "true"])
