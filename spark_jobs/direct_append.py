@@ -63,7 +63,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from functools import reduce
+from functools import cache, reduce
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -260,22 +260,41 @@ def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | Non
     return found[1] if found and found[1] in columns else None
 
 
-def spelled_numbers(numbers: pa.ChunkedArray, lines: list[bytes], name: str) -> pa.Array:
+# 19 digits in a row: where an integer may be beyond 64 bits, which orjson reads as a double.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def json_event(line: bytes) -> dict:
+    """One line's event as Python's json reads it (by orjson, but for a line that may hold an
+    integer beyond 64 bits, or that orjson refuses); pa.ArrowInvalid where it is no JSON object."""
+    import orjson
+
+    try:
+        try:
+            event = json.loads(line) if _LONG_DIGITS.search(line) else orjson.loads(line)
+        except orjson.JSONDecodeError:
+            event = json.loads(line)
+    except ValueError as exc:
+        raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
+    if not isinstance(event, dict):
+        raise pa.ArrowInvalid("an event that is not a JSON object")
+    return event
+
+
+def spelled_numbers(numbers: pa.ChunkedArray, events: Callable[[int], dict], name: str) -> pa.Array:
     """The text column `name`'s values sent as JSON numbers, some with a fraction or an exponent
-    (read as doubles: `numbers`, a row per line of `lines`), spelled as the Spark job spells them:
-    reading a number as text, Jackson writes an integer's digits (-0 as 0, beyond a long too) and
-    any other number as Java's Double.toString spells its double (1.50 as 1.5, 1e3 as 1000.0:
-    java_double). Which each was is its line's, read again by Python's json (only the lines with
-    a value there). pa.ArrowInvalid where a spelling is unsure (Unspellable) or the line's value is
-    not the number pyarrow read (a key twice)."""
+    (read as doubles: `numbers`, a row per event), spelled as the Spark job spells them: reading a
+    number as text, Jackson writes an integer's digits (-0 as 0, beyond a long too) and any other
+    number as Java's Double.toString spells its double (1.50 as 1.5, 1e3 as 1000.0: java_double).
+    Which each was is its event's as Python reads it (`events(row)`: json_event; asked only for
+    the rows with a value there). pa.ArrowInvalid where a spelling is unsure (Unspellable) or the
+    event's value is not the number pyarrow read (a key twice)."""
     import pyarrow.compute as pc
 
-    if len(numbers) != len(lines):
-        raise pa.ArrowInvalid(f"{len(lines)} events read as {len(numbers)} rows")
     values = numbers.to_pylist()
     texts: list[str | None] = [None] * len(values)
     for row in pc.indices_nonzero(pc.is_valid(numbers)).to_pylist():
-        value = json.loads(lines[row]).get(name)
+        value = events(row).get(name)
         try:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != values[row]:
                 raise pa.ArrowInvalid(f"the text column {name!r} read otherwise than its line holds it")
@@ -1043,9 +1062,11 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
         if spelled:
             lines = [line for line in body.split(b"\n") if line.strip()]
+            if len(lines) != table.num_rows:
+                raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
+            events = cache(lambda row: json_event(lines[row]))
             for name in sorted(spelled):
-                table = table.set_column(table.schema.get_field_index(name), name,
-                                         spelled_numbers(table.column(name), lines, name).cast(reading.field(name).type))
+                table = spelled_column(table, name, events)
         table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
         table = flags_from_numbers(table, sorted(flag_numbers), flag_as_null, made_null)
         number_texts[:] = [(as_text, as_double, as_integer, as_flag, flag_numbers, spelled)]
@@ -1153,31 +1174,21 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         doubles and spelled as the Spark job spells them (spelled_numbers), the rows put back in
         the events' order. pa.ArrowInvalid past MAX_SPLITS groups, or where the groups' reads do
         not fit together."""
-        import orjson
         import pyarrow.compute as pc
 
+        events = [json_event(line) for line in lines]
         groups: dict[frozenset[str], list[int]] = {}
-        for row, line in enumerate(lines):
-            try:
-                try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    event = json.loads(line)  # an integer beyond 64 bits, which orjson does not read
-            except ValueError as exc:
-                raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
-            if not isinstance(event, dict):
-                raise pa.ArrowInvalid("an event that is not a JSON object")
-            numbered = frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
-            groups.setdefault(numbered, []).append(row)
+        for row, event in enumerate(events):
+            groups.setdefault(numbered(event), []).append(row)
         if len(groups) > MAX_SPLITS:
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
         parts, order = [], []
-        for numbered, rows in groups.items():
-            group = [lines[row] for row in rows]
-            table, every_line = read_lines(group, epoch, as_number=numbered)
-            for name in sorted(numbered):
-                spelled = spelled_numbers(table.column(name), group, name).cast(reading.field(name).type)
-                table = table.set_column(table.schema.get_field_index(name), name, spelled)
+        for as_number, rows in groups.items():
+            table, every_line = read_lines([lines[row] for row in rows], epoch, as_number=as_number)
+            if table.num_rows != len(rows):
+                raise pa.ArrowInvalid(f"{len(rows)} events read as {table.num_rows} rows")
+            for name in sorted(as_number):
+                table = spelled_column(table, name, lambda at, rows=rows: events[rows[at]])
             parts.append((table, every_line))
             order += rows
         if len({every_line for _table, every_line in parts}) > 1:
@@ -1187,6 +1198,15 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
         return table.take(pc.sort_indices(pa.array(order))), parts[0][1]
+
+    def numbered(event: dict) -> frozenset[str]:
+        """The text columns where `event` holds a JSON number."""
+        return frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
+
+    def spelled_column(table: pa.Table, name: str, events: Callable[[int], dict]) -> pa.Table:
+        """`table` with its text column `name`, read as doubles, spelled (spelled_numbers)."""
+        spelled = spelled_numbers(table.column(name), events, name).cast(reading.field(name).type)
+        return table.set_column(table.schema.get_field_index(name), name, spelled)
 
     def numbers_as_text(lines: list[bytes], row: int) -> frozenset[str]:
         """The number columns where the event pyarrow stopped at holds a plain number's text."""
@@ -1203,17 +1223,14 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         column in `made_null`), the second as a double, spelled as the Spark job spells it
         (spelled_numbers). Which columns are such is the line's, read by Python's json: one read
         of the line by pyarrow, however many such columns it has."""
-        try:
-            event = json.loads(line)
-        except ValueError as exc:
-            raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
-        if not isinstance(event, dict):
-            raise pa.ArrowInvalid("an event that is not a JSON object")
+        event = json_event(line)
         as_text = frozenset(name for name in text_as_null if isinstance(event.get(name), str))
-        as_number = frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
+        as_number = numbered(event)
         table, every_line = read_lines([line], epoch, as_text, as_number)
+        if table.num_rows != 1:
+            raise pa.ArrowInvalid(f"one event read as {table.num_rows} rows")
         for name in as_number:
-            table = table.set_column(table.schema.get_field_index(name), name, spelled_numbers(table.column(name), [line], name).cast(reading.field(name).type))
+            table = spelled_column(table, name, lambda _row: event)
         for name in as_text:
             text = table.column(name)[0].as_py()
             if text is not None and may_read_as_number(text):
