@@ -32,9 +32,11 @@ run: $(STAMP) system-deps
 # up to 3x slower under the contention (writer_killed_mid_job 94 s against 27).
 # Calve's own modules are compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the few
 # hundred role processes the tests start would compile them again.
-# make test is everything but the fault suite (chaos), the Spark standalone cluster (long), and
-# it draws a third of the differential tests' examples; make test-long runs those (CI: .ci/run runs
-# both), each half of the fault suite (test_chaos.py, test_chaos_tenants.py) on one worker.
+# make test is everything but the fault suite (chaos) and the deployments beyond the embedded
+# default (long: the Spark standalone cluster, Redis Cluster and Sentinel, SeaweedFS's S3 and REST
+# catalog, PostgreSQL's catalog), and it draws a third of the differential tests' examples and
+# fewer of schemathesis's (fuzz); make test-long runs those (CI: .ci/run runs both), each half of
+# the fault suite (test_chaos.py, test_chaos_tenants.py) on one worker.
 PYTEST := $(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: lint test-deps
@@ -43,7 +45,7 @@ test: lint test-deps
 
 test-long: $(STAMP) test-deps
 	$(PY) -m compileall -q service spark_jobs tests
-	CALVE_TEST_EXAMPLES=all $(PYTEST) -m "chaos or long or differential"
+	CALVE_TEST_EXAMPLES=all $(PYTEST) -m "chaos or long or differential or fuzz"
 
 # ruff and deptry, configured in pyproject.toml: seconds, so make test runs them first.
 lint: $(STAMP)

@@ -32,7 +32,7 @@ from tests.integration.test_registered_files import (  # noqa: F401
 from tests.integration.test_row_changes import test_inserts_updates_and_deletes_apply_in_order_and_are_counted  # noqa: F401
 from tests.integration.test_spine import test_every_body_format_is_committed  # noqa: F401
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # a deployment beyond the embedded default: make test-long runs it
 
 
 @pytest.fixture(scope="module")

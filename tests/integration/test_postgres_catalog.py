@@ -23,7 +23,7 @@ from tests.integration.test_pipelines import (  # noqa: F401
 )
 from tests.integration.test_spine import test_every_body_format_is_committed  # noqa: F401
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # a deployment beyond the embedded default: make test-long runs it
 
 
 @pytest.fixture

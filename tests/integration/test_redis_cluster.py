@@ -35,7 +35,7 @@ from tests.integration.test_writer import (  # noqa: F401
     test_entries_of_a_dead_writer_are_reclaimed_and_written_once,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # a deployment beyond the embedded default: make test-long runs it
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tests.conftest import Stack
 from tests.harness import RedisSentinelServers, all_committed, assert_exactly_once, post_batches, wait_until
 from tests.integration.test_spine import test_every_body_format_is_committed  # noqa: F401 - collected again, through Sentinel
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # a deployment beyond the embedded default: make test-long runs it
 
 
 @pytest.fixture
