@@ -61,7 +61,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from decimal import Decimal
 from functools import cache, reduce
 
@@ -260,24 +260,32 @@ def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | Non
     return found[1] if found and found[1] in columns else None
 
 
-# 19 digits in a row: where an integer may be beyond 64 bits, which orjson reads as a double.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_NUMBER_TYPES = frozenset({int, float})  # a JSON number as Python reads it (a boolean's type is bool)
+_BEYOND_64_BITS = 2.0**63  # orjson reads an integer from here on (or below minus this) as a double
 
 
 def json_event(line: bytes) -> dict:
-    """One line's event as Python's json reads it (by orjson, but for a line that may hold an
-    integer beyond 64 bits, or that orjson refuses); pa.ArrowInvalid where it is no JSON object."""
+    """One line's event as Python's json reads it (by orjson, or json where orjson refuses the
+    line: but see exact_numbers); pa.ArrowInvalid where it is no JSON object."""
     import orjson
 
     try:
         try:
-            event = json.loads(line) if _LONG_DIGITS.search(line) else orjson.loads(line)
+            event = orjson.loads(line)
         except orjson.JSONDecodeError:
             event = json.loads(line)
     except ValueError as exc:
         raise pa.ArrowInvalid(f"an event Python's json cannot read: {str(exc)[:100]}") from None
     if not isinstance(event, dict):
         raise pa.ArrowInvalid("an event that is not a JSON object")
+    return event
+
+
+def exact_numbers(event: dict, line: bytes, names: Collection[str]) -> dict:
+    """`event` (json_event's of `line`), or the line read by Python's json where one of the fields
+    `names` holds a double that may have been an integer beyond 64 bits (orjson reads one so)."""
+    if any(type(value := event.get(name)) is float and abs(value) >= _BEYOND_64_BITS for name in names):
+        return json.loads(line)
     return event
 
 
@@ -1008,7 +1016,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         found = _NUMBER_FOR_TEXT.search(str(exc))
         return (found[1], int(found[2])) if found and found[1] in text_columns else None
 
-    def read_lines(lines: list[bytes], epoch: bool, as_text: frozenset[str] = frozenset(), as_number: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+    def read_lines(lines: list[bytes], epoch: bool, as_text: Collection[str] = frozenset(), as_number: Collection[str] = frozenset()) -> tuple[pa.Table, bool]:
         table, every_line = read_fields(b"\n".join(lines), epoch, {**dict.fromkeys(as_text, pa.string()), **dict.fromkeys(as_number, pa.float64())})
         if table.num_rows != len(lines):
             raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
@@ -1064,7 +1072,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             lines = [line for line in body.split(b"\n") if line.strip()]
             if len(lines) != table.num_rows:
                 raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
-            events = cache(lambda row: json_event(lines[row]))
+            events = cache(lambda row: exact_numbers(json_event(lines[row]), lines[row], spelled))
             for name in sorted(spelled):
                 table = spelled_column(table, name, events)
         table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
@@ -1087,6 +1095,11 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         again), the request is the Spark job's: one tenant's body costs a task a bounded share.
         The rows whose values it made NULL: in nulled_rows, by column."""
         nulled_rows.clear()
+        if split_last:  # the task's last body held numbers and text in a text column: so may this one
+            try:
+                return read_split([line for line in body.split(b"\n") if line.strip()], epoch)
+            except pa.ArrowInvalid:
+                split_last.clear()
         if number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
             try:
                 return read_numbers(body, epoch, *number_texts[0])
@@ -1177,14 +1190,17 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         import pyarrow.compute as pc
 
         events = [json_event(line) for line in lines]
-        groups: dict[frozenset[str], list[int]] = {}
+        groups: dict[tuple[str, ...], list[int]] = {}
         for row, event in enumerate(events):
-            groups.setdefault(numbered(event), []).append(row)
+            found = numbered(event)
+            if found:
+                events[row] = exact_numbers(event, lines[row], found)
+            groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
         if len(groups) > MAX_SPLITS:
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
         parts, order = [], []
         for as_number, rows in groups.items():
-            table, every_line = read_lines([lines[row] for row in rows], epoch, as_number=as_number)
+            table, every_line = read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
             if table.num_rows != len(rows):
                 raise pa.ArrowInvalid(f"{len(rows)} events read as {table.num_rows} rows")
             for name in sorted(as_number):
@@ -1197,11 +1213,12 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
-        return table.take(pc.sort_indices(pa.array(order))), parts[0][1]
+        split_last[:] = [True] if any(groups) else []
+        return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
 
-    def numbered(event: dict) -> frozenset[str]:
-        """The text columns where `event` holds a JSON number."""
-        return frozenset(name for name in text_columns if isinstance(value := event.get(name), (int, float)) and not isinstance(value, bool))
+    def numbered(event: dict) -> tuple[str, ...]:
+        """The text columns where `event` holds a JSON number, in its order."""
+        return tuple([name for name, value in event.items() if type(value) in _NUMBER_TYPES and name in text_columns])
 
     def spelled_column(table: pa.Table, name: str, events: Callable[[int], dict]) -> pa.Table:
         """`table` with its text column `name`, read as doubles, spelled (spelled_numbers)."""
@@ -1226,6 +1243,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         event = json_event(line)
         as_text = frozenset(name for name in text_as_null if isinstance(event.get(name), str))
         as_number = numbered(event)
+        event = exact_numbers(event, line, as_number)
         table, every_line = read_lines([line], epoch, as_text, as_number)
         if table.num_rows != 1:
             raise pa.ArrowInvalid(f"one event read as {table.num_rows} rows")
@@ -1386,6 +1404,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
     # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
     number_texts: list[tuple[frozenset[str], ...]] = []
+    split_last: list[bool] = []  # [True] where the task's last body was read in groups (read_split) and held numbers in a text column
     nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
     nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
     epoch_order = [False, True]

@@ -14,7 +14,9 @@ Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all o
 events but one request in 50 holds an event with text for a number; `strings`, plain events with
 every number as text (`"status": "200"`, as grok's captures have them); `traced`, plain events
 each with a trace and a span id (two fields the table lacks: into `_extra`); `pandas`, plain
-events with the integer status written as a double (`200.0`); `declared`, the same
+events with the integer status written as a double (`200.0`); `loose`, plain events with a number
+for the host in one of ten and for the message in one of a hundred (text columns holding numbers
+and text alike, as a loosely typed logger sends them); `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
@@ -119,6 +121,18 @@ def with_number_texts(event: dict) -> dict:
     return event
 
 
+def loosely_typed(event: dict, i: int) -> dict:
+    """The event as a loosely typed logger sends it: in one event of ten the host as a number (a
+    numeric host id, where the table has text), in one of a hundred the message a number with a
+    fraction (a measurement logged alone), so one text column holds numbers and text in every
+    request, as the Spark job spells them (1000.0 for 1e3)."""
+    if i % 10 == 3:
+        event["host"] = random.randint(1, 40)
+    if i % 100 == 7:
+        event["msg"] = round(random.random() * 1000, 2)
+    return event
+
+
 def with_whole_doubles(event: dict) -> dict:
     """The event with its integer status as a double (200.0), as pandas writes an integer column
     that holds a NaN somewhere."""
@@ -181,7 +195,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
-          "pandas": lambda i: with_whole_doubles(make_event(i)),
+          "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,

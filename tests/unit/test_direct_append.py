@@ -918,6 +918,38 @@ def test_numbers_and_text_in_one_text_column_are_read_in_groups_and_written_in_t
     assert [row["_extra"] for row in rows] == [[("level", "warn")] if i % 5 == 0 else None for i in range(len(values))]
 
 
+def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_as_before(tmp_path) -> None:  # noqa: ANN001
+    """text_nulls: the task's next body after one read in groups is read in groups first (its
+    numbers as sent, an integer beyond 64 bits as its digits, whatever the order of its fields);
+    one with text in a number column as well, which no group read takes, and a plain body after
+    it are read as before."""
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
+                       text_nulls=True)
+    mixed = [{"id": i, "msg": i if i % 2 else f"m{i}"} for i in range(2 * MAX_MISTYPED)]
+    bodies = [
+        [*mixed],
+        [{"msg": 18446744073709551616, "id": 100}, {"id": 101, "msg": "t"}, {"msg": 2.5, "id": 102}, {"id": 103, "msg": -3}],
+        [{"id": 300, "msg": 7}, {"id": 301, "msg": "u"}, {"id": 302, "n": "slow"}, {"id": 303, "n": 4, "msg": 8}],
+        [{"id": 200, "msg": "plain"}, {"id": 201}],
+    ]
+    batch = pa.record_batch({
+        "receipt": [f"r{i}" for i in range(len(bodies))],
+        "body": pa.array([b"\n".join(json.dumps(event).encode() for event in events) for events in bodies], pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    assert answer["refused"] is None and answer["rejected"] is None
+    assert json.loads(answer["counts"]) == {f"r{i}": len(events) for i, events in enumerate(bodies)}
+    assert json.loads(answer["nulled"]) == {"r2": [["n"], 1]}
+    rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
+    def written(event: dict) -> dict:  # a number in msg as its digits (2.5 as Java spells it), "slow" for n as NULL
+        row = {"id": event["id"], **({"n": event["n"]} if isinstance(event.get("n"), int) else {})}
+        return row | ({"msg": event["msg"] if isinstance(event["msg"], str) else str(event["msg"])} if "msg" in event else {})
+
+    assert rows == [written(event) for events in bodies for event in events]
+
+
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
     """text_nulls: a boolean column's values sent as text are Spark's words for true and false in
     any case ("true", "NO", "Y", "1"), other printable ASCII text NULL, as the Spark job's
