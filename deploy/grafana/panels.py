@@ -3,7 +3,7 @@ deploy/grafana/calve.json from PANELS (a test checks that the file is up to date
 panel's query returns data from a Prometheus scraping a live Calve).
 
 Variables: $tenant and $table (multi-value, with All). Rare events (refusals, commit failures,
-parked entries) add `or vector(0)` so their panels show 0 instead of "No data".
+parked entries, fields dropped, values NULLed) add `or vector(0)` so their panels show 0 instead of "No data".
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ("mean", f"sum(rate(calve_files_per_commit_sum{{{TT}}}[5m])) / sum(rate(calve_files_per_commit_count{{{TT}}}[5m]))"),
     ]),
     ("DLQ events /s", "ops", [("{{tenant}}", f'sum by (tenant) (rate(calve_events_committed_total{{{T}, table="_calve_dlq"}}[1m])) or vector(0)')]),
+    # Events written, but not whole: a field no column took, a value its column's type could not hold.
+    ("Events written with fields dropped or values NULLed /s", "ops", [
+        ("dropped {{tenant}} {{pipeline}}", f"sum by (tenant, pipeline) (rate(calve_events_with_dropped_fields_total{{{T}}}[5m])) or vector(0)"),
+        ("NULLed {{tenant}} {{pipeline}}", f"sum by (tenant, pipeline) (rate(calve_events_with_nulled_values_total{{{T}}}[5m])) or vector(0)"),
+    ]),
     ("Spark job duration", "s", [
         ("p50", f"histogram_quantile(0.5, sum by (le) (rate(calve_spark_job_duration_seconds_bucket{{{T}}}[5m])))"),
         ("p99", f"histogram_quantile(0.99, sum by (le) (rate(calve_spark_job_duration_seconds_bucket{{{T}}}[5m])))"),

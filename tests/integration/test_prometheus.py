@@ -77,12 +77,16 @@ def test_prometheus_scrapes_calve_evaluates_the_rules_and_every_panel_has_data(s
         with stack.client() as http:
             assert http.post("/v1/pipelines", json={
                 "name": "strict", "source": {"http": {"path": "/strict"}},
-                "sinks": [{"table": "strict", "auto_create": True, "schema": {"columns": [{"name": "id", "type": "string", "required": True}]}}],
+                "sinks": [{"table": "strict", "auto_create": True, "schema": {"columns": [
+                    {"name": "id", "type": "string", "required": True}, {"name": "n", "type": "int"}]}}],
             }).status_code == 201
             for i in range(6):
                 body = b"\n".join(orjson.dumps({"id": f"{i}-{n}", "msg": "x"}) for n in range(50))
                 assert http.post("/logs?wait=true&timeout=90", content=body, headers={"Content-Type": "application/x-ndjson"}).status_code == 200
             assert http.post("/strict?wait=true&timeout=90", json=[{"id": "ok"}, {"other": 1}]).json()["dlq_events"] == 1
+            # Written, not whole: a field no column takes (dropped), text in the int column (NULL).
+            written = http.post("/strict?wait=true&timeout=90", json=[{"id": "d", "other": 1}, {"id": "n", "n": "slow"}]).json()
+            assert (written["tables"]["strict"]["dropped_fields"], written["tables"]["strict"]["nulled_fields"]) == (["other"], ["n"])
             assert http.post("/logs", content=b"{not json", headers={"Content-Type": "application/json"}).status_code == 400
             assert http.post("/v1/tables/logs/maintenance", json={"tasks": ["expire"], "wait_s": 20}).status_code == 200
         with stack.client("calve_not-a-token") as http:
@@ -114,6 +118,10 @@ def test_prometheus_scrapes_calve_evaluates_the_rules_and_every_panel_has_data(s
             return empty
 
         wait_until(lambda: not every_panel_has_data(), timeout_s=30, what="data in every dashboard panel")
+        # The panel of events written not whole has data of its own, not only its `or vector(0)`.
+        (not_whole,) = [targets for title, _unit, targets in panels.PANELS if "dropped" in title]
+        wait_until(lambda: all(query(expr.removesuffix(" or vector(0)").replace("$tenant", ".*")) for _legend, expr in not_whole),
+                   timeout_s=30, what="events with fields dropped and values NULLed in Prometheus")
 
         rules = httpx.get(f"{api}/rules", timeout=10).json()["data"]["groups"]
         evaluated = [rule for group in rules for rule in group["rules"]]
