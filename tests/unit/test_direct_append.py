@@ -920,9 +920,9 @@ def test_numbers_and_text_in_one_text_column_are_read_in_groups_and_written_in_t
 
 def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_as_before(tmp_path) -> None:  # noqa: ANN001
     """text_nulls: the task's next body after one read in groups is read in groups first (its
-    numbers as sent, an integer beyond 64 bits as its digits, whatever the order of its fields);
-    one with text in a number column as well, which no group read takes, and a plain body after
-    it are read as before."""
+    numbers as sent, an integer beyond 64 bits as its digits, whatever the order of its fields); a
+    plain body after it (no text column's name before a number) is read as before, and so is one
+    with text in a number column as well, which no group read takes."""
     parsing = parse_schema(TABLE, "_extra", [])
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=True,
                        text_nulls=True)
@@ -930,8 +930,9 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
     bodies = [
         [*mixed],
         [{"msg": 18446744073709551616, "id": 100}, {"id": 101, "msg": "t"}, {"msg": 2.5, "id": 102}, {"id": 103, "msg": -3}],
+        [{"id": 200, "msg": "plain", "x": 1.5}, {"id": 201, "n": 2}],
+        [*mixed],
         [{"id": 300, "msg": 7}, {"id": 301, "msg": "u"}, {"id": 302, "n": "slow"}, {"id": 303, "n": 4, "msg": 8}],
-        [{"id": 200, "msg": "plain"}, {"id": 201}],
     ]
     batch = pa.record_batch({
         "receipt": [f"r{i}" for i in range(len(bodies))],
@@ -941,10 +942,10 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
     assert answer["refused"] is None and answer["rejected"] is None
     assert json.loads(answer["counts"]) == {f"r{i}": len(events) for i, events in enumerate(bodies)}
-    assert json.loads(answer["nulled"]) == {"r2": [["n"], 1]}
+    assert json.loads(answer["nulled"]) == {"r4": [["n"], 1]}
     rows = [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(answer["path"]).to_pylist()]
     def written(event: dict) -> dict:  # a number in msg as its digits (2.5 as Java spells it), "slow" for n as NULL
-        row = {"id": event["id"], **({"n": event["n"]} if isinstance(event.get("n"), int) else {})}
+        row = {"id": event["id"], **({"n": event["n"]} if isinstance(event.get("n"), int) else {}), **({"x": event["x"]} if "x" in event else {})}
         return row | ({"msg": event["msg"] if isinstance(event["msg"], str) else str(event["msg"])} if "msg" in event else {})
 
     assert rows == [written(event) for events in bodies for event in events]
