@@ -1232,11 +1232,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
     def numbers_as_text(lines: list[bytes], row: int) -> frozenset[str]:
         """The number columns where the event pyarrow stopped at holds a plain number's text."""
         try:
-            event = json.loads(lines[row])
-        except (ValueError, IndexError):
+            event = json_event(lines[row])
+        except (pa.ArrowInvalid, IndexError):
             return frozenset()
-        return frozenset(name for name in text_as_number if isinstance(event, dict) and isinstance(value := event.get(name), str)
-                         and _PLAIN_NUMBER_TEXT.match(value))
+        return frozenset(name for name in text_as_number if isinstance(value := event.get(name), str) and _PLAIN_NUMBER_TEXT.match(value))
 
     def read_alone(line: bytes, epoch: bool, made_null: set[str]) -> tuple[pa.Table, bool]:
         """One event with text in a number column or a number in a text column: read with the
