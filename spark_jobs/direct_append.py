@@ -56,6 +56,7 @@ never what.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -949,81 +950,114 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
                  processors, target_file_size, text_nulls)
 
 
-def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
-            extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
-            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None, text_nulls: bool,
-            batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Write a task's requests (see append_directly): one answer row per file written, the last
-    with the counts and the requests left out; or one row saying why this way cannot."""
-    kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
-    binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
-    decimal = decimal_paths(parsing)
-    maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
-    # Renamed columns parsed by their old names (each the new name's type), renamed after the parse.
-    renames = renamed(processors[0]) if processors is not None else {}
-    names = {new: old for old, new in renames.items()}
-    reading = pa.schema([f.with_name(names.get(f.name, f.name)) for f in parsing])
-    # Time columns as JSON integers (epoch milliseconds or days) instead of text.
-    epoch_reading = pa.schema([pa.field(f.name, pa.int64()) if original.name in kinds else f for f, original in zip(reading, parsing)])
+class BodyReader:
+    """A short-way task's reading of its requests' bodies into rows of the table (rows_of), as
+    _append's arguments say, and what the task learnt of its bodies on the way: a logger sends
+    every body alike, so the way the last body read goes first for the next (number_texts,
+    split_last, epoch_order, wide_maps). One per task, in its Python worker."""
 
-    import io
+    def __init__(self, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None,
+                 partition: list[tuple[str, str]] | None, changes: bool, processors: tuple[list[tuple], list[str]] | None,
+                 text_nulls: bool) -> None:
+        self.parsing, self.file_schema, self.extra_fields, self.processors = parsing, file_schema, extra_fields, processors
+        self.kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
+        self.binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
+        self.decimal = decimal_paths(parsing)
+        self.maps = [f.name for f in file_schema if f.name != extra_fields and is_text_map(f.type)]
+        # Renamed columns parsed by their old names (each the new name's type), renamed after the parse.
+        self.renames = renamed(processors[0]) if processors is not None else {}
+        names = {new: old for old, new in self.renames.items()}
+        self.reading = pa.schema([f.with_name(names.get(f.name, f.name)) for f in parsing])
+        # Time columns as JSON integers (epoch milliseconds or days) instead of text.
+        self.epoch_reading = pa.schema([pa.field(f.name, pa.int64()) if original.name in self.kinds else f
+                                        for f, original in zip(self.reading, parsing)])
+        self.known = [*parsing.names, *self.maps]
+        sources = {source for source, _transform in partition or ()}
+        # Number columns whose values may come as text (append_directly's text_nulls), and of those
+        # the optional ones whose text that cannot be a number reads as NULL (a required column's
+        # NULL is the DLQ's, a partition source's the Spark job's to place).
+        self.text_as_number = frozenset(f.name for f in parsing if text_nulls and f.name not in self.kinds
+                                        and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)))
+        self.text_as_null = frozenset(name for name in self.text_as_number if name not in required and name not in sources)
+        self.integer_columns = frozenset(name for name in self.text_as_number if pa.types.is_integer(parsing.field(name).type))
+        # Text columns whose values may come as integers (ids sent as numbers): each spelled as its digits.
+        self.text_columns = frozenset(f.name for f in parsing if text_nulls and f.name not in self.kinds
+                                      and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)))
+        # Boolean columns whose values may come as text, and of those the ones whose other text reads as NULL.
+        self.flag_columns = frozenset(f.name for f in parsing if text_nulls and pa.types.is_boolean(f.type))
+        self.flag_as_null = frozenset(name for name in self.flag_columns if name not in required and name not in sources)
+        # A table that takes an OTLP export's columns as they are: each is one of its columns, and
+        # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
+        self.takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
+        self.columnar = False  # whether some request came as columns
+        self.drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
+        # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
+        self.folded_drops = {name.casefold() for name in self.drops | (nulled(processors[0]) if processors is not None else frozenset())}
+        self.folded_renames = {name.casefold() for pair in self.renames.items() for name in pair}
+        self.nested = [f.name for f in parsing if is_nested(f.type)]
+        self.wide_maps = False  # True once a body's maps had many keys
+        # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
+        # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
+        self.number_texts: tuple[frozenset[str], ...] | None = None
+        self.split_last = False  # whether the task's last body was read in groups (read_split) and held numbers in a text column
+        # A text column's name before a number, as JSON writes it: where the body after such a one has
+        # none, it is read as one, not in groups (a search a fifth of a read's cost on a plain body).
+        # A nested field of the name matches too, and a name spelled with escapes does not: either way
+        # pyarrow's reads decide. Past MAX_SPLIT_NAMES text columns no search (each name is tried in turn).
+        self.number_in_text = (
+            re.compile(rb'"(?:' + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
+                                            for name in sorted(self.text_columns)) + rb')"[ \t\r]*:[ \t\r]*[-0-9]')
+            if 0 < len(self.text_columns) <= MAX_SPLIT_NAMES else None)
+        self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
+        self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
 
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
+    def read(self, body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
+        import pyarrow.json as pj
 
-    freeze_once()
-    def answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, last: bool = False,
-               nulled_by_receipt: dict | None = None) -> pa.RecordBatch:
-        """One row of the task's answer: a file written; the last also the counts, the requests
-        left out and, per request, the columns where values were made NULL and in how many events."""
-        return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
-                                            "rejected": json.dumps(rejected) if last and rejected else None,
-                                            "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None}], schema=RESULT_ARROW)
-
-    def read(body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
-        schema = epoch_reading if epoch else reading
+        schema = self.epoch_reading if epoch else self.reading
         if as_read:  # columns read as another type than their own (numbers as text, ...), converted after
             schema = pa.schema([f.with_type(as_read[f.name]) if f.name in as_read else f for f in schema])
         if shells:  # the maps as empty structs: which events have an object, its keys not inferred
-            schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in maps)])
+            schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in self.maps)])
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
         return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=len(body) + 1), parse_options=options)
 
-    def read_fields(body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None) -> tuple[pa.Table, bool]:
+    def read_fields(self, body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None) -> tuple[pa.Table, bool]:
         """(the body's table, whether every line must be read for the fields the table lacks)."""
-        if wide_maps:
-            return read(body, "ignore", epoch, shells=True, as_read=as_read), True
+        if self.wide_maps:
+            return self.read(body, "ignore", epoch, shells=True, as_read=as_read), True
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
-            return read(body, "infer" if extra_fields or maps or drops else "error", epoch, as_read=as_read), False
+            return self.read(body, "infer" if self.extra_fields or self.maps or self.drops else "error", epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
-            if (not extra_fields or maps or mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, text_columns)
-                    or _text_for_flag(exc, flag_columns) or _number_for_flag(exc, flag_columns)):
+            if (not self.extra_fields or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, self.text_columns)
+                    or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
-            return read(body, "ignore", epoch, as_read=as_read), True
+            return self.read(body, "ignore", epoch, as_read=as_read), True
 
-    def mistyped(exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
+    def mistyped(self, exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
         """(the column, the row) where pyarrow met text in one of `columns` (text_as_null's)."""
         found = _TEXT_FOR_NUMBER.search(str(exc))
-        return (found[1], int(found[2])) if found and found[1] in (text_as_null if columns is None else columns) else None
+        return (found[1], int(found[2])) if found and found[1] in (self.text_as_null if columns is None else columns) else None
 
-    def stray(exc: pa.ArrowInvalid) -> tuple[str, int] | None:
+    def stray(self, exc: pa.ArrowInvalid) -> tuple[str, int] | None:
         """(the column, the row) where pyarrow met text in an optional number column (mistyped) or
         a number in a text column: an event read_texts may read alone."""
-        if (found := mistyped(exc)) is not None:
+        if (found := self.mistyped(exc)) is not None:
             return found
         found = _NUMBER_FOR_TEXT.search(str(exc))
-        return (found[1], int(found[2])) if found and found[1] in text_columns else None
+        return (found[1], int(found[2])) if found and found[1] in self.text_columns else None
 
-    def read_lines(lines: list[bytes], epoch: bool, as_text: Collection[str] = frozenset(), as_number: Collection[str] = frozenset()) -> tuple[pa.Table, bool]:
-        table, every_line = read_fields(b"\n".join(lines), epoch, {**dict.fromkeys(as_text, pa.string()), **dict.fromkeys(as_number, pa.float64())})
+    def read_lines(self, lines: list[bytes], epoch: bool, as_text: Collection[str] = frozenset(),
+                   as_number: Collection[str] = frozenset()) -> tuple[pa.Table, bool]:
+        table, every_line = self.read_fields(b"\n".join(lines), epoch, {**dict.fromkeys(as_text, pa.string()), **dict.fromkeys(as_number, pa.float64())})
         if table.num_rows != len(lines):
             raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
         return table, every_line
 
-    def read_numbers(body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
+    def read_numbers(self, body: bytes, epoch: bool, as_text: frozenset[str], as_double: frozenset[str] = frozenset(),
                      as_integer: frozenset[str] = frozenset(), as_flag: frozenset[str] = frozenset(),
                      flag_numbers: frozenset[str] = frozenset(), spelled: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
         """read_fields with the number columns `as_text` read as text (and any other found with
@@ -1043,15 +1077,15 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text | as_flag, pa.string()),
                        **dict.fromkeys((as_integer - spelled) | flag_numbers, pa.int64()), **dict.fromkeys(spelled, pa.float64())}
             try:
-                table, every_line = read_fields(body, epoch, as_read)
+                table, every_line = self.read_fields(body, epoch, as_read)
                 break
             except pa.ArrowInvalid as exc:
-                found, number = mistyped(exc, text_as_number), _number_for_text(exc, text_columns)
-                flag, flag_number = _text_for_flag(exc, flag_columns), _number_for_flag(exc, flag_columns)
+                found, number = self.mistyped(exc, self.text_as_number), _number_for_text(exc, self.text_columns)
+                flag, flag_number = _text_for_flag(exc, self.flag_columns), _number_for_flag(exc, self.flag_columns)
                 if found is None and number is None and flag is None and as_integer - spelled and _FRACTION_FOR_INTEGER.search(str(exc)):
                     spelled |= as_integer  # (pyarrow's error names no column: a text column's numbers are tried first)
                 elif found is None and number is None and flag is None and not as_double and _FRACTION_FOR_INTEGER.search(str(exc)):
-                    as_double = integer_columns
+                    as_double = self.integer_columns
                 elif number is not None and number not in as_integer:
                     as_integer |= {number}
                 elif flag is not None and flag not in as_flag | flag_numbers:
@@ -1064,25 +1098,27 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                     as_text |= {found[0]}
         else:
             raise pa.ArrowInvalid(f"numbers and text of other columns than the table's types, found one a read past {REREAD_TIMES + 1} reads")
+        import pyarrow.compute as pc
+
         made_null: dict[str, pa.Array] = {}
-        table = numbers_from_text(table, {name: reading.field(name).type for name in sorted(as_text)}, text_as_null, made_null)
-        table = integers_from_doubles(table, {name: reading.field(name).type for name in sorted(as_double - as_text)})
+        table = numbers_from_text(table, {name: self.reading.field(name).type for name in sorted(as_text)}, self.text_as_null, made_null)
+        table = integers_from_doubles(table, {name: self.reading.field(name).type for name in sorted(as_double - as_text)})
         for name in sorted(as_integer - spelled):  # an integer in a text column is its digits, as the Spark job spells it
-            table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(reading.field(name).type))
+            table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(self.reading.field(name).type))
         if spelled:
             lines = [line for line in body.split(b"\n") if line.strip()]
             if len(lines) != table.num_rows:
                 raise pa.ArrowInvalid(f"{len(lines)} events read as {table.num_rows} rows")
             events = cache(lambda row: exact_numbers(json_event(lines[row]), lines[row], spelled))
             for name in sorted(spelled):
-                table = spelled_column(table, name, events)
-        table = flags_from_text(table, sorted(as_flag), flag_as_null, made_null)
-        table = flags_from_numbers(table, sorted(flag_numbers), flag_as_null, made_null)
-        number_texts[:] = [(as_text, as_double, as_integer, as_flag, flag_numbers, spelled)]
-        nulled_rows.update({name: set(pc.indices_nonzero(mask).to_pylist()) for name, mask in made_null.items()})
+                table = self.spelled_column(table, name, events)
+        table = flags_from_text(table, sorted(as_flag), self.flag_as_null, made_null)
+        table = flags_from_numbers(table, sorted(flag_numbers), self.flag_as_null, made_null)
+        self.number_texts = (as_text, as_double, as_integer, as_flag, flag_numbers, spelled)
+        self.nulled_rows.update({name: set(pc.indices_nonzero(mask).to_pylist()) for name, mask in made_null.items()})
         return table, every_line
 
-    def read_texts(body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
+    def read_texts(self, body: bytes, epoch: bool) -> tuple[pa.Table, bool]:
         """read_fields, but where a body sends an optional number column's values as text (every
         one of them, as grok's captures and some loggers do), those are read as text and
         converted (read_numbers); and where an event's value there is text that cannot be a
@@ -1095,58 +1131,58 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         REREAD_TIMES times (such events spread over a large body: each stop reads the rest
         again), the request is the Spark job's: one tenant's body costs a task a bounded share.
         The rows whose values it made NULL: in nulled_rows, by column."""
-        nulled_rows.clear()
-        if split_last:  # the task's last body held numbers and text in a text column: so may this one
-            if number_in_text is not None and number_in_text.search(body) is None:
-                split_last.clear()  # (no text column's name before a number: a plain body, read as one)
+        self.nulled_rows.clear()
+        if self.split_last:  # the task's last body held numbers and text in a text column: so may this one
+            if self.number_in_text is not None and self.number_in_text.search(body) is None:
+                self.split_last = False  # (no text column's name before a number: a plain body, read as one)
             else:
                 try:
-                    return read_split([line for line in body.split(b"\n") if line.strip()], epoch)
+                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch)
                 except pa.ArrowInvalid:
-                    split_last.clear()
-        if number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
+                    self.split_last = False
+        if self.number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
             try:
-                return read_numbers(body, epoch, *number_texts[0])
+                return self.read_numbers(body, epoch, *self.number_texts)
             except pa.ArrowInvalid:
-                number_texts.clear()
+                self.number_texts = None
         try:
-            return read_fields(body, epoch)
+            return self.read_fields(body, epoch)
         except pa.ArrowInvalid as exc:
-            if integer_columns and _FRACTION_FOR_INTEGER.search(str(exc)):
+            if self.integer_columns and _FRACTION_FOR_INTEGER.search(str(exc)):
                 try:  # integers as 12.0 or 1e3 (pandas writes an integer column holding a NaN so)
-                    return read_numbers(body, epoch, frozenset(), integer_columns)
+                    return self.read_numbers(body, epoch, frozenset(), self.integer_columns)
                 except pa.ArrowInvalid:
                     raise exc from None
-            number = _number_for_text(exc, text_columns)
+            number = _number_for_text(exc, self.text_columns)
             if number is not None:
                 try:  # integers in a text column (ids sent as numbers)
-                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
+                    return self.read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
                 except pa.ArrowInvalid:
                     pass  # numbers and text in one text column: the events with a number are read alone (below)
-            elif (flag := _text_for_flag(exc, flag_columns)) is not None:
+            elif (flag := _text_for_flag(exc, self.flag_columns)) is not None:
                 try:  # booleans as text ("true", "yes": a logger that writes every value as a string)
-                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
+                    return self.read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
-            elif (flag := _number_for_flag(exc, flag_columns)) is not None:
+            elif (flag := _number_for_flag(exc, self.flag_columns)) is not None:
                 try:  # booleans as 1 and 0
-                    return read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset(), frozenset({flag}))
+                    return self.read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset(), frozenset({flag}))
                 except pa.ArrowInvalid:
                     raise exc from None
-            elif not text_as_number or mistyped(exc, text_as_number) is None:
+            elif not self.text_as_number or self.mistyped(exc, self.text_as_number) is None:
                 raise
             first = exc
         lines = [line for line in body.split(b"\n") if line.strip()]
-        if (found := mistyped(first, text_as_number)) is not None and (as_text := numbers_as_text(lines, found[1])):
+        if (found := self.mistyped(first, self.text_as_number)) is not None and (as_text := self.numbers_as_text(lines, found[1])):
             try:
-                return read_numbers(body, epoch, as_text)
+                return self.read_numbers(body, epoch, as_text)
             except pa.ArrowInvalid:
                 pass  # numbers and text in one column: the events with text are read alone
-        if stray(first) is None:  # text in a required column or a partition's source
+        if self.stray(first) is None:  # text in a required column or a partition's source
             raise first
-        if _number_for_text(first, text_columns) is not None:
+        if _number_for_text(first, self.text_columns) is not None:
             try:
-                return read_split(lines, epoch)
+                return self.read_split(lines, epoch)
             except pa.ArrowInvalid:
                 pass  # the events with a number there (and with text in a number column) are read alone
         ends = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))  # where each line ends in the lines' bytes
@@ -1159,17 +1195,17 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             if budget < 0:
                 raise first
             try:
-                parts.append(read_lines(lines[start:], epoch))
+                parts.append(self.read_lines(lines[start:], epoch))
                 break
             except pa.ArrowInvalid as exc:
-                found = stray(exc)
+                found = self.stray(exc)
                 if found is None or alone == MAX_MISTYPED or found[1] >= len(lines) - start:
                     raise
                 row = start + found[1]
                 if row > start:
-                    parts.append(read_lines(lines[start:row], epoch))
+                    parts.append(self.read_lines(lines[start:row], epoch))
                 made_null: set[str] = set()
-                parts.append(read_alone(lines[row], epoch, made_null))
+                parts.append(self.read_alone(lines[row], epoch, made_null))
                 for name in made_null:
                     alone_nulled.setdefault(name, set()).add(row)
                 alone, start = alone + 1, row + 1
@@ -1181,10 +1217,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             raise first from None
-        nulled_rows.update(alone_nulled)
+        self.nulled_rows.update(alone_nulled)
         return table, parts[0][1]
 
-    def read_split(lines: list[bytes], epoch: bool) -> tuple[pa.Table, bool]:
+    def read_split(self, lines: list[bytes], epoch: bool) -> tuple[pa.Table, bool]:
         """The events of a body that sends numbers and text in one text column (a user id now
         12345, now "anon"), read in groups, by the text columns where each holds a number
         (Python's json says which): each group by one read of pyarrow, those columns read as
@@ -1196,7 +1232,7 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         events = [json_event(line) for line in lines]
         groups: dict[tuple[str, ...], list[int]] = {}
         for row, event in enumerate(events):
-            found = numbered(event)
+            found = self.numbered(event)
             if found:
                 events[row] = exact_numbers(event, lines[row], found)
             groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
@@ -1204,11 +1240,11 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
         parts, order = [], []
         for as_number, rows in groups.items():
-            table, every_line = read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
+            table, every_line = self.read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
             if table.num_rows != len(rows):
                 raise pa.ArrowInvalid(f"{len(rows)} events read as {table.num_rows} rows")
             for name in sorted(as_number):
-                table = spelled_column(table, name, lambda at, rows=rows: events[rows[at]])
+                table = self.spelled_column(table, name, lambda at, rows=rows: events[rows[at]])
             parts.append((table, every_line))
             order += rows
         if len({every_line for _table, every_line in parts}) > 1:
@@ -1217,207 +1253,188 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
-        split_last[:] = [True] if any(groups) else []
+        self.split_last = any(groups)
         return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
 
-    def numbered(event: dict) -> tuple[str, ...]:
+    def numbered(self, event: dict) -> tuple[str, ...]:
         """The text columns where `event` holds a JSON number, in its order."""
-        return tuple([name for name, value in event.items() if type(value) in _NUMBER_TYPES and name in text_columns])
+        return tuple([name for name, value in event.items() if type(value) in _NUMBER_TYPES and name in self.text_columns])
 
-    def spelled_column(table: pa.Table, name: str, events: Callable[[int], dict]) -> pa.Table:
+    def spelled_column(self, table: pa.Table, name: str, events: Callable[[int], dict]) -> pa.Table:
         """`table` with its text column `name`, read as doubles, spelled (spelled_numbers)."""
-        spelled = spelled_numbers(table.column(name), events, name).cast(reading.field(name).type)
+        spelled = spelled_numbers(table.column(name), events, name).cast(self.reading.field(name).type)
         return table.set_column(table.schema.get_field_index(name), name, spelled)
 
-    def numbers_as_text(lines: list[bytes], row: int) -> frozenset[str]:
+    def numbers_as_text(self, lines: list[bytes], row: int) -> frozenset[str]:
         """The number columns where the event pyarrow stopped at holds a plain number's text."""
         try:
             event = json_event(lines[row])
         except (pa.ArrowInvalid, IndexError):
             return frozenset()
-        return frozenset(name for name in text_as_number if isinstance(value := event.get(name), str) and _PLAIN_NUMBER_TEXT.match(value))
+        return frozenset(name for name in self.text_as_number if isinstance(value := event.get(name), str) and _PLAIN_NUMBER_TEXT.match(value))
 
-    def read_alone(line: bytes, epoch: bool, made_null: set[str]) -> tuple[pa.Table, bool]:
+    def read_alone(self, line: bytes, epoch: bool, made_null: set[str]) -> tuple[pa.Table, bool]:
         """One event with text in a number column or a number in a text column: read with the
         first as text, each value checked to be no number, then NULL in the column's type (its
         column in `made_null`), the second as a double, spelled as the Spark job spells it
         (spelled_numbers). Which columns are such is the line's, read by Python's json: one read
         of the line by pyarrow, however many such columns it has."""
         event = json_event(line)
-        as_text = frozenset(name for name in text_as_null if isinstance(event.get(name), str))
-        as_number = numbered(event)
+        as_text = frozenset(name for name in self.text_as_null if isinstance(event.get(name), str))
+        as_number = self.numbered(event)
         event = exact_numbers(event, line, as_number)
-        table, every_line = read_lines([line], epoch, as_text, as_number)
+        table, every_line = self.read_lines([line], epoch, as_text, as_number)
         if table.num_rows != 1:
-            raise pa.ArrowInvalid(f"one event read as {table.num_rows} rows")
+            raise pa.ArrowInvalid(f"one event self.read as {table.num_rows} rows")
         for name in as_number:
-            table = spelled_column(table, name, lambda _row: event)
+            table = self.spelled_column(table, name, lambda _row: event)
         for name in as_text:
             text = table.column(name)[0].as_py()
             if text is not None and may_read_as_number(text):
                 raise pa.ArrowInvalid(f"text in number column {name!r} the Spark job may read as a number")
             if text is not None:
                 made_null.add(name)
-            table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(1, reading.field(name).type))
+            table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(1, self.reading.field(name).type))
         return table, every_line
 
-    def parse(body: bytes) -> tuple[pa.Table, bool, bool]:
+    def parse(self, body: bytes) -> tuple[pa.Table, bool, bool]:
         """read_fields's answer, and whether time columns came as integers (epoch)."""
         failed = None
-        for epoch in list(epoch_order):
+        for epoch in self.epoch_order:
             try:
-                table, every_line = read_texts(body, epoch)
+                table, every_line = self.read_texts(body, epoch)
             except pa.ArrowInvalid as exc:
-                if not kinds or "changed from" not in str(exc):  # not a time column sent the other way
+                if not self.kinds or "changed from" not in str(exc):  # not a time column sent the other way
                     raise
                 failed = exc
                 continue
-            epoch_order[:] = [epoch, not epoch]  # the way that read last goes first
+            self.epoch_order = (epoch, not epoch)  # the way that read last goes first
             return table, every_line, epoch
         raise failed
 
-    def rows_of(body: bytes) -> tuple[pa.Table, int]:
+    def rows_of(self, body: bytes) -> tuple[pa.Table, int]:
         """The body's rows and its number of events; Refused saying why this way cannot."""
-        nonlocal wide_maps
-        nulled_rows.clear()
+        self.nulled_rows.clear()
         if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
             rows = from_ipc(body)
-            if takes_rows:
+            if self.takes_rows:
                 try:
-                    table = in_file_schema(rows)
+                    table = self.in_file_schema(rows)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                     pass  # a column whose type the table changed: its lines are read as any
                 else:
-                    columnar[0] = True
+                    self.columnar = True
                     return table, rows.num_rows
             body = rows_lines(rows)
         try:
-            table, every_line, epoch = parse(body)
-            if renames:
-                table = renamed_columns(table)
-            if kinds:
-                table = times(table, kinds, epoch)
-            if binary:
-                table = binaries(table, binary)
-            decimals(table, decimal)
+            table, every_line, epoch = self.parse(body)
+            if self.renames:
+                table = self.renamed_columns(table)
+            if self.kinds:
+                table = times(table, self.kinds, epoch)
+            if self.binary:
+                table = binaries(table, self.binary)
+            decimals(table, self.decimal)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise Refused(str(exc)[:300]) from None
-        if drops and (unknown := [name for name in table.column_names if name not in known]):
-            if any(name not in drops and name.casefold() in folded_drops for name in unknown):
+        if self.drops and (unknown := [name for name in table.column_names if name not in self.known]):
+            if any(name not in self.drops and name.casefold() in self.folded_drops for name in unknown):
                 raise Refused("a field a drop names in other letter case")
-            if not extra_fields and (other := next((name for name in unknown if name not in drops), None)):
+            if not self.extra_fields and (other := next((name for name in unknown if name not in self.drops), None)):
                 raise Refused(f"a field the table lacks: {other[:200]!r}")  # read as "infer" for the drops: not left out unsaid
-            table = table.drop_columns([name for name in unknown if name in drops])
+            table = table.drop_columns([name for name in unknown if name in self.drops])
         lines = [line for line in body.split(b"\n") if line.strip()]
         events = len(lines)
         if table.num_rows != events:
             raise Refused(f"{events} events read as {table.num_rows} rows")
-        if nested and (every_line or any(table.column(name).type != parsing.field(name).type for name in nested)):
+        if self.nested and (every_line or any(table.column(name).type != self.parsing.field(name).type for name in self.nested)):
             # A key an object of the table lacks, inferred into its struct (or, reading every
             # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
             raise Refused("a field inside an object that its column lacks")
-        if maps:
-            if not every_line and processors is None and not nested and any(
+        if self.maps:
+            if not every_line and self.processors is None and not self.nested and any(
                     pa.types.is_struct(table.column(name).type) and _many_keys(table.column(name).type, table.num_rows)
-                    for name in maps if name in table.column_names):
+                    for name in self.maps if name in table.column_names):
                 # Objects with many keys (a key per request id, say): pyarrow spends ~40 ms per
                 # 1,000 events inferring them. The task's later bodies read them from the lines.
-                wide_maps = True
-            shells = every_line and wide_maps
-            table = text_maps(table, lines, maps, shells, known if shells and not extra_fields else None)
-            if not extra_fields and (other := next((name for name in table.column_names if name not in known), None)):
+                self.wide_maps = True
+            shells = every_line and self.wide_maps
+            table = text_maps(table, lines, self.maps, shells, self.known if shells and not self.extra_fields else None)
+            if not self.extra_fields and (other := next((name for name in table.column_names if name not in self.known), None)):
                 raise Refused(f"a field the table lacks: {other[:200]!r}")
-        if extra_fields:
-            if processors is not None:
-                if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in known):
+        if self.extra_fields:
+            if self.processors is not None:
+                if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in self.known):
                     raise Refused("a field the table lacks, and processors: the Spark job spells it by the types it infers")
                 extras = pa.nulls(table.num_rows, TEXT_MAP)
             else:
                 try:
-                    extras = extra_maps(table, lines, known, every_line, body)
+                    extras = extra_maps(table, lines, self.known, every_line, body)
                 except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
                     raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
-            table = pa.Table.from_arrays([*(table.column(name) for name in known), extras], names=[*known, extra_fields])
-        if processors is not None:
+            table = pa.Table.from_arrays([*(table.column(name) for name in self.known), extras], names=[*self.known, self.extra_fields])
+        if self.processors is not None:
             if any(negative_zero(column) for column in table.columns):
                 raise Refused("a double's -0 with processors: the Spark job reads an integral batch's as a bigint's 0")
             try:
-                table = apply_processors(*processors, table)
+                table = apply_processors(*self.processors, table)
             except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise Refused(f"processors: {str(exc)[:200]}") from None
             events = table.num_rows  # the rows a where kept
         return table, events
 
-    def in_file_schema(table: pa.Table) -> pa.Table:
-        return pa.Table.from_batches([conform(batch, file_schema) for batch in table.to_batches()], schema=file_schema)
+    def in_file_schema(self, table: pa.Table) -> pa.Table:
+        return pa.Table.from_batches([conform(batch, self.file_schema) for batch in table.to_batches()], schema=self.file_schema)
 
-    def joined(tables: list[pa.Table]) -> pa.Table:
+    def joined(self, tables: list[pa.Table]) -> pa.Table:
         """The requests' rows as one table: in the file's schema when some came as columns (the
         others' as their parse left them, as ever, when none did)."""
-        return pa.concat_tables([in_file_schema(table) for table in tables] if columnar[0] else tables)
+        return pa.concat_tables([self.in_file_schema(table) for table in tables] if self.columnar else tables)
 
-    def renamed_columns(table: pa.Table) -> pa.Table:
+    def renamed_columns(self, table: pa.Table) -> pa.Table:
         """The parse's columns by the table's names. A field in any letter case of a new name
         (which the Spark job would rename onto) or of an old name but its own (which Spark's
         rename would take too, or leave alone) refuses the request."""
         for name in table.column_names:
-            if name not in renames and name.casefold() in folded_renames:
+            if name not in self.renames and name.casefold() in self.folded_renames:
                 raise Refused(f"a field a rename gives or reads in other letter case, or both names: {name[:200]!r}")
-        return table.rename_columns([renames.get(name, name) for name in table.column_names])
+        return table.rename_columns([self.renames.get(name, name) for name in table.column_names])
 
-    def fault(data: pa.Table) -> str | None:
-        """What makes rows other than plain rows (the Spark job's DLQ), or None."""
-        missing = [name for name in required if name in data.column_names and data.column(name).null_count]
-        if missing or any(name not in data.column_names for name in required):
-            return f"required column {(missing or sorted(required))[0]!r} has no value in an event"
-        present = None
-        for column in data.columns:
-            valid = pc.is_valid(column)
-            present = valid if present is None else pc.or_(present, valid)
-        if not pc.all(present, min_count=0).as_py():  # (no rows: a where kept none, nothing to say)
-            return "an event has no field of the table"
-        return None
 
-    known = [*parsing.names, *maps]
-    # Number columns whose values may come as text (append_directly's text_nulls), and of those
-    # the optional ones whose text that cannot be a number reads as NULL (a required column's
-    # NULL is the DLQ's, a partition source's the Spark job's to place).
-    text_as_number = frozenset(f.name for f in parsing if text_nulls and f.name not in kinds
-                               and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)))
-    text_as_null = frozenset(name for name in text_as_number if name not in required
-                             and name not in {source for source, _transform in partition or ()})
-    integer_columns = frozenset(name for name in text_as_number if pa.types.is_integer(parsing.field(name).type))
-    # Text columns whose values may come as integers (ids sent as numbers): each spelled as its digits.
-    text_columns = frozenset(f.name for f in parsing if text_nulls and f.name not in kinds
-                             and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)))
-    # Boolean columns whose values may come as text, and of those the ones whose other text reads as NULL.
-    flag_columns = frozenset(f.name for f in parsing if text_nulls and pa.types.is_boolean(f.type))
-    flag_as_null = frozenset(name for name in flag_columns if name not in required
-                             and name not in {source for source, _transform in partition or ()})
-    # A table that takes an OTLP export's columns as they are: each is one of its columns, and
-    # nothing renames, drops or computes columns or keeps unknown fields (otlp_rows.ROWS).
-    takes_rows = processors is None and not extra_fields and not changes and set(ROWS.names) <= set(file_schema.names)
-    columnar = [False]  # whether some request came as columns
-    drops = dropped(processors[0]) if processors is not None else frozenset()  # fields the table lacks, left out
-    # A field in other letter case of any name a drop names (Spark's drop takes it too) refuses its request.
-    folded_drops = {name.casefold() for name in drops | (nulled(processors[0]) if processors is not None else frozenset())}
-    folded_renames = {name.casefold() for pair in renames.items() for name in pair}
-    nested = [f.name for f in parsing if is_nested(f.type)]
-    wide_maps = False  # True once a body's maps had many keys
-    # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
-    # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
-    number_texts: list[tuple[frozenset[str], ...]] = []
-    split_last: list[bool] = []  # [True] where the task's last body was read in groups (read_split) and held numbers in a text column
-    # A text column's name before a number, as JSON writes it: where the body after such a one has
-    # none, it is read as one, not in groups (a search a fifth of a read's cost on a plain body).
-    # A nested field of the name matches too, and a name spelled with escapes does not: either way
-    # pyarrow's reads decide. Past MAX_SPLIT_NAMES text columns no search (each name is tried in turn).
-    number_in_text = (re.compile(rb'"(?:' + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
-                                                      for name in sorted(text_columns)) + rb')"[ \t\r]*:[ \t\r]*[-0-9]')
-                      if 0 < len(text_columns) <= MAX_SPLIT_NAMES else None)
-    nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
+def _answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, rejected: list[int] | None = None,
+            nulled_by_receipt: dict | None = None) -> pa.RecordBatch:
+    """One row of a task's answer: a file written; the last also the counts, the requests left
+    out and, per request, the columns where values were made NULL and in how many events."""
+    return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
+                                        "rejected": json.dumps(rejected) if rejected else None,
+                                        "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None}], schema=RESULT_ARROW)
+
+
+def _fault(data: pa.Table, required: frozenset[str]) -> str | None:
+    """What makes rows other than plain rows (the Spark job's DLQ), or None."""
+    import pyarrow.compute as pc
+
+    missing = [name for name in required if name in data.column_names and data.column(name).null_count]
+    if missing or any(name not in data.column_names for name in required):
+        return f"required column {(missing or sorted(required))[0]!r} has no value in an event"
+    present = None
+    for column in data.columns:
+        valid = pc.is_valid(column)
+        present = valid if present is None else pc.or_(present, valid)
+    if not pc.all(present, min_count=0).as_py():  # (no rows: a where kept none, nothing to say)
+        return "an event has no field of the table"
+    return None
+
+
+def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
+            extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
+            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None, text_nulls: bool,
+            batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Write a task's requests (see append_directly): one answer row per file written, the last
+    with the counts and the requests left out; or one row saying why this way cannot."""
+    freeze_once()
+    reader = BodyReader(parsing, file_schema, required, extra_fields, partition, changes, processors, text_nulls)
     nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
-    epoch_order = [False, True]
     tables, places, rejected = [], [], []
     sizes: dict[int, int] = {}  # each written request's body size, by its place
     for batch in batches:
@@ -1426,34 +1443,34 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
             try:
                 bodies = read_bodies(*where, bodies)
             except Exception as exc:  # noqa: BLE001 - whatever it is, shipping the bodies does without it
-                yield answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
+                yield _answer(refused=f"{UNREACHABLE}: {str(exc)[:300]}")
                 return
         for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
             try:
-                table, events = rows_of(body)
+                table, events = reader.rows_of(body)
             except Refused as exc:
                 if not by_request:
-                    yield answer(refused=str(exc)[:300])
+                    yield _answer(refused=str(exc)[:300])
                     return
                 rejected.append(seq)  # the Spark job takes this request
                 continue
             tables.append(table)
             places.append((receipt, seq, events))
             sizes[seq] = len(body)
-            if nulled_rows:
-                nulled_by_seq[seq] = (sorted(nulled_rows), len(set().union(*nulled_rows.values())))
-    if tables and (reason := fault(data := joined(tables))) is not None:
+            if reader.nulled_rows:
+                nulled_by_seq[seq] = (sorted(reader.nulled_rows), len(set().union(*reader.nulled_rows.values())))
+    if tables and (reason := _fault(data := reader.joined(tables), required)) is not None:
         if not by_request:
-            yield answer(refused=reason)
+            yield _answer(refused=reason)
             return
         # Which requests: looked for only now, so that a batch of plain rows pays one check.
-        kept = [fault(table) is None for table in tables]
+        kept = [_fault(table, required) is None for table in tables]
         rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
         tables = [table for table, keep in zip(tables, kept) if keep]
         places = [place for place, keep in zip(places, kept) if keep]
-        data = joined(tables) if tables else None
+        data = reader.joined(tables) if tables else None
     if not tables:
-        yield answer(last=True)
+        yield _answer(rejected=rejected)
         return
     counts: dict[str, int] = {}
     for receipt, _seq, events in places:
@@ -1468,6 +1485,6 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
     written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
     for path, _rows, _key in written[:-1]:
-        yield answer(path=path)
+        yield _answer(path=path)
     nulled_by_receipt = {receipt: nulled_by_seq[seq] for receipt, seq, _events in places if seq in nulled_by_seq}
-    yield answer(path=written[-1][0] if written else None, counts=counts, last=True, nulled_by_receipt=nulled_by_receipt)
+    yield _answer(path=written[-1][0] if written else None, counts=counts, rejected=rejected, nulled_by_receipt=nulled_by_receipt)

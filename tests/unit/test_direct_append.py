@@ -42,6 +42,7 @@ from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
     MAX_MISTYPED,
+    BodyReader,
     Unspellable,
     _appender,
     _extras_by_column,
@@ -949,6 +950,39 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
         return row | ({"msg": event["msg"] if isinstance(event["msg"], str) else str(event["msg"])} if "msg" in event else {})
 
     assert rows == [written(event) for events in bodies for event in events]
+
+
+def test_a_body_after_one_read_in_groups_costs_a_read_per_group_and_a_plain_one_a_single_read() -> None:
+    """BodyReader, the reads behind the test above: once a body was read in groups (a number and
+    text in a text column), the next such body costs one pyarrow read per group, not a failed read
+    of the whole body and of its number columns first; a body with no text column's name before a
+    number after it costs one read and ends the groups' turn; so does one the groups cannot read
+    (text in a number column too), read as before."""
+    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+    reads, read = [], reader.read
+    def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003 - the reader's own read, counted
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    reader.read = counted
+    def body(events: list[dict]) -> bytes:
+        return b"\n".join(json.dumps(event).encode() for event in events)
+
+    mixed = body([{"id": i, "msg": i if i % 2 else f"m{i}"} for i in range(8)])
+    reader.rows_of(mixed)
+    assert reader.split_last and len(reads) > 2
+    reads.clear()
+    table, events = reader.rows_of(mixed)
+    assert len(reads) == 2 and reader.split_last and events == 8
+    assert table.column("msg").to_pylist() == [str(i) if i % 2 else f"m{i}" for i in range(8)]
+    reads.clear()
+    reader.rows_of(body([{"id": 100, "msg": "plain", "n": 3}]))
+    assert len(reads) == 1 and not reader.split_last
+    reader.rows_of(mixed)
+    reads.clear()
+    table, events = reader.rows_of(body([{"id": 300, "msg": 7}, {"id": 301, "msg": "u"}, {"id": 302, "n": "slow"}]))
+    assert len(reads) > 2 and not reader.split_last
+    assert table.column("msg").to_pylist() == ["7", "u", None] and table.column("n").to_pylist() == [None, None, None]
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
