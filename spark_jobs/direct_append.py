@@ -62,7 +62,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from decimal import Decimal
 from functools import cache, reduce
 
@@ -1226,16 +1226,28 @@ class BodyReader:
         (Python's json says which): each group by one read of pyarrow, those columns read as
         doubles and spelled as the Spark job spells them (spelled_numbers), the rows put back in
         the events' order. pa.ArrowInvalid past MAX_SPLITS groups, or where the groups' reads do
-        not fit together."""
+        not fit together. Only the lines where number_in_text finds a text column's name before
+        a number are read by Python's json (a tenth of a loose logger's, say): the others go to
+        the group that reads every text column as text, whose read by pyarrow refuses any number
+        there the search missed (a name spelled with escapes)."""
+        import bisect
+
         import pyarrow.compute as pc
 
-        events = [json_event(line) for line in lines]
+        if self.number_in_text is None:
+            candidates: Iterable[int] = range(len(lines))
+        else:
+            starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+            candidates = sorted({bisect.bisect_right(starts, found.start()) - 1 for found in self.number_in_text.finditer(b"\n".join(lines))})
+        events: dict[int, dict] = {}
         groups: dict[tuple[str, ...], list[int]] = {}
-        for row, event in enumerate(events):
-            found = self.numbered(event)
-            if found:
+        for row in candidates:
+            event = json_event(lines[row])
+            if found := self.numbered(event):
                 events[row] = exact_numbers(event, lines[row], found)
-            groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
+                groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
+        if len(events) < len(lines):
+            groups[()] = [row for row in range(len(lines)) if row not in events]
         if len(groups) > MAX_SPLITS:
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
         parts, order = [], []
