@@ -104,7 +104,8 @@ def delete_files_as_written(stack: Stack, write_mode: str) -> None:
     assert health["deleted_rows"] > 0 or 1 not in contents
 
 
-@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+# Copy-on-write (not the default) in make test-long: 73 s of a make test worker, merge-on-read's 15.
+@pytest.mark.parametrize("write_mode", [pytest.param("copy-on-write", marks=pytest.mark.long), "merge-on-read"])
 def test_inserts_updates_and_deletes_apply_in_order_and_are_counted(stack: Stack, write_mode: str) -> None:
     with stack.client() as http:
         assert http.post("/v1/pipelines", json=people(write_mode)).status_code == 201
@@ -559,7 +560,7 @@ def test_changes_applied_to_a_table_that_moved_meanwhile_are_applied_again(stack
     delete_files_as_written(stack, "merge-on-read")  # the default
 
 
-@pytest.mark.parametrize("write_mode", ["copy-on-write", "merge-on-read"])
+@pytest.mark.parametrize("write_mode", [pytest.param("copy-on-write", marks=pytest.mark.long), "merge-on-read"])
 def test_a_compaction_and_a_row_change_of_the_same_files_never_commit_one_over_the_other(stack_factory, write_mode: str) -> None:  # noqa: ANN001
     """A compaction of the table's files and row changes touching them race through the commit
     stream: whichever comes second finds its files replaced or rows of them deleted (the
