@@ -314,6 +314,42 @@ def spelled_numbers(numbers: pa.ChunkedArray, events: Callable[[int], dict], nam
     return pa.array(texts, pa.string())
 
 
+# A key's colon and the JSON number after it (quoted_numbers).
+_NUMBER_AFTER_KEY = re.compile(rb"[ \t\r]*:[ \t\r]*(-?[0-9][0-9.eE+-]*)")
+
+
+def quoted_numbers(line: bytes, event: dict, names: Collection[str]) -> bytes | None:
+    """`line` with the number of each of its text columns `names` written as the JSON string the
+    Spark job spells it as (spelled_numbers: an integer's digits, Java's spelling of any other
+    double), so that the line reads with the others, those columns as text. `event` is the line
+    as Python reads it (exact_numbers). None where unsure: the name's key spelled otherwise or
+    its text found more than once in the line (a nested field, a key twice, a value), a spelling
+    unsure (Unspellable), or the line so written read otherwise than `event` with those texts."""
+    spots = []
+    for name in names:
+        key = json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        if line.count(key) != 1 or (found := _NUMBER_AFTER_KEY.match(line, line.index(key) + len(key))) is None:
+            return None
+        value = event[name]
+        try:
+            text = str(value) if isinstance(value, int) else java_double(value)
+        except (Unspellable, OverflowError):
+            return None
+        spots.append((found.start(1), found.end(1), name, text))
+    spots.sort()
+    pieces, at = [], 0
+    for start, end, _name, text in spots:
+        pieces += [line[at:start], json.dumps(text).encode()]
+        at = end
+    written = b"".join([*pieces, line[at:]])
+    try:
+        if json_event(written) != {**event, **{name: text for _start, _end, name, text in spots}}:
+            return None
+    except pa.ArrowInvalid:
+        return None
+    return written
+
+
 # pyarrow's error for a JSON string where the explicit schema has a boolean: the column and the row.
 _TEXT_FOR_FLAG = re.compile(r"Column\(/(.+)\) changed from boolean to string in row ([0-9]+)$")
 # Text that no trimming and lower-casing makes one of Spark's words for true and false: printable
@@ -1229,7 +1265,9 @@ class BodyReader:
         not fit together. Only the lines where number_in_text finds a text column's name before
         a number are read by Python's json (a tenth of a loose logger's, say): the others go to
         the group that reads every text column as text, whose read by pyarrow refuses any number
-        there the search missed (a name spelled with escapes)."""
+        there the search missed (a name spelled with escapes). A line whose numbers there
+        quoted_numbers can write as their text goes to that group too, so written: most requests
+        are one read."""
         import bisect
 
         import pyarrow.compute as pc
@@ -1241,11 +1279,18 @@ class BodyReader:
             candidates = sorted({bisect.bisect_right(starts, found.start()) - 1 for found in self.number_in_text.finditer(b"\n".join(lines))})
         events: dict[int, dict] = {}
         groups: dict[tuple[str, ...], list[int]] = {}
+        rewritten: dict[int, bytes] = {}
         for row in candidates:
             event = json_event(lines[row])
             if found := self.numbered(event):
-                events[row] = exact_numbers(event, lines[row], found)
+                event = exact_numbers(event, lines[row], found)
+                if (line := quoted_numbers(lines[row], event, found)) is not None:
+                    rewritten[row] = line  # read with the rest, its numbers as their text
+                    continue
+                events[row] = event
                 groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
+        if rewritten:
+            lines = [rewritten.get(row, line) for row, line in enumerate(lines)]
         if len(events) < len(lines):
             groups[()] = [row for row in range(len(lines)) if row not in events]
         if len(groups) > MAX_SPLITS:
@@ -1265,7 +1310,7 @@ class BodyReader:
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
-        self.split_last = any(groups)
+        self.split_last = bool(events or rewritten)
         return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
 
     def numbered(self, event: dict) -> tuple[str, ...]:

@@ -46,11 +46,14 @@ from spark_jobs.direct_append import (
     Unspellable,
     _appender,
     _extras_by_column,
+    exact_numbers,
     extra_maps,
     extra_text,
     java_double,
+    json_event,
     may_read_as_number,
     parse_schema,
+    quoted_numbers,
     tasks_for,
     write_partitioned,
 )
@@ -952,12 +955,13 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
     assert rows == [written(event) for events in bodies for event in events]
 
 
-def test_a_body_after_one_read_in_groups_costs_a_read_per_group_and_a_plain_one_a_single_read() -> None:
-    """BodyReader, the reads behind the test above: once a body was read in groups (a number and
-    text in a text column), the next such body costs one pyarrow read per group, not a failed read
-    of the whole body and of its number columns first; a body with no text column's name before a
-    number after it costs one read and ends the groups' turn; so does one the groups cannot read
-    (text in a number column too), read as before."""
+def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_numbers_can_be_quoted() -> None:
+    """BodyReader, the reads behind the test above: once a body held a number and text in a text
+    column, the next such body is read so first, its numbers there written as the text the Spark
+    job spells them as (quoted_numbers): one pyarrow read, not a failed read of the whole body
+    and of its number columns first; where that is unsure (the name's text twice in a line), one
+    read per group. A body with no text column's name before a number after it costs one read and
+    ends the groups' turn; so does one the groups cannot read (text in a number column too)."""
     reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
     reads, read = [], reader.read
     def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003 - the reader's own read, counted
@@ -971,15 +975,20 @@ def test_a_body_after_one_read_in_groups_costs_a_read_per_group_and_a_plain_one_
     mixed = body([{"id": i, "msg": i if i % 2 else f"m{i}"} for i in range(8)])
     reader.rows_of(mixed)
     assert reader.split_last and len(reads) > 2
+    expected = [str(i) if i % 2 else f"m{i}" for i in range(8)]
     reads.clear()
     table, events = reader.rows_of(mixed)
-    assert len(reads) == 2 and reader.split_last and events == 8
-    assert table.column("msg").to_pylist() == [str(i) if i % 2 else f"m{i}" for i in range(8)]
+    assert len(reads) == 1 and reader.split_last and events == 8 and table.column("msg").to_pylist() == expected
+    # "msg" twice in a line (here a value of a field the table lacks): that line is a group of its own.
+    reads.clear()
+    table, events = reader.rows_of(body([{"id": 1, "msg": 2.50, "tag": "msg"}, {"id": 2, "msg": 1e3}, {"id": 3, "msg": "t"}]))
+    assert len(reads) == 2 and table.column("msg").to_pylist() == ["2.5", "1000.0", "t"]
+    assert table.column("_extra").to_pylist() == [[("tag", "msg")], None, None]
     # Only the lines where a text column's name comes before a number are parsed in Python; one
     # that spells the name with escapes is found by pyarrow's read instead, and read alone.
     escaped = mixed + b'\n{"id": 9, "m\\u0073g": 9}'
     table, events = reader.rows_of(escaped)
-    assert events == 9 and table.column("msg").to_pylist() == [str(i) if i % 2 else f"m{i}" for i in range(8)] + ["9"]
+    assert events == 9 and table.column("msg").to_pylist() == [*expected, "9"]
     reader.rows_of(mixed)
     reads.clear()
     reader.rows_of(body([{"id": 100, "msg": "plain", "n": 3}]))
@@ -989,6 +998,24 @@ def test_a_body_after_one_read_in_groups_costs_a_read_per_group_and_a_plain_one_
     table, events = reader.rows_of(body([{"id": 300, "msg": 7}, {"id": 301, "msg": "u"}, {"id": 302, "n": "slow"}]))
     assert len(reads) > 2 and not reader.split_last
     assert table.column("msg").to_pylist() == ["7", "u", None] and table.column("n").to_pylist() == [None, None, None]
+
+
+@pytest.mark.parametrize(("line", "names", "written"), [
+    (b'{"id": 1, "msg": 12}', ["msg"], b'{"id": 1, "msg": "12"}'),
+    (b'{"msg" : -0, "id": 1}', ["msg"], b'{"msg" : "0", "id": 1}'),
+    (b'{"id": 1, "msg": 1.50, "host": 1e3}', ["msg", "host"], b'{"id": 1, "msg": "1.5", "host": "1000.0"}'),
+    (b'{"id": 1, "msg": 0.0001}', ["msg"], b'{"id": 1, "msg": "1.0E-4"}'),
+    (b'{"id": 1, "msg": 18446744073709551616}', ["msg"], b'{"id": 1, "msg": "18446744073709551616"}'),
+    (b'{"id": 1, "msg": 1e16}', ["msg"], None),  # Java's digits unsure from 1e16 on
+    (b'{"id": 1, "msg": "x", "msg": 5}', ["msg"], None),  # a key twice
+    (b'{"id": 1, "n": {"msg": 4}, "msg": 5}', ["msg"], None),  # a nested field of the name
+    (b'{"id": 1, "tag": "msg", "msg": 5}', ["msg"], None),  # the name's text as a value
+    (b'{"id": 1, "n": {"msg": 4}, "m\\u0073g": 5}', ["msg"], None),  # the key spelled with escapes: the nested one found
+])
+def test_numbers_in_a_text_column_are_quoted_as_the_spark_job_spells_them_where_the_line_says_so_surely(
+        line: bytes, names: list[str], written: bytes | None) -> None:
+    event = exact_numbers(json_event(line), line, names)
+    assert quoted_numbers(line, event, names) == written
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
@@ -1072,8 +1099,9 @@ def test_a_body_that_shows_its_text_columns_numbers_one_read_at_a_time_is_read_a
     def body(columns: int) -> bytes:  # numbers in s0 ... s{columns - 1}, text in the others: a read finds one such column
         return b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if j < columns else f"t{j}") for j in range(6)}}).encode() for i in range(3))
 
-    # Each event with numbers in other columns than the others (event i: those of the bits of i + 1).
-    scattered = b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if (i + 1) >> j & 1 else f"t{j}") for j in range(6)}}).encode()
+    # Each event with numbers in other columns than the others (event i: those of the bits of i + 1),
+    # its text the next column's name: a name twice in a line, whose numbers quoted_numbers leaves.
+    scattered = b"\n".join(json.dumps({"id": i, **{f"s{j}": (j if (i + 1) >> j & 1 else f"s{(j + 1) % 6}") for j in range(6)}}).encode()
                             for i in range(MAX_MISTYPED + 1))
     bodies = [scattered, body(6), body(3)]
     batch = pa.record_batch({"receipt": ["scattered", "six", "three"], "body": pa.array(bodies, pa.large_binary()),
