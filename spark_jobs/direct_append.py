@@ -262,7 +262,18 @@ def _number_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | Non
     return found[1] if found and found[1] in columns else None
 
 
+# pyarrow's error for a JSON boolean, object or list where the explicit schema has a string.
+_OTHER_FOR_TEXT = re.compile(r"Column\(/(.+)\) changed from string to (boolean|object|array) in row ([0-9]+)$")
+
+
+def _other_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None:
+    """The column of `columns` where pyarrow met a JSON boolean, object or list in a text column, or None."""
+    found = _OTHER_FOR_TEXT.search(str(exc))
+    return found[1] if found and found[1] in columns else None
+
+
 _NUMBER_TYPES = frozenset({int, float})  # a JSON number as Python reads it (a boolean's type is bool)
+_COPIED_TYPES = frozenset({bool, dict, list})  # the other values Spark's JSON reader copies as text into a text column
 _BEYOND_64_BITS = 2.0**63  # orjson reads an integer from here on (or below minus this) as a double
 
 
@@ -308,34 +319,51 @@ def spelled_numbers(numbers: pa.ChunkedArray, events: Callable[[int], dict], nam
         try:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != values[row]:
                 raise pa.ArrowInvalid(f"the text column {name!r} read otherwise than its line holds it")
-            texts[row] = str(value) if isinstance(value, int) else java_double(value)
+            texts[row] = number_text(value)
         except (Unspellable, OverflowError) as exc:
             raise pa.ArrowInvalid(f"a number in the text column {name!r}: {exc}") from None
     return pa.array(texts, pa.string())
 
 
-# A key's colon and the JSON number after it (quoted_numbers).
+# A key's colon and the JSON number after it, or where any other value starts (quoted_texts).
 _NUMBER_AFTER_KEY = re.compile(rb"[ \t\r]*:[ \t\r]*(-?[0-9][0-9.eE+-]*)")
+_VALUE_AFTER_KEY = re.compile(rb"[ \t\r]*:[ \t\r]*")
 
 
-def quoted_numbers(line: bytes, event: dict, names: Collection[str]) -> bytes | None:
-    """`line` with the number of each of its text columns `names` written as the JSON string the
-    Spark job spells it as (spelled_numbers: an integer's digits, Java's spelling of any other
-    double), so that the line reads with the others, those columns as text. `event` is the line
-    as Python reads it (exact_numbers). None where unsure: the name's key spelled otherwise or
-    its text found more than once in the line (a nested field, a key twice, a value), a spelling
-    unsure (Unspellable), or the line so written read otherwise than `event` with those texts."""
+@cache
+def _json_key(name: str) -> bytes:
+    """A column's name as a JSON key is most often spelled: no escapes but the needed ones."""
+    return json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def quoted_texts(line: bytes, event: dict, names: Collection[str]) -> bytes | None:
+    """`line` with the value of each of its text columns `names` (a number, a boolean, an object,
+    a list) written as the JSON string the Spark job reads it as, so that the line reads with the
+    others, those columns as text: Spark's JSON reader copies such a value as Jackson writes it
+    (a number as spelled_numbers spells it: an integer's digits, Java's spelling of any other
+    double; true and false; an object or a list compactly, as extra_text spells the extra_fields
+    map's). `event` is the line as Python reads it (exact_numbers). None where unsure: the
+    name's key spelled otherwise or its text found more than once in the line (a nested field, a
+    key twice, a value), a spelling unsure (Unspellable), or the line so written read otherwise
+    than `event` with those texts."""
     spots = []
     for name in names:
-        key = json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        if line.count(key) != 1 or (found := _NUMBER_AFTER_KEY.match(line, line.index(key) + len(key))) is None:
+        key = _json_key(name)
+        if line.count(key) != 1:
             return None
-        value = event[name]
+        value, after_key = event[name], line.index(key) + len(key)
         try:
-            text = str(value) if isinstance(value, int) else java_double(value)
-        except (Unspellable, OverflowError):
+            if type(value) in _NUMBER_TYPES:
+                if (found := _NUMBER_AFTER_KEY.match(line, after_key)) is None:
+                    return None
+                spots.append((found.start(1), found.end(1), name, number_text(value)))
+                continue
+            start = _VALUE_AFTER_KEY.match(line, after_key).end()
+            rest = line[start:].decode("utf-8")
+            copied, end = json.JSONDecoder(object_pairs_hook=tuple).raw_decode(rest)  # (extra_text's objects: their pairs, in order)
+            spots.append((start, start + len(rest[:end].encode("utf-8")), name, extra_text(copied, top=False)))
+        except (Unspellable, OverflowError, ValueError):  # (json's errors and a UnicodeDecodeError are ValueErrors)
             return None
-        spots.append((found.start(1), found.end(1), name, text))
     spots.sort()
     pieces, at = [], 0
     for start, end, _name, text in spots:
@@ -824,10 +852,8 @@ def extra_text(value: object, top: bool = True) -> str:
         return "false"
     if value is None:
         return "null"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return java_double(value)
+    if isinstance(value, (int, float)):
+        return number_text(value)
     if isinstance(value, tuple):
         return "{" + ",".join(f"{_quoted(key)}:{extra_text(item, False)}" for key, item in value) + "}"
     return "[" + ",".join(extra_text(item, False) for item in value) + "]"
@@ -864,6 +890,12 @@ def _surrogates(c: str) -> str:
     COMBINE_UNICODE_SURROGATES_IN_UTF8 off)."""
     code = ord(c) - 0x10000
     return f"\\u{0xD800 + (code >> 10):04X}\\u{0xDC00 + (code & 0x3FF):04X}"
+
+
+def number_text(value: int | float) -> str:
+    """A JSON number as the Spark job reads it as text: an integer's digits (Jackson's, beyond
+    a long too), any other number as Java's Double.toString spells its double (java_double)."""
+    return str(value) if isinstance(value, int) else java_double(value)
 
 
 def java_double(x: float) -> str:
@@ -1035,14 +1067,15 @@ class BodyReader:
         # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
         # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
         self.number_texts: tuple[frozenset[str], ...] | None = None
-        self.split_last = False  # whether the task's last body was read in groups (read_split) and held numbers in a text column
-        # A text column's name before a number, as JSON writes it: where the body after such a one has
+        self.split_last = False  # whether the task's last body was read by read_split and held numbers (or booleans, objects, lists) in a text column
+        # A text column's name before a number (or a boolean, an object, a list: the first letter of
+        # true or false, a brace or a bracket), as JSON writes it: where the body after such a one has
         # none, it is read as one, not in groups (a search a fifth of a read's cost on a plain body).
         # A nested field of the name matches too, and a name spelled with escapes does not: either way
         # pyarrow's reads decide. Past MAX_SPLIT_NAMES text columns no search (each name is tried in turn).
-        self.number_in_text = (
+        self.odd_in_text = (
             re.compile(rb'"(?:' + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
-                                            for name in sorted(self.text_columns)) + rb')"[ \t\r]*:[ \t\r]*[-0-9]')
+                                            for name in sorted(self.text_columns)) + rb')"[ \t\r]*:[ \t\r]*[-0-9tf{[]')
             if 0 < len(self.text_columns) <= MAX_SPLIT_NAMES else None)
         self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
         self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
@@ -1068,7 +1101,7 @@ class BodyReader:
             return self.read(body, "infer" if self.extra_fields or self.maps or self.drops else "error", epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
             if (not self.extra_fields or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, self.text_columns)
-                    or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
+                    or _other_for_text(exc, self.text_columns) or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
             return self.read(body, "ignore", epoch, as_read=as_read), True
@@ -1169,7 +1202,7 @@ class BodyReader:
         The rows whose values it made NULL: in nulled_rows, by column."""
         self.nulled_rows.clear()
         if self.split_last:  # the task's last body held numbers and text in a text column: so may this one
-            if self.number_in_text is not None and self.number_in_text.search(body) is None:
+            if self.odd_in_text is not None and self.odd_in_text.search(body) is None:
                 self.split_last = False  # (no text column's name before a number: a plain body, read as one)
             else:
                 try:
@@ -1195,6 +1228,11 @@ class BodyReader:
                     return self.read_numbers(body, epoch, frozenset(), frozenset(), frozenset({number}))
                 except pa.ArrowInvalid:
                     pass  # numbers and text in one text column: the events with a number are read alone (below)
+            elif _other_for_text(exc, self.text_columns) is not None:
+                try:  # booleans, objects and lists in a text column (a message now text, now an object): copied as text
+                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch)
+                except pa.ArrowInvalid:
+                    raise exc from None
             elif (flag := _text_for_flag(exc, self.flag_columns)) is not None:
                 try:  # booleans as text ("true", "yes": a logger that writes every value as a string)
                     return self.read_numbers(body, epoch, frozenset(), frozenset(), frozenset(), frozenset({flag}))
@@ -1262,31 +1300,35 @@ class BodyReader:
         (Python's json says which): each group by one read of pyarrow, those columns read as
         doubles and spelled as the Spark job spells them (spelled_numbers), the rows put back in
         the events' order. pa.ArrowInvalid past MAX_SPLITS groups, or where the groups' reads do
-        not fit together. Only the lines where number_in_text finds a text column's name before
-        a number are read by Python's json (a tenth of a loose logger's, say): the others go to
+        not fit together. Only the lines where odd_in_text finds a text column's name before
+        a number (or a boolean, an object, a list) are read by Python's json (a tenth of a loose logger's, say): the others go to
         the group that reads every text column as text, whose read by pyarrow refuses any number
         there the search missed (a name spelled with escapes). A line whose numbers there
-        quoted_numbers can write as their text goes to that group too, so written: most requests
-        are one read."""
+        quoted_texts can write as their text goes to that group too, so written: most requests
+        are one read. So do the lines with a boolean, an object or a list in a text column, which
+        only so written are read (pa.ArrowInvalid where quoted_texts cannot write one)."""
         import bisect
 
         import pyarrow.compute as pc
 
-        if self.number_in_text is None:
+        if self.odd_in_text is None:
             candidates: Iterable[int] = range(len(lines))
         else:
             starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-            candidates = sorted({bisect.bisect_right(starts, found.start()) - 1 for found in self.number_in_text.finditer(b"\n".join(lines))})
+            candidates = sorted({bisect.bisect_right(starts, found.start()) - 1 for found in self.odd_in_text.finditer(b"\n".join(lines))})
         events: dict[int, dict] = {}
         groups: dict[tuple[str, ...], list[int]] = {}
         rewritten: dict[int, bytes] = {}
         for row in candidates:
             event = json_event(lines[row])
-            if found := self.numbered(event):
+            copied = self.copied(event)
+            if (found := self.numbered(event)) or copied:
                 event = exact_numbers(event, lines[row], found)
-                if (line := quoted_numbers(lines[row], event, found)) is not None:
-                    rewritten[row] = line  # read with the rest, its numbers as their text
+                if (line := quoted_texts(lines[row], event, found + copied)) is not None:
+                    rewritten[row] = line  # read with the rest, those values as their text
                     continue
+                if copied:
+                    raise pa.ArrowInvalid(f"a value in the text column {copied[0]!r} this way cannot be sure to spell as the Spark job does")
                 events[row] = event
                 groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
         if rewritten:
@@ -1316,6 +1358,10 @@ class BodyReader:
     def numbered(self, event: dict) -> tuple[str, ...]:
         """The text columns where `event` holds a JSON number, in its order."""
         return tuple([name for name, value in event.items() if type(value) in _NUMBER_TYPES and name in self.text_columns])
+
+    def copied(self, event: dict) -> tuple[str, ...]:
+        """The text columns where `event` holds a JSON boolean, object or list, in its order."""
+        return tuple([name for name, value in event.items() if type(value) in _COPIED_TYPES and name in self.text_columns])
 
     def spelled_column(self, table: pa.Table, name: str, events: Callable[[int], dict]) -> pa.Table:
         """`table` with its text column `name`, read as doubles, spelled (spelled_numbers)."""

@@ -53,7 +53,7 @@ from spark_jobs.direct_append import (
     json_event,
     may_read_as_number,
     parse_schema,
-    quoted_numbers,
+    quoted_texts,
     tasks_for,
     write_partitioned,
 )
@@ -955,10 +955,10 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
     assert rows == [written(event) for events in bodies for event in events]
 
 
-def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_numbers_can_be_quoted() -> None:
+def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_values_can_be_quoted() -> None:
     """BodyReader, the reads behind the test above: once a body held a number and text in a text
     column, the next such body is read so first, its numbers there written as the text the Spark
-    job spells them as (quoted_numbers): one pyarrow read, not a failed read of the whole body
+    job spells them as (quoted_texts): one pyarrow read, not a failed read of the whole body
     and of its number columns first; where that is unsure (the name's text twice in a line), one
     read per group. A body with no text column's name before a number after it costs one read and
     ends the groups' turn; so does one the groups cannot read (text in a number column too)."""
@@ -984,6 +984,10 @@ def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_
     table, events = reader.rows_of(body([{"id": 1, "msg": 2.50, "tag": "msg"}, {"id": 2, "msg": 1e3}, {"id": 3, "msg": "t"}]))
     assert len(reads) == 2 and table.column("msg").to_pylist() == ["2.5", "1000.0", "t"]
     assert table.column("_extra").to_pylist() == [[("tag", "msg")], None, None]
+    # Booleans, objects and lists there too: copied as their text, in the same one read.
+    reads.clear()
+    table, events = reader.rows_of(body([{"id": 1, "msg": {"a": [1.50, None]}}, {"id": 2, "msg": True}, {"id": 3, "msg": 4}, {"id": 4, "msg": "t"}]))
+    assert len(reads) == 1 and events == 4 and table.column("msg").to_pylist() == ['{"a":[1.5,null]}', "true", "4", "t"]
     # Only the lines where a text column's name comes before a number are parsed in Python; one
     # that spells the name with escapes is found by pyarrow's read instead, and read alone.
     escaped = mixed + b'\n{"id": 9, "m\\u0073g": 9}'
@@ -1011,11 +1015,23 @@ def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_
     (b'{"id": 1, "n": {"msg": 4}, "msg": 5}', ["msg"], None),  # a nested field of the name
     (b'{"id": 1, "tag": "msg", "msg": 5}', ["msg"], None),  # the name's text as a value
     (b'{"id": 1, "n": {"msg": 4}, "m\\u0073g": 5}', ["msg"], None),  # the key spelled with escapes: the nested one found
+    # Booleans, objects and lists: copied as Jackson writes them (compact, numbers as Java spells them, keys twice kept).
+    (b'{"id": 1, "msg": true}', ["msg"], b'{"id": 1, "msg": "true"}'),
+    (b'{"msg":false,"id": 1}', ["msg"], b'{"msg":"false","id": 1}'),
+    (b'{"id": 1, "msg": { "a" : 1.50, "b": [1e3, "x", null], "c": {} }, "n": 2}', ["msg"],
+     b'{"id": 1, "msg": "{\\"a\\":1.5,\\"b\\":[1000.0,\\"x\\",null],\\"c\\":{}}", "n": 2}'),
+    (b'{"id": 1, "msg": [1, "\xc3\xa9", {"q": "a\\"b\\n"}]}', ["msg"], b'{"id": 1, "msg": "[1,\\"\\u00e9\\",{\\"q\\":\\"a\\\\\\"b\\\\n\\"}]"}'),
+    (b'{"id": 1, "msg": ["\xf0\x9f\x98\x80"]}', ["msg"], b'{"id": 1, "msg": "[\\"\\\\uD83D\\\\uDE00\\"]"}'),  # as UTF-16 escapes, Jackson's
+    (b'{"id": 1, "msg": {"k": 1, "k": 2}}', ["msg"], b'{"id": 1, "msg": "{\\"k\\":1,\\"k\\":2}"}'),
+    (b'{"id": 1, "msg": [1e400]}', ["msg"], None),  # a number no double holds: unsure
+    (b'{"id": 1, "msg": ["\\u0001"]}', ["msg"], None),  # a control character Jackson escapes as \u0001: unsure
+    (b'{"id": 1, "msg": {"msg": 1}}', ["msg"], None),  # the name's text twice
+    (b'{"id": 1, "msg": [2], "host": 7}', ["msg", "host"], b'{"id": 1, "msg": "[2]", "host": "7"}'),
 ])
-def test_numbers_in_a_text_column_are_quoted_as_the_spark_job_spells_them_where_the_line_says_so_surely(
+def test_values_in_a_text_column_are_quoted_as_the_spark_job_copies_them_where_the_line_says_so_surely(
         line: bytes, names: list[str], written: bytes | None) -> None:
     event = exact_numbers(json_event(line), line, names)
-    assert quoted_numbers(line, event, names) == written
+    assert quoted_texts(line, event, names) == written
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
