@@ -206,6 +206,7 @@ def may_read_as_number(text: str) -> bool:
 INTEGER_TEXT = r"^-?[0-9]{1,18}$"
 DECIMAL_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]{1,3})?$"
 _PLAIN_NUMBER_TEXT = re.compile(DECIMAL_TEXT)
+_INTEGER_TEXT = re.compile(INTEGER_TEXT)
 
 
 def _as_int32(numbers: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
@@ -336,7 +337,7 @@ def _json_key(name: str) -> bytes:
     return json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
-def quoted_texts(line: bytes, event: dict, names: Collection[str]) -> bytes | None:
+def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict[str, int | float | None] | None = None) -> bytes | None:
     """`line` with the value of each of its text columns `names` (a number, a boolean, an object,
     a list) written as the JSON string the Spark job reads it as, so that the line reads with the
     others, those columns as text: Spark's JSON reader copies such a value as Jackson writes it
@@ -345,8 +346,21 @@ def quoted_texts(line: bytes, event: dict, names: Collection[str]) -> bytes | No
     map's). `event` is the line as Python reads it (exact_numbers). None where unsure: the
     name's key spelled otherwise or its text found more than once in the line (a nested field, a
     key twice, a value), a spelling unsure (Unspellable), or the line so written read otherwise
-    than `event` with those texts."""
+    than `event` with those texts. `numbers`: number columns whose text is written as the value
+    given, a number (its text as numbers_from_text reads it) or None (NULL, as text that cannot be
+    a number is in an optional column)."""
     spots = []
+    for name, number in (numbers or {}).items():
+        key = _json_key(name)
+        if line.count(key) != 1 or not isinstance(event[name], str):
+            return None
+        try:
+            start = _VALUE_AFTER_KEY.match(line, line.index(key) + len(key)).end()
+            rest = line[start:].decode("utf-8")
+            _text, end = json.JSONDecoder().raw_decode(rest)
+        except ValueError:
+            return None
+        spots.append((start, start + len(rest[:end].encode("utf-8")), name, number))
     for name in names:
         key = _json_key(name)
         if line.count(key) != 1:
@@ -366,8 +380,8 @@ def quoted_texts(line: bytes, event: dict, names: Collection[str]) -> bytes | No
             return None
     spots.sort()
     pieces, at = [], 0
-    for start, end, _name, text in spots:
-        pieces += [line[at:start], json.dumps(text).encode()]
+    for start, end, _name, value in spots:
+        pieces += [line[at:start], json.dumps(value).encode() if isinstance(value, str) or value is None else repr(value).encode()]
         at = end
     written = b"".join([*pieces, line[at:]])
     try:
@@ -1073,10 +1087,13 @@ class BodyReader:
         # none, it is read as one, not in groups (a search a fifth of a read's cost on a plain body).
         # A nested field of the name matches too, and a name spelled with escapes does not: either way
         # pyarrow's reads decide. Past MAX_SPLIT_NAMES text columns no search (each name is tried in turn).
+        # So is a number column's before text (group `text`).
         self.odd_in_text = (
-            re.compile(rb'"(?:' + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
-                                            for name in sorted(self.text_columns)) + rb')"[ \t\r]*:[ \t\r]*[-0-9tf{[]')
-            if 0 < len(self.text_columns) <= MAX_SPLIT_NAMES else None)
+            re.compile(b"|".join(rb'"(' + group + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
+                                                            for name in sorted(names)) + rb')"[ \t\r]*:[ \t\r]*' + after
+                                 for names, group, after in ((self.text_columns, b"?:", rb"[-0-9tf{[]"), (self.text_as_number, b"?P<text>", b'"'))
+                                 if names))
+            if 0 < len(self.text_columns) + len(self.text_as_number) <= MAX_SPLIT_NAMES else None)
         self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
         self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
 
@@ -1206,7 +1223,7 @@ class BodyReader:
                 self.split_last = False  # (no text column's name before a number: a plain body, read as one)
             else:
                 try:
-                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch)
+                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch, first=True)
                 except pa.ArrowInvalid:
                     self.split_last = False
         if self.number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
@@ -1251,14 +1268,14 @@ class BodyReader:
             try:
                 return self.read_numbers(body, epoch, as_text)
             except pa.ArrowInvalid:
-                pass  # numbers and text in one column: the events with text are read alone
-        if self.stray(first) is None:  # text in a required column or a partition's source
-            raise first
-        if _number_for_text(first, self.text_columns) is not None:
+                pass  # numbers and text in one column: their lines written with each text's number (read_split), or read alone
+        if _number_for_text(first, self.text_columns) is not None or self.mistyped(first, self.text_as_number) is not None:
             try:
                 return self.read_split(lines, epoch)
             except pa.ArrowInvalid:
-                pass  # the events with a number there (and with text in a number column) are read alone
+                pass  # the events with a number there (or with text in a number column) are read alone
+        if self.stray(first) is None:  # text in a required column or a partition's source
+            raise first
         ends = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))  # where each line ends in the lines' bytes
         end = ends[-1]
         budget = REREAD_TIMES * end
@@ -1294,7 +1311,7 @@ class BodyReader:
         self.nulled_rows.update(alone_nulled)
         return table, parts[0][1]
 
-    def read_split(self, lines: list[bytes], epoch: bool) -> tuple[pa.Table, bool]:
+    def read_split(self, lines: list[bytes], epoch: bool, first: bool = False) -> tuple[pa.Table, bool]:
         """The events of a body that sends numbers and text in one text column (a user id now
         12345, now "anon"), read in groups, by the text columns where each holds a number
         (Python's json says which): each group by one read of pyarrow, those columns read as
@@ -1305,8 +1322,13 @@ class BodyReader:
         the group that reads every text column as text, whose read by pyarrow refuses any number
         there the search missed (a name spelled with escapes). A line whose numbers there
         quoted_texts can write as their text goes to that group too, so written: most requests
-        are one read. So do the lines with a boolean, an object or a list in a text column, which
-        only so written are read (pa.ArrowInvalid where quoted_texts cannot write one)."""
+        are one read. So do the lines with a boolean, an object or a list in a text column, and
+        those with text in a number column amid numbers (a status now 200, now "200"; now and then
+        "n/a"), written with the number each text converts to or null (unquoted), which only so
+        written are read (pa.ArrowInvalid where quoted_texts cannot write one). `first`: tried
+        before any other read (split_last), pa.ArrowInvalid where the search finds text in a
+        number column in more than half the lines (a body whose number columns come as text
+        throughout is one read of read_numbers)."""
         import bisect
 
         import pyarrow.compute as pc
@@ -1315,20 +1337,26 @@ class BodyReader:
             candidates: Iterable[int] = range(len(lines))
         else:
             starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-            candidates = sorted({bisect.bisect_right(starts, found.start()) - 1 for found in self.odd_in_text.finditer(b"\n".join(lines))})
+            found_in = [(bisect.bisect_right(starts, found.start()) - 1, found.lastgroup) for found in self.odd_in_text.finditer(b"\n".join(lines))]
+            candidates = sorted({row for row, _group in found_in})
+            if first and len({row for row, group in found_in if group == "text"}) * 2 > len(lines):
+                raise pa.ArrowInvalid("most lines hold text in a number column")
         events: dict[int, dict] = {}
+        nulled: dict[str, set[int]] = {}
         groups: dict[tuple[str, ...], list[int]] = {}
         rewritten: dict[int, bytes] = {}
         for row in candidates:
             event = json_event(lines[row])
-            copied = self.copied(event)
-            if (found := self.numbered(event)) or copied:
+            copied, numbers = self.copied(event), self.unquoted(event)
+            if (found := self.numbered(event)) or copied or numbers:
                 event = exact_numbers(event, lines[row], found)
-                if (line := quoted_texts(lines[row], event, found + copied)) is not None:
-                    rewritten[row] = line  # read with the rest, those values as their text
+                if (line := quoted_texts(lines[row], event, found + copied, numbers)) is not None:
+                    rewritten[row] = line  # read with the rest, those values as their text (and texts as their numbers)
+                    for name in (name for name, number in numbers.items() if number is None):
+                        nulled.setdefault(name, set()).add(row)
                     continue
-                if copied:
-                    raise pa.ArrowInvalid(f"a value in the text column {copied[0]!r} this way cannot be sure to spell as the Spark job does")
+                if copied or numbers:
+                    raise pa.ArrowInvalid(f"a value in the column {(copied + tuple(numbers))[0]!r} this way cannot be sure to read as the Spark job does")
                 events[row] = event
                 groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
         if rewritten:
@@ -1353,11 +1381,32 @@ class BodyReader:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
         self.split_last = bool(events or rewritten)
+        for name, rows in nulled.items():
+            self.nulled_rows.setdefault(name, set()).update(rows)
         return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
 
     def numbered(self, event: dict) -> tuple[str, ...]:
         """The text columns where `event` holds a JSON number, in its order."""
         return tuple([name for name, value in event.items() if type(value) in _NUMBER_TYPES and name in self.text_columns])
+
+    def unquoted(self, event: dict) -> dict[str, int | float | None]:
+        """The number columns where `event` holds text, each with what its text converts to as
+        numbers_from_text converts it: a plain number's text its number, other text that cannot
+        be a number (may_read_as_number) NULL in an optional column. pa.ArrowInvalid for any other
+        text (the Spark job's to convert)."""
+        found: dict[str, int | float | None] = {}
+        for name, text in event.items():
+            if type(text) is not str or name not in self.text_as_number:
+                continue
+            if name in self.integer_columns and _INTEGER_TEXT.match(text):
+                found[name] = int(text)
+            elif name not in self.integer_columns and _PLAIN_NUMBER_TEXT.match(text) and math.isfinite(number := float(text)):
+                found[name] = number
+            elif name in self.text_as_null and not may_read_as_number(text):
+                found[name] = None
+            else:
+                raise pa.ArrowInvalid(f"text in the number column {name!r} the Spark job may read otherwise: {text[:40]!r}")
+        return found
 
     def copied(self, event: dict) -> tuple[str, ...]:
         """The text columns where `event` holds a JSON boolean, object or list, in its order."""
