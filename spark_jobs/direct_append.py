@@ -74,6 +74,7 @@ from pyspark.sql import types as T
 from spark_jobs import otlp_rows
 from spark_jobs.buckets import buckets
 from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
+from spark_jobs.events import has_set_aside
 from spark_jobs.files import _path, conform, freeze_once, rows_per_file, write_runs
 from spark_jobs.otlp_rows import ROWS, from_ipc, is_rows
 from spark_jobs.otlp_rows import lines as rows_lines
@@ -1478,6 +1479,8 @@ class BodyReader:
                     self.columnar = True
                     return table, rows.num_rows
             body = rows_lines(rows)
+        elif has_set_aside(body):
+            raise Refused("events the api set aside for the DLQ (the Spark job writes their dead letters)")
         try:
             table, every_line, epoch = self.parse(body)
             if self.renames:

@@ -189,15 +189,17 @@ class PipelineJob:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
         global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
-        if (self.known_schema is None and not self.processed_table and not self.evolving_table) or time.monotonic() < _direct_off_until or any(
-                has_set_aside(body) for body in bodies):
+        if (self.known_schema is None and not self.processed_table and not self.evolving_table) or time.monotonic() < _direct_off_until:
+            return None
+        aside = [has_set_aside(body) for body in bodies]  # events the api set aside for the DLQ: those requests are the Spark job's
+        if all(aside):
             return None
         sink = self.definition.sinks[0]
         # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
         # then creates it from the real ones). An evolving table is taken as it is (no rows: None).
         target = self.resolve(sink.table, sink, None if self.evolving_table else self.spark.range(0))
-        if not isinstance(target, Target) or (target.changes is not None and target.changes.operation is not None):
+        if not isinstance(target, Target) or (target.changes is not None and (target.changes.operation is not None or any(aside))):
             return None
         if self.evolving_table and (target.changes is not None or target.extra_fields is not None or not evolves_alike(target.schema)):
             return None

@@ -47,6 +47,7 @@ from pyiceberg.types import (
 )
 from pyspark.errors import AnalysisException
 
+from service.api.events import set_aside_line
 from service.iceberg.files import list_data_files
 from service.pipelines.spec import PipelineDefinition
 from spark_jobs import pipeline_job
@@ -385,12 +386,14 @@ def test_text_in_a_number_column_gives_the_same_rows_the_fast_way_and_the_full_w
 
 def test_a_batch_with_a_few_requests_the_fast_way_cannot_take_writes_the_rest_the_fast_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
     """Requests with an event the fast way cannot take (a list for a string column holding a
-    number whose spelling it cannot be sure of, a missing
-    required id, a field of odd spelling) go through the full job, to the table or the DLQ; the
-    others are written the fast way; together exactly what the full job alone writes."""
+    number whose spelling it cannot be sure of, a missing required id, a field of odd spelling,
+    an event the api set aside for the DLQ: nested too deep) go through the full job, to the table
+    or the DLQ; the others are written the fast way; together exactly what the full job alone
+    writes."""
     good = [b'{"id": %d, "msg": "m%d", "n": %d}\n{"id": %d, "level": "warn"}' % (i, i, i, i + 1000) for i in range(6)]
-    odd = [b'{"id": 50, "msg": [5e17]}', b'{"msg": "no id"}\n{"id": 51}', b'{"id": 52, "level": 1e17}']
-    bodies = [*good[:2], odd[0], *good[2:4], odd[1], *good[4:], odd[2]]
+    deep = set_aside_line("the event nests objects or arrays more than 8 levels deep", '{"id": 53, "a": ' + "[" * 9 + "]" * 9 + "}")
+    odd = [b'{"id": 50, "msg": [5e17]}', b'{"msg": "no id"}\n{"id": 51}', b'{"id": 52, "level": 1e17}', b'{"id": 54}\n' + deep]
+    bodies = [*good[:2], odd[0], *good[2:4], odd[1], *good[4:], odd[2], odd[3]]
     receipts = [f"r{i}" for i in range(len(bodies))]
     directories = iter(range(100))
 
@@ -409,9 +412,9 @@ def test_a_batch_with_a_few_requests_the_fast_way_cannot_take_writes_the_rest_th
         full = job().run(receipts, bodies)
     finally:
         pipeline_job._direct_off_until = 0.0
-    assert fast.direct == "partial" and fast.rejected == [2, 5, 8]
-    assert written(fast) == written(full) and len(written(full)) == 15
-    assert dead_letters(fast) == dead_letters(full) and [row["receipt"] for row in dead_letters(full)] == ["r5"]
+    assert fast.direct == "partial" and fast.rejected == [2, 5, 8, 9]
+    assert written(fast) == written(full) and len(written(full)) == 16
+    assert dead_letters(fast) == dead_letters(full) and sorted(row["receipt"] for row in dead_letters(full)) == ["r5", "r9"]
     assert fast.tables["events"].rows_by_receipt == full.tables["events"].rows_by_receipt
 
 
