@@ -338,6 +338,15 @@ def _json_key(name: str) -> bytes:
     return json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
+def _names_before(names: Collection[str], after: bytes) -> re.Pattern | None:
+    """A search for any of `names` as a JSON key before a value starting with one of `after`;
+    None past MAX_SPLIT_NAMES names (each is tried in turn: every line is looked at instead)."""
+    if len(names) > MAX_SPLIT_NAMES:
+        return None
+    spelled = [re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")) for name in sorted(names)]
+    return re.compile(rb'"(?:' + b"|".join(spelled) + rb')"[ \t\r]*:[ \t\r]*' + after if spelled else rb"(?!)")
+
+
 def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict[str, int | float | None] | None = None) -> bytes | None:
     """`line` with the value of each of its text columns `names` (a number, a boolean, an object,
     a list) written as the JSON string the Spark job reads it as, so that the line reads with the
@@ -1088,13 +1097,12 @@ class BodyReader:
         # none, it is read as one, not in groups (a search a fifth of a read's cost on a plain body).
         # A nested field of the name matches too, and a name spelled with escapes does not: either way
         # pyarrow's reads decide. Past MAX_SPLIT_NAMES text columns no search (each name is tried in turn).
-        # So is a number column's before text (group `text`).
-        self.odd_in_text = (
-            re.compile(b"|".join(rb'"(' + group + b"|".join(re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
-                                                            for name in sorted(names)) + rb')"[ \t\r]*:[ \t\r]*' + after
-                                 for names, group, after in ((self.text_columns, b"?:", rb"[-0-9tf{[]"), (self.text_as_number, b"?P<text>", b'"'))
-                                 if names))
-            if 0 < len(self.text_columns) + len(self.text_as_number) <= MAX_SPLIT_NAMES else None)
+        self.odd_in_text = _names_before(self.text_columns, rb"[-0-9tf{[]")
+        # A number column's name before text: searched for only where the body is known to hold
+        # such text, or the task's last body did (quoted_last), as the search costs about as much
+        # as the one above (a third of a microsecond an event).
+        self.text_in_number = _names_before(self.text_as_number, b'"')
+        self.quoted_last = False  # whether the task's last body read by read_split held text in a number column
         self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
         self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
 
@@ -1220,11 +1228,12 @@ class BodyReader:
         The rows whose values it made NULL: in nulled_rows, by column."""
         self.nulled_rows.clear()
         if self.split_last:  # the task's last body held numbers and text in a text column: so may this one
-            if self.odd_in_text is not None and self.odd_in_text.search(body) is None:
+            if (self.odd_in_text is not None and self.odd_in_text.search(body) is None
+                    and not (self.quoted_last and (self.text_in_number is None or self.text_in_number.search(body)))):
                 self.split_last = False  # (no text column's name before a number: a plain body, read as one)
             else:
                 try:
-                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch, first=True)
+                    return self.read_split([line for line in body.split(b"\n") if line.strip()], epoch, first=True, numbers=self.quoted_last)
                 except pa.ArrowInvalid:
                     self.split_last = False
         if self.number_texts:  # the task's last body sent numbers as text (or fractions for integers): so may this one
@@ -1270,9 +1279,10 @@ class BodyReader:
                 return self.read_numbers(body, epoch, as_text)
             except pa.ArrowInvalid:
                 pass  # numbers and text in one column: their lines written with each text's number (read_split), or read alone
-        if _number_for_text(first, self.text_columns) is not None or self.mistyped(first, self.text_as_number) is not None:
+        texts = self.mistyped(first, self.text_as_number) is not None
+        if texts or _number_for_text(first, self.text_columns) is not None:
             try:
-                return self.read_split(lines, epoch)
+                return self.read_split(lines, epoch, numbers=texts)
             except pa.ArrowInvalid:
                 pass  # the events with a number there (or with text in a number column) are read alone
         if self.stray(first) is None:  # text in a required column or a partition's source
@@ -1312,7 +1322,7 @@ class BodyReader:
         self.nulled_rows.update(alone_nulled)
         return table, parts[0][1]
 
-    def read_split(self, lines: list[bytes], epoch: bool, first: bool = False) -> tuple[pa.Table, bool]:
+    def read_split(self, lines: list[bytes], epoch: bool, first: bool = False, numbers: bool = False) -> tuple[pa.Table, bool]:
         """The events of a body that sends numbers and text in one text column (a user id now
         12345, now "anon"), read in groups, by the text columns where each holds a number
         (Python's json says which): each group by one read of pyarrow, those columns read as
@@ -1326,38 +1336,45 @@ class BodyReader:
         are one read. So do the lines with a boolean, an object or a list in a text column, and
         those with text in a number column amid numbers (a status now 200, now "200"; now and then
         "n/a"), written with the number each text converts to or null (unquoted), which only so
-        written are read (pa.ArrowInvalid where quoted_texts cannot write one). `first`: tried
-        before any other read (split_last), pa.ArrowInvalid where the search finds text in a
-        number column in more than half the lines (a body whose number columns come as text
-        throughout is one read of read_numbers)."""
+        written are read (pa.ArrowInvalid where quoted_texts cannot write one): those lines are
+        searched for (text_in_number) where `numbers` says the body may hold one, or once a read
+        finds one. `first`: tried before any other read (split_last), pa.ArrowInvalid where the
+        search finds text in a number column in more than half the lines (a body whose number
+        columns come as text throughout is one read of read_numbers)."""
         import bisect
 
         import pyarrow.compute as pc
 
-        if self.odd_in_text is None:
+        if self.odd_in_text is None or (numbers and self.text_in_number is None):
             candidates: Iterable[int] = range(len(lines))
         else:
             starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-            found_in = [(bisect.bisect_right(starts, found.start()) - 1, found.lastgroup) for found in self.odd_in_text.finditer(b"\n".join(lines))]
-            candidates = sorted({row for row, _group in found_in})
-            if first and len({row for row, group in found_in if group == "text"}) * 2 > len(lines):
-                raise pa.ArrowInvalid("most lines hold text in a number column")
+            joined = b"\n".join(lines)
+            found = {bisect.bisect_right(starts, found.start()) - 1 for found in self.odd_in_text.finditer(joined)}
+            if numbers:
+                texts = {bisect.bisect_right(starts, found.start()) - 1 for found in self.text_in_number.finditer(joined)}
+                if first and len(texts) * 2 > len(lines):
+                    raise pa.ArrowInvalid("most lines hold text in a number column")
+                found |= texts
+            candidates = sorted(found)
+        original, any_unquoted = lines, False
         events: dict[int, dict] = {}
         nulled: dict[str, set[int]] = {}
         groups: dict[tuple[str, ...], list[int]] = {}
         rewritten: dict[int, bytes] = {}
         for row in candidates:
             event = json_event(lines[row])
-            copied, numbers = self.copied(event), self.unquoted(event)
-            if (found := self.numbered(event)) or copied or numbers:
+            copied, texts = self.copied(event), self.unquoted(event)
+            if (found := self.numbered(event)) or copied or texts:
                 event = exact_numbers(event, lines[row], found)
-                if (line := quoted_texts(lines[row], event, found + copied, numbers)) is not None:
+                if (line := quoted_texts(lines[row], event, found + copied, texts)) is not None:
                     rewritten[row] = line  # read with the rest, those values as their text (and texts as their numbers)
-                    for name in (name for name, number in numbers.items() if number is None):
+                    for name in (name for name, number in texts.items() if number is None):
                         nulled.setdefault(name, set()).add(row)
+                    any_unquoted |= bool(texts)
                     continue
-                if copied or numbers:
-                    raise pa.ArrowInvalid(f"a value in the column {(copied + tuple(numbers))[0]!r} this way cannot be sure to read as the Spark job does")
+                if copied or texts:
+                    raise pa.ArrowInvalid(f"a value in the column {(copied + tuple(texts))[0]!r} this way cannot be sure to read as the Spark job does")
                 events[row] = event
                 groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
         if rewritten:
@@ -1368,7 +1385,12 @@ class BodyReader:
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
         parts, order = [], []
         for as_number, rows in groups.items():
-            table, every_line = self.read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
+            try:
+                table, every_line = self.read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
+            except pa.ArrowInvalid as exc:
+                if not numbers and self.mistyped(exc, self.text_as_number) is not None:  # text in a number column: its lines too
+                    return self.read_split(original, epoch, first, numbers=True)
+                raise
             if table.num_rows != len(rows):
                 raise pa.ArrowInvalid(f"{len(rows)} events read as {table.num_rows} rows")
             for name in sorted(as_number):
@@ -1381,7 +1403,7 @@ class BodyReader:
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
-        self.split_last = bool(events or rewritten)
+        self.split_last, self.quoted_last = bool(events or rewritten), any_unquoted
         for name, rows in nulled.items():
             self.nulled_rows.setdefault(name, set()).update(rows)
         return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
@@ -1479,8 +1501,6 @@ class BodyReader:
                     self.columnar = True
                     return table, rows.num_rows
             body = rows_lines(rows)
-        elif has_set_aside(body):
-            raise Refused("events the api set aside for the DLQ (the Spark job writes their dead letters)")
         try:
             table, every_line, epoch = self.parse(body)
             if self.renames:
@@ -1491,6 +1511,8 @@ class BodyReader:
                 table = binaries(table, self.binary)
             decimals(table, self.decimal)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            if has_set_aside(body):  # (its mark starts no JSON: no read takes such a line)
+                raise Refused("events the api set aside for the DLQ (the Spark job writes their dead letters)") from None
             raise Refused(str(exc)[:300]) from None
         if self.drops and (unknown := [name for name in table.column_names if name not in self.known]):
             if any(name not in self.drops and name.casefold() in self.folded_drops for name in unknown):

@@ -989,12 +989,17 @@ def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_
     reads.clear()
     table, events = reader.rows_of(body([{"id": 1, "msg": {"a": [1.50, None]}}, {"id": 2, "msg": True}, {"id": 3, "msg": 4}, {"id": 4, "msg": "t"}]))
     assert len(reads) == 1 and events == 4 and table.column("msg").to_pylist() == ['{"a":[1.5,null]}', "true", "4", "t"]
-    # And text in a number column amid its numbers: a plain number's text as its number, other text NULL (and so named).
-    reads.clear()
+    # And text in a number column amid its numbers: a plain number's text as its number, other text
+    # NULL (and so named). Such text is searched for once a read found some (a second read), and
+    # in the next body at once (one read).
     plain = [{"id": 10 + i, "n": i} for i in range(4)]  # (text in a number column in most lines: read_numbers's, as before)
-    table, events = reader.rows_of(body([{"id": 1, "n": 5, "x": "2.50"}, {"id": 2, "n": "7", "msg": 3}, {"id": 3, "n": "n/a", "x": 1}, *plain]))
-    assert len(reads) == 1 and table.column("n").to_pylist() == [5, 7, None, 0, 1, 2, 3] and table.column("x").to_pylist() == [2.5, None, 1.0, *[None] * 4]
-    assert table.column("msg").to_pylist() == [None, "3", *[None] * 5] and reader.nulled_rows == {"n": {2}}
+    texts = body([{"id": 1, "n": 5, "x": "2.50"}, {"id": 2, "n": "7", "msg": 3}, {"id": 3, "n": "n/a", "x": 1}, *plain])
+    for expected_reads in (2, 1):
+        reads.clear()
+        table, events = reader.rows_of(texts)
+        assert len(reads) == expected_reads and reader.quoted_last
+        assert table.column("n").to_pylist() == [5, 7, None, 0, 1, 2, 3] and table.column("x").to_pylist() == [2.5, None, 1.0, *[None] * 4]
+        assert table.column("msg").to_pylist() == [None, "3", *[None] * 5] and reader.nulled_rows == {"n": {2}}
     # Only the lines where a text column's name comes before a number are parsed in Python; one
     # that spells the name with escapes is found by pyarrow's read instead, and read alone.
     escaped = mixed + b'\n{"id": 9, "m\\u0073g": 9}'
