@@ -56,6 +56,7 @@ never what.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import json
@@ -275,6 +276,7 @@ def _other_for_text(exc: pa.ArrowInvalid, columns: frozenset[str]) -> str | None
 
 
 _NUMBER_TYPES = frozenset({int, float})  # a JSON number as Python reads it (a boolean's type is bool)
+_NUMBER_STARTS = frozenset(b"-0123456789")
 _COPIED_TYPES = frozenset({bool, dict, list})  # the other values Spark's JSON reader copies as text into a text column
 _BEYOND_64_BITS = 2.0**63  # orjson reads an integer from here on (or below minus this) as a double
 
@@ -343,8 +345,15 @@ def _names_before(names: Collection[str], after: bytes) -> re.Pattern | None:
     None past MAX_SPLIT_NAMES names (each is tried in turn: every line is looked at instead)."""
     if len(names) > MAX_SPLIT_NAMES:
         return None
-    spelled = [re.escape(json.dumps(name, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")) for name in sorted(names)]
-    return re.compile(rb'"(?:' + b"|".join(spelled) + rb')"[ \t\r]*:[ \t\r]*' + after if spelled else rb"(?!)")
+    spelled = [re.escape(_json_key(name)[1:-1]) for name in sorted(names)]
+    return re.compile(rb'"(' + b"|".join(spelled) + rb')"[ \t\r]*:[ \t\r]*' + after if spelled else rb"(?!)")
+
+
+@cache
+def _other_than_numbers(names: frozenset[str]) -> re.Pattern:
+    """A search for any of `names` as a JSON key before a value other than an integer or null
+    (a fraction or an exponent: not read as an integer)."""
+    return _names_before(names, rb'(?:["{\[tf]|-?[0-9]+[.eE])')
 
 
 def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict[str, int | float | None] | None = None) -> bytes | None:
@@ -1103,6 +1112,7 @@ class BodyReader:
         # as the one above (a third of a microsecond an event).
         self.text_in_number = _names_before(self.text_as_number, b'"')
         self.quoted_last = False  # whether the task's last body read by read_split held text in a number column
+        self.text_names = {_json_key(name)[1:-1]: name for name in self.text_columns}  # (as odd_in_text finds them)
         self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
         self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
 
@@ -1322,7 +1332,7 @@ class BodyReader:
         self.nulled_rows.update(alone_nulled)
         return table, parts[0][1]
 
-    def read_split(self, lines: list[bytes], epoch: bool, first: bool = False, numbers: bool = False) -> tuple[pa.Table, bool]:
+    def read_split(self, lines: list[bytes], epoch: bool, first: bool = False, numbers: bool = False, together: bool = True) -> tuple[pa.Table, bool]:
         """The events of a body that sends numbers and text in one text column (a user id now
         12345, now "anon"), read in groups, by the text columns where each holds a number
         (Python's json says which): each group by one read of pyarrow, those columns read as
@@ -1340,22 +1350,44 @@ class BodyReader:
         searched for (text_in_number) where `numbers` says the body may hold one, or once a read
         finds one. `first`: tried before any other read (split_last), pa.ArrowInvalid where the
         search finds text in a number column in more than half the lines (a body whose number
-        columns come as text throughout is one read of read_numbers)."""
+        columns come as text throughout is one read of read_numbers). Where a text column holds a
+        number in most lines (a status column created as text from a first batch where it was
+        now 200, now "200"), the lines that hold nothing else odd and no other value there (a
+        second search) are read `together`, the column as integers, each spelled as its digits,
+        as the Spark job spells one, without being parsed by Python's json (a tenth of the cost);
+        where that read fails (a fraction, a value the search missed) the body is read again
+        without."""
         import bisect
 
         import pyarrow.compute as pc
 
+        whole: list[int] = []  # the lines read together (majority: their text columns read as integers)
+        majority: frozenset[str] = frozenset()
         if self.odd_in_text is None or (numbers and self.text_in_number is None):
             candidates: Iterable[int] = range(len(lines))
         else:
             starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
             joined = b"\n".join(lines)
-            found = {bisect.bisect_right(starts, found.start()) - 1 for found in self.odd_in_text.finditer(joined)}
+            names_at: dict[int, set[bytes]] = {}
+            integers: collections.Counter[bytes] = collections.Counter()  # each text column's values that start as a number does
+            for at in self.odd_in_text.finditer(joined):
+                names_at.setdefault(bisect.bisect_right(starts, at.start()) - 1, set()).add(at[1])
+                if at[0][-1] in _NUMBER_STARTS:
+                    integers[at[1]] += 1
+            found = set(names_at)
+            texts: set[int] = set()
             if numbers:
-                texts = {bisect.bisect_right(starts, found.start()) - 1 for found in self.text_in_number.finditer(joined)}
+                texts = {bisect.bisect_right(starts, at.start()) - 1 for at in self.text_in_number.finditer(joined)}
                 if first and len(texts) * 2 > len(lines):
                     raise pa.ArrowInvalid("most lines hold text in a number column")
                 found |= texts
+            if together and len(found) * 2 > len(lines):
+                majority = frozenset(self.text_names[name] for name, count in integers.items() if count * 2 > len(lines))
+            if majority:
+                keys = {_json_key(name)[1:-1] for name in majority}
+                others = {bisect.bisect_right(starts, at.start()) - 1 for at in _other_than_numbers(majority).finditer(joined)} | texts
+                whole = [row for row in range(len(lines)) if row not in others and names_at.get(row, keys) <= keys]
+                found.difference_update(whole)
             candidates = sorted(found)
         original, any_unquoted = lines, False
         events: dict[int, dict] = {}
@@ -1379,11 +1411,25 @@ class BodyReader:
                 groups.setdefault(found if len(found) < 2 else tuple(sorted(found)), []).append(row)
         if rewritten:
             lines = [rewritten.get(row, line) for row, line in enumerate(lines)]
-        if len(events) < len(lines):
-            groups[()] = [row for row in range(len(lines)) if row not in events]
+        parts, order = [], []
+        if whole:
+            try:
+                table, every_line = self.read_fields(b"\n".join([lines[row] for row in whole]), epoch, dict.fromkeys(majority, pa.int64()))
+            except pa.ArrowInvalid as exc:
+                if not numbers and self.mistyped(exc, self.text_as_number) is not None:
+                    return self.read_split(original, epoch, first, numbers=True)
+                return self.read_split(original, epoch, first, numbers, together=False)
+            if table.num_rows != len(whole):
+                raise pa.ArrowInvalid(f"{len(whole)} events read as {table.num_rows} rows")
+            for name in sorted(majority):  # an integer in a text column is its digits, as the Spark job spells it
+                table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(self.reading.field(name).type))
+            parts.append((table, every_line))
+            order += whole
+        if len(events) + len(whole) < len(lines):
+            taken = set(whole)
+            groups[()] = [row for row in range(len(lines)) if row not in events and row not in taken]
         if len(groups) > MAX_SPLITS:
             raise pa.ArrowInvalid(f"numbers in text columns in more than {MAX_SPLITS} ways in one request")
-        parts, order = [], []
         for as_number, rows in groups.items():
             try:
                 table, every_line = self.read_lines([lines[row] for row in rows], epoch, as_number=frozenset(as_number))
@@ -1403,10 +1449,10 @@ class BodyReader:
             table = pa.concat_tables([table for table, _every_line in parts], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise pa.ArrowInvalid(f"the groups read otherwise: {str(exc)[:100]}") from None
-        self.split_last, self.quoted_last = bool(events or rewritten), any_unquoted
+        self.split_last, self.quoted_last = bool(events or rewritten or whole), any_unquoted
         for name, rows in nulled.items():
             self.nulled_rows.setdefault(name, set()).update(rows)
-        return (table if len(groups) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
+        return (table if len(parts) == 1 else table.take(pc.sort_indices(pa.array(order)))), parts[0][1]
 
     def numbered(self, event: dict) -> tuple[str, ...]:
         """The text columns where `event` holds a JSON number, in its order."""

@@ -16,7 +16,8 @@ every number as text (`"status": "200"`, as grok's captures have them); `traced`
 each with a trace and a span id (two fields the table lacks: into `_extra`); `pandas`, plain
 events with the integer status written as a double (`200.0`); `loose`, plain events with a number
 for the host in one of ten and for the message in one of a hundred (text columns holding numbers
-and text alike, as a loosely typed logger sends them); `declared`, the same
+and text alike, as a loosely typed logger sends them); `mixed`, plain events with the status as
+text in one of fifty and the message an object in another of fifty; `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
@@ -134,6 +135,16 @@ def loosely_typed(event: dict, i: int) -> dict:
     return event
 
 
+def mixed_up(event: dict, i: int) -> dict:
+    """The event as a logger mixed up about two fields sends it: in one event of fifty the status
+    as text ("200"), in another of fifty the message an object (an error logged as it is)."""
+    if i % 50 == 11:
+        event["status"] = str(event["status"])
+    if i % 50 == 37:
+        event["msg"] = {"error": "timeout", "attempt": i % 3 + 1, "after_ms": round(random.random() * 500, 1)}
+    return event
+
+
 def with_whole_doubles(event: dict) -> dict:
     """The event with its integer status as a double (200.0), as pandas writes an integer column
     that holds a NaN somewhere."""
@@ -197,6 +208,7 @@ def with_days(i: int) -> dict:
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
           "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
+          "mixed": lambda i: mixed_up(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,

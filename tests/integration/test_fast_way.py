@@ -440,13 +440,16 @@ COPIED_FOR_TEXT = st.integers(0, 5).flatmap(lambda pick: st.one_of(
 def numbers_in_texts(draw) -> list[bytes]:  # noqa: ANN001
     """Requests of the table's events whose text column msg holds numbers (NUMBER_FOR_TEXT) or
     booleans, objects and lists (COPIED_FOR_TEXT), now and then text, beside the number columns'
-    numbers."""
+    numbers; in some requests msg holds integers in most events (a status column created as text),
+    now and then text or another value."""
     bodies, index = [], 0
     for _ in range(draw(st.integers(1, 3))):
-        lines = []
+        lines, mostly_integers = [], draw(st.booleans())
         for _ in range(draw(st.integers(1, 6))):
             fields = [("id", str(index))]
-            if draw(st.integers(0, 4)):
+            if mostly_integers and draw(st.integers(0, 5)):
+                fields.append(("msg", draw(st.integers(-(2**63), 2**63 - 1).map(str) | st.sampled_from(["200", "-0", "404"]))))
+            elif draw(st.integers(0, 4)):
                 fields.append(("msg", draw(NUMBER_FOR_TEXT if draw(st.booleans()) else COPIED_FOR_TEXT)))
             if draw(st.booleans()):
                 fields.append(("n", str(draw(st.integers(-1000, 1000)))))

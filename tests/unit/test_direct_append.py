@@ -43,6 +43,7 @@ from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
     MAX_MISTYPED,
     BodyReader,
+    Refused,
     Unspellable,
     _appender,
     _extras_by_column,
@@ -1014,6 +1015,36 @@ def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_
     table, events = reader.rows_of(body([{"id": 300, "msg": 7}, {"id": 301, "msg": "u"}, {"id": 302, "n": "slow", "tag": "n"}]))
     assert len(reads) > 2 and not reader.split_last
     assert table.column("msg").to_pylist() == ["7", "u", None] and table.column("n").to_pylist() == [None, None, None]
+
+
+def test_a_text_column_holding_integers_in_most_events_has_those_read_together_as_integers() -> None:
+    """read_split's `together`: where a text column holds a number in most lines (a status column
+    created as text), the lines with nothing else odd are read in one read, that column as
+    integers spelled as their digits, without Python's json; the others (its text, an object in
+    another text column) apart; the rows as the events' order has them. A fraction there costs
+    the body a read without it; one the search finds (2.50) is read apart."""
+    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+    reads, read = [], reader.read
+    def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003 - the reader's own read, counted
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    reader.read = counted
+    values = [200, 404, "200", -0, {"a": 1}, 2**63 - 1, None, "n/a", 201, 500]
+    body = b"\n".join(b'{"id": %d, "msg": %s}' % (i, json.dumps(value).encode()) for i, value in enumerate(values))
+    expected = ["200", "404", "200", "0", '{"a":1}', str(2**63 - 1), None, "n/a", "201", "500"]
+    reader.rows_of(body)
+    reads.clear()
+    table, events = reader.rows_of(body)
+    assert events == 10 and table.column("msg").to_pylist() == expected and table.column("id").to_pylist() == list(range(10))
+    assert len(reads) == 2 and all(b"n/a" not in args[0] for args in reads[:1])  # the integers' lines, then the others
+    reads.clear()
+    table, _events = reader.rows_of(body.replace(b'"msg": 201', b'"msg": 2.50'))
+    assert len(reads) == 2 and b"2.5" in reads[1][0] and table.column("msg").to_pylist() == [*expected[:8], "2.5", "500"]
+    reads.clear()  # (a fraction whose key the search misses, spelled with an escape: the integers' read refuses it, and so do the others)
+    with pytest.raises(Refused):
+        reader.rows_of(body.replace(b'"msg": "n/a"', b'"msg": 7').replace(b'"msg": 500', b'"m\\u0073g": 2.50'))
+    assert reads[0][0].count(b"\n") == 7 and b"u0073g" in reads[0][0]  # the integers' read first (8 lines)
 
 
 @pytest.mark.parametrize(("line", "names", "written"), [
