@@ -957,6 +957,19 @@ def test_after_a_request_read_in_groups_the_next_is_read_so_first_and_any_other_
     assert rows == [written(event) for events in bodies for event in events]
 
 
+def counted_reader() -> tuple[BodyReader, list[tuple]]:
+    """A BodyReader of TABLE whose reads (its own, real pyarrow reads) are listed, each by its arguments."""
+    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+    reads, read = [], reader.read
+
+    def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    reader.read = counted
+    return reader, reads
+
+
 def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_values_can_be_quoted() -> None:
     """BodyReader, the reads behind the test above: once a body held a number and text in a text
     column, the next such body is read so first, its numbers there written as the text the Spark
@@ -964,13 +977,7 @@ def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_
     and of its number columns first; where that is unsure (the name's text twice in a line), one
     read per group. A body with no text column's name before a number after it costs one read and
     ends the groups' turn; so does one the groups cannot read (text in a number column, its name also a value in the line)."""
-    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
-    reads, read = [], reader.read
-    def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003 - the reader's own read, counted
-        reads.append(args)
-        return read(*args, **kwargs)
-
-    reader.read = counted
+    reader, reads = counted_reader()
     def body(events: list[dict]) -> bytes:
         return b"\n".join(json.dumps(event).encode() for event in events)
 
@@ -1023,13 +1030,7 @@ def test_a_text_column_holding_integers_in_most_events_has_those_read_together_a
     integers spelled as their digits, without Python's json; the others (its text, an object in
     another text column) apart; the rows as the events' order has them. A fraction there costs
     the body a read without it; one the search finds (2.50) is read apart."""
-    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
-    reads, read = [], reader.read
-    def counted(*args, **kwargs) -> pa.Table:  # noqa: ANN002, ANN003 - the reader's own read, counted
-        reads.append(args)
-        return read(*args, **kwargs)
-
-    reader.read = counted
+    reader, reads = counted_reader()
     values = [200, 404, "200", -0, {"a": 1}, 2**63 - 1, None, "n/a", 201, 500]
     body = b"\n".join(b'{"id": %d, "msg": %s}' % (i, json.dumps(value).encode()) for i, value in enumerate(values))
     expected = ["200", "404", "200", "0", '{"a":1}', str(2**63 - 1), None, "n/a", "201", "500"]
