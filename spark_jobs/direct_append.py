@@ -65,7 +65,7 @@ import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
 from decimal import Decimal
-from functools import cache, reduce
+from functools import cache, lru_cache, reduce
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -349,7 +349,7 @@ def _names_before(names: Collection[str], after: bytes) -> re.Pattern | None:
     return re.compile(rb'"(' + b"|".join(spelled) + rb')"[ \t\r]*:[ \t\r]*' + after if spelled else rb"(?!)")
 
 
-@cache
+@lru_cache(maxsize=32)  # (a body's text columns holding integers in most lines: bounded, as bodies may name any set)
 def _other_than_numbers(names: frozenset[str]) -> re.Pattern:
     """A search for any of `names` as a JSON key before a value other than an integer or null
     (a fraction or an exponent: not read as an integer)."""
