@@ -356,6 +356,18 @@ def _other_than_numbers(names: frozenset[str]) -> re.Pattern:
     return _names_before(names, rb'(?:["{\[tf]|-?[0-9]+[.eE])')
 
 
+def _value_span(line: bytes, after_key: int, pairs: bool = False) -> tuple[int, int, object]:
+    """The JSON value after a key's colon in `line` (the key ending at `after_key`): where it
+    starts and ends, in bytes, and the value as Python's json reads it (an object as its pairs,
+    in order, where `pairs`). ValueError where no colon and value follow (the key's text was a
+    value's) or the bytes are no UTF-8."""
+    if (colon := _VALUE_AFTER_KEY.match(line, after_key)) is None:
+        raise ValueError("no value after the key")
+    rest = line[colon.end():].decode("utf-8")
+    value, end = json.JSONDecoder(object_pairs_hook=tuple if pairs else None).raw_decode(rest)
+    return colon.end(), colon.end() + len(rest[:end].encode("utf-8")), value
+
+
 def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict[str, int | float | None] | None = None) -> bytes | None:
     """`line` with the value of each of its text columns `names` (a number, a boolean, an object,
     a list) written as the JSON string the Spark job reads it as, so that the line reads with the
@@ -374,12 +386,10 @@ def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict
         if line.count(key) != 1 or not isinstance(event[name], str):
             return None
         try:
-            start = _VALUE_AFTER_KEY.match(line, line.index(key) + len(key)).end()
-            rest = line[start:].decode("utf-8")
-            _text, end = json.JSONDecoder().raw_decode(rest)
+            start, end, _text = _value_span(line, line.index(key) + len(key))
         except ValueError:
             return None
-        spots.append((start, start + len(rest[:end].encode("utf-8")), name, number))
+        spots.append((start, end, name, number))
     for name in names:
         key = _json_key(name)
         if line.count(key) != 1:
@@ -391,10 +401,8 @@ def quoted_texts(line: bytes, event: dict, names: Collection[str], numbers: dict
                     return None
                 spots.append((found.start(1), found.end(1), name, number_text(value)))
                 continue
-            start = _VALUE_AFTER_KEY.match(line, after_key).end()
-            rest = line[start:].decode("utf-8")
-            copied, end = json.JSONDecoder(object_pairs_hook=tuple).raw_decode(rest)  # (extra_text's objects: their pairs, in order)
-            spots.append((start, start + len(rest[:end].encode("utf-8")), name, extra_text(copied, top=False)))
+            start, end, copied = _value_span(line, after_key, pairs=True)  # (extra_text's objects: their pairs, in order)
+            spots.append((start, end, name, extra_text(copied, top=False)))
         except (Unspellable, OverflowError, ValueError):  # (json's errors and a UnicodeDecodeError are ValueErrors)
             return None
     spots.sort()
@@ -1649,6 +1657,16 @@ def _fault(data: pa.Table, required: frozenset[str]) -> str | None:
     return None
 
 
+def reader_fault(exc: Exception) -> str:
+    """Why a request whose bytes this reader failed on (a fault of its own, not a Refused: no
+    input should reach one) is left to the Spark job, also written to the task's stderr (Spark's
+    executor log). A failed task would instead turn the short way off for every tenant's batches
+    a while (pipeline_job's DIRECT_OFF_S): one request's odd bytes stay that request's."""
+    reason = f"the short way's reader failed on this request ({exc.__class__.__name__}: {str(exc)[:200]})"
+    print(f"calve: {reason}", file=sys.stderr)
+    return reason
+
+
 def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
             extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
             by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None, text_nulls: bool,
@@ -1671,9 +1689,10 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
         for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
             try:
                 table, events = reader.rows_of(body)
-            except Refused as exc:
+            except Exception as exc:  # noqa: BLE001 - Refused, or a fault of this reader on the request's bytes
+                reason = str(exc) if isinstance(exc, Refused) else reader_fault(exc)
                 if not by_request:
-                    yield _answer(refused=str(exc)[:300])
+                    yield _answer(refused=reason[:300])
                     return
                 rejected.append(seq)  # the Spark job takes this request
                 continue

@@ -368,7 +368,7 @@ def texts_in_numbers(draw) -> list[bytes]:  # noqa: ANN001
                     fields.append(("msg", json.dumps(draw(TEXT))))
             if draw(st.integers(0, 3)) == 0:
                 fields.append(("level", draw(USUAL_VALUE)))
-            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            lines.append(event_line(fields))
             index += 1
         bodies.append(b"\n".join(lines))
     return bodies
@@ -455,7 +455,7 @@ def numbers_in_texts(draw) -> list[bytes]:  # noqa: ANN001
                 fields.append(("n", str(draw(st.integers(-1000, 1000)))))
             if draw(st.booleans()):
                 fields.append(("x", draw(FLOAT.map(repr))))
-            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            lines.append(event_line(fields))
             index += 1
         bodies.append(b"\n".join(lines))
     return bodies
@@ -490,7 +490,7 @@ def numbers_now_as_text(draw) -> list[bytes]:  # noqa: ANN001
                     fields.append((name, json.dumps(draw(NUMBER_TEXT), ensure_ascii=False)))
             if draw(st.booleans()):
                 fields.append(("msg", json.dumps(draw(SMALL_TEXT))))
-            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            lines.append(event_line(fields))
             index += 1
         bodies.append(b"\n".join(lines))
     return bodies
@@ -531,7 +531,7 @@ def texts_in_flags(draw, numbers: bool = False) -> list[bytes]:  # noqa: ANN001
                 fields.append(("n", json.dumps(str(n)) if draw(st.booleans()) else str(n)))
             if draw(st.integers(0, 3)) == 0:
                 fields.append(("msg", json.dumps(draw(TEXT))))
-            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in fields) + "}").encode())
+            lines.append(event_line(fields))
             index += 1
         bodies.append(b"\n".join(lines))
     return bodies
@@ -585,6 +585,11 @@ ODD_TIMES = st.sampled_from([
 ])
 
 
+def event_line(pairs: list[tuple[str, str]]) -> bytes:
+    """An NDJSON line of `pairs`: each a key (needing no escape) and its value's JSON text."""
+    return ("{" + ", ".join(f'"{key}": {value}' for key, value in pairs) + "}").encode()
+
+
 def requests_of(draw, fields, per_request=lambda: None) -> list[bytes]:  # noqa: ANN001
     """1 to 3 requests of 1 to 6 events: each event its id, `fields(chance, request)` (the
     request's `per_request()`; `chance`, a pseudo-random choice per request: hypothesis would draw
@@ -598,7 +603,7 @@ def requests_of(draw, fields, per_request=lambda: None) -> list[bytes]:  # noqa:
             pairs = [("id", str(index)), *fields(chance, request)]
             if chance.random() < 0.1:
                 pairs.append(("level", draw(USUAL_VALUE)))
-            lines.append(("{" + ", ".join(f'"{k}": {v}' for k, v in pairs) + "}").encode())
+            lines.append(event_line(pairs))
             index += 1
         bodies.append(b"\n".join(lines))
     return bodies

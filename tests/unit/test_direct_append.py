@@ -140,6 +140,37 @@ def test_by_request_a_request_with_anything_but_plain_rows_is_left_out_and_the_o
     assert [row["id"] for row in pq.read_table(answer["path"]).to_pylist()] == [7, 8, 9]
 
 
+@pytest.mark.parametrize("by_request", [True, False])
+def test_a_fault_of_the_reader_on_one_request_leaves_that_request_to_the_spark_job_and_fails_no_task(
+        tmp_path, monkeypatch, capfd, by_request: bool) -> None:  # noqa: ANN001
+    """No input is known to reach a fault of the reader now (the last, the key's text found only as a
+    value, is fixed: test_values_in_a_text_column_...): the fault is injected, as no real part can
+    be made to produce one. By request, the others are written; all or nothing (row changes), the
+    task refuses the batch. Neither fails the task, which would turn the short way off for all."""
+    rows_of = BodyReader.rows_of
+
+    def faulty(self, body: bytes) -> tuple[pa.Table, int]:  # noqa: ANN001
+        if b"boom" in body:
+            raise AttributeError("'NoneType' object has no attribute 'end'")
+        return rows_of(self, body)
+
+    monkeypatch.setattr(BodyReader, "rows_of", faulty)
+    parsing = parse_schema(TABLE, "_extra", [])
+    append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=by_request)
+    bodies = [b'{"id": 7, "msg": "fine"}', b'{"id": 1, "msg": "boom"}', b'{"id": 8}']
+    batch = pa.record_batch({
+        "receipt": ["r1", "r2", "r3"], "body": pa.array(bodies, pa.large_binary()),
+        "seq": pa.array([index * LINE_SLOTS for index in range(3)], pa.int64()),
+    })
+    (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
+    if by_request:
+        assert answer["refused"] is None and json.loads(answer["rejected"]) == [LINE_SLOTS]
+        assert [row["id"] for row in pq.read_table(answer["path"]).to_pylist()] == [7, 8]
+    else:
+        assert answer["path"] is None and answer["refused"].startswith("the short way's reader failed on this request (AttributeError")
+    assert "calve: the short way's reader failed on this request (AttributeError" in capfd.readouterr().err
+
+
 def test_fields_the_table_lacks_go_into_the_extra_map_as_the_spark_job_spells_them(tmp_path) -> None:  # noqa: ANN001
     answer = run(tmp_path, {
         "r1": b'{"id": 1, "msg": "a", "level": "warn"}\n{"id": 2, "o": {"b": 1, "c" : [1, 2.0, "x\\n"]}, "e": 1e3, "z": null}',
@@ -1071,11 +1102,23 @@ def test_a_text_column_holding_integers_in_most_events_has_those_read_together_a
     (b'{"id": 1, "msg": ["\\u0001"]}', ["msg"], None),  # a control character Jackson escapes as \u0001: unsure
     (b'{"id": 1, "msg": {"msg": 1}}', ["msg"], None),  # the name's text twice
     (b'{"id": 1, "msg": [2], "host": 7}', ["msg", "host"], b'{"id": 1, "msg": "[2]", "host": "7"}'),
+    (b'{"id": 1, "tag": "msg", "m\\u0073g": true}', ["msg"], None),  # the name's text only as a value (its key spelled with escapes)
 ])
 def test_values_in_a_text_column_are_quoted_as_the_spark_job_copies_them_where_the_line_says_so_surely(
         line: bytes, names: list[str], written: bytes | None) -> None:
     event = exact_numbers(json_event(line), line, names)
     assert quoted_texts(line, event, names) == written
+
+
+@pytest.mark.parametrize(("line", "numbers", "written"), [
+    (b'{"id": 1, "status": "200"}', {"status": 200}, b'{"id": 1, "status": 200}'),
+    (b'{"status" : "n/a", "id": 1}', {"status": None}, b'{"status" : null, "id": 1}'),
+    (b'{"id": 1, "tag": "status", "status": "200"}', {"status": 200}, None),  # the name's text as a value too
+    (b'{"id": 1, "tag": "status", "st\\u0061tus": "200"}', {"status": 200}, None),  # only as a value (its key spelled with escapes)
+])
+def test_text_in_a_number_column_is_written_as_its_number_or_null_where_the_line_says_so_surely(
+        line: bytes, numbers: dict, written: bytes | None) -> None:
+    assert quoted_texts(line, json_event(line), [], numbers) == written
 
 
 def test_booleans_sent_as_text_are_read_as_the_spark_job_converts_them_and_other_spellings_are_its(tmp_path) -> None:  # noqa: ANN001
