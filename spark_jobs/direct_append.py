@@ -1133,8 +1133,8 @@ class BodyReader:
         if shells:  # the maps as empty structs: which events have an object, its keys not inferred
             schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in self.maps)])
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
-        # One block, on this thread: pyarrow's thread pool parses no faster one block, and its hand-offs cost the worker
-        # a quarter to a third more CPU (measured: 0.8-1.1 against 1.2-1.8 ms per 1,000 events, shape by shape).
+        # One block, on this thread: pyarrow's thread pool parses one block no faster, and its hand-offs cost the worker
+        # CPU (measured in one process: a body's whole parse 17-35% less CPU this way over seven of make bench's shapes).
         return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(use_threads=False, block_size=len(body) + 1), parse_options=options)
 
     def read_fields(self, body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None) -> tuple[pa.Table, bool]:
