@@ -12,6 +12,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
@@ -54,6 +55,7 @@ from spark_jobs.direct_append import (
     json_event,
     may_read_as_number,
     parse_schema,
+    places,
     quoted_texts,
     tasks_for,
     write_partitioned,
@@ -250,6 +252,18 @@ def test_the_extra_maps_of_traced_events_come_from_the_inferred_columns_where_ea
                   b'{"id": 4, "trace_id": "t4", "span_id": null, "retry": 1}'):  # a null's key
         body = traced + b"\n" + other
         assert _extras_by_column(columns(body), body) is None, other
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60).map(lambda data: bytes(b"ab\"_"[byte % 4] for byte in data)),
+       st.binary(min_size=2, max_size=5).map(lambda text: bytes(b"ab\"_"[byte % 4] for byte in text)))
+def test_places_finds_a_text_wherever_bytes_find_does_overlapping_ones_too(data: bytes, text: bytes) -> None:
+    """places (numpy's search for a key in a body) against bytes.find from each place found plus
+    one, on bodies of four letters, so that texts recur, overlap and sit at either end."""
+    expected, place = [], -1
+    while (place := data.find(text, place + 1)) >= 0:
+        expected.append(place)
+    assert places(np.frombuffer(data, np.uint8), text).tolist() == expected
 
 
 def test_without_an_extra_fields_column_a_field_the_table_lacks_refuses_the_batch(tmp_path) -> None:  # noqa: ANN001
