@@ -46,6 +46,7 @@ from service.pipelines.spec import PipelineDefinition
 from service.pipelines.store import PipelineCache
 from service.tenancy.limits import TenantLimits
 from service.tenancy.tenants import PrincipalCache
+from spark_jobs.files import freeze_once
 
 log = logging.getLogger(__name__)
 CONSOLE_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(_follow_auth_changes(app.state.redis, app.state.principals)),
             asyncio.create_task(_follow_pipeline_changes(app.state.redis, app.state.pipelines)),
         ]
+        freeze_once()  # what starting made stays for good: full collections no longer walk it
         log.info("api started (pid %d)", os.getpid())  # its connections are accepted from here on
         try:
             yield
