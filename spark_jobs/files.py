@@ -180,8 +180,8 @@ def _path(location: str) -> str:
 
 def freeze_once() -> None:
     """In a Spark Python worker (and the api, once started): move what its imports made out of the
-    garbage collector's sight. PySpark's daemon runs gc.collect() after every task of a reused worker, which walks every
-    object not frozen. Its first tasks import more than the first freeze saw (pandas, redis,
+    garbage collector's sight. PySpark's daemon runs gc.collect() after every task of a reused
+    worker, which walks every object not frozen. Its first tasks import more than the first freeze saw (pandas, redis,
     asyncio: ~540 modules, ~58,000 objects, measured here), and the walk cost 23-79 ms a task under
     `make bench`, about 40% of the workers' busy time. So whenever a task finds modules imported
     since the last freeze, what is alive is collected and frozen again. That keeps the closures of
