@@ -299,7 +299,7 @@ def daily_copy(catalog, table, rows: pa.Table, name: str):  # noqa: ANN001, ANN2
     """A copy of `rows` partitioned by day as `table` is, one file per day, never changed: what the
     table would read like had its rows arrived as they are now (files written by pyarrow, one a
     day, and added: pyiceberg writes partitioned tables only with pyiceberg-core). In zstd, as
-    Calve writes every file: pyarrow's default, snappy, reads ~10% faster in DuckDB (and is ~50%
+    Calve writes every file: pyarrow's default, snappy, reads 7-10% faster in DuckDB (and is ~50%
     larger), which once passed for what a compaction leaves."""
     copy = catalog.create_table(("bench", name), table.schema(), partition_spec=table.spec(), properties={"format-version": "2"})
     rows = rows.cast(pa.schema([pa.field(field.name, field.type, field.nullable) for field in rows.schema]))  # no field ids
