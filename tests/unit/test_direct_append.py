@@ -191,8 +191,10 @@ _PLAIN_TEXT = st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), 
 _TEXTS = st.integers(0, 19).flatmap(lambda n: st.text(max_size=4) if n == 0 else st.sampled_from(["trace_id", "span_id", "x\\u"]) if n == 1
                                      else _PLAIN_TEXT)
 EXTRA_FIELDS = {"trace_id": _TEXTS, "span_id": st.integers(0, 9).flatmap(lambda n: st.none() if n == 0 else _TEXTS), "user": st.integers(-(10**6), 10**6), "ok": st.booleans(),
-                "a/b": _TEXTS, "é": _TEXTS, 'x"y': _TEXTS, "": _TEXTS, "id2": st.integers() | st.just({"trace_id": 1}), "cost": st.floats(-1e3, 1e3)}
-PLAIN_EXTRA_NAMES = ["trace_id", "span_id", "user", "ok"]
+                "a/b": _TEXTS, "é": _TEXTS, 'x"y': _TEXTS, "": _TEXTS, "id2": st.integers() | st.just({"trace_id": 1}), "cost": st.floats(-1e3, 1e3),
+                # A number now whole, now a fraction, now beyond a long (pyarrow reads them all as doubles), of any size.
+                "took": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(10**20), 10**20) | st.floats(-1e8, 1e8).map(lambda x: round(x, 3))}
+PLAIN_EXTRA_NAMES = ["trace_id", "span_id", "user", "ok", "took"]
 
 
 @st.composite
@@ -252,6 +254,28 @@ def test_the_extra_maps_of_traced_events_come_from_the_inferred_columns_where_ea
                   b'{"id": 4, "trace_id": "t4", "span_id": null, "retry": 1}'):  # a null's key
         body = traced + b"\n" + other
         assert _extras_by_column(columns(body), body) is None, other
+
+
+def test_the_extra_maps_of_numbers_read_as_doubles_are_spelled_as_each_event_wrote_its_number() -> None:
+    """A field pyarrow reads as doubles holds whole numbers written as integers (kept as their
+    digits) and as doubles (Java's spelling), fractions in and out of Double.toString's positional
+    range: taken from the column, each map is the one read from its line."""
+    numbers = [b"1.50", b"1E3", b"-0", b"5", b"5.0", b"0.0001", b"12345678.5", b"123456789012345678901234", b"-2.5e-3", b"0.1", b"1e-3", b"9999999.5"]
+    lines = [b'{"id": %d, "took" :  %s, "up": true}' % (index, number) for index, number in enumerate(numbers)]
+    body = b"\n".join(lines)
+    parsing = parse_schema(TABLE, "_extra", [])
+    table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    assert table.schema.field("took").type == pa.float64()
+    expected = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    assert [dict(pairs)["took"] for pairs in expected] == [
+        "1.5", "1000.0", "0", "5", "5.0", "1.0E-4", "1.23456785E7", "123456789012345678901234", "-0.0025", "0.1", "0.001", "9999999.5",
+    ]
+    held = [(name, table.column(name)) for name in ("took", "up")]
+    assert _extras_by_column(held, body).to_pylist() == expected
+    # The key's text once more (in a value): where each whole number was written is not sure.
+    other = body + b'\n{"id": 99, "msg": "took"}'
+    table = pajson.read_json(io.BytesIO(other), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    assert _extras_by_column([(name, table.column(name)) for name in ("took", "up")], other) is None
 
 
 @settings(max_examples=300, deadline=None)
