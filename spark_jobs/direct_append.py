@@ -101,6 +101,11 @@ _DATE = r"(19|[2-9][0-9])[0-9]{2}-[0-9]{2}-[0-9]{2}"
 _CLOCK = r"[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
 _OFFSET = r"(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9])"
 ISO = {"timestamptz": f"^{_DATE}({_CLOCK}{_OFFSET}?)?$", "timestamp": f"^{_DATE}({_CLOCK})?$", "date": f"^{_DATE}$"}
+# The same with up to nine digits of a second's fraction (Go's and Docker's nanoseconds), where
+# the rest are dropped first (_PAST_MICROS), as Spark's cast drops them (pyarrow's refuses them).
+_NANO_CLOCK = _CLOCK.replace("{1,6}", "{1,9}")
+ISO_PAST_MICROS = {"timestamptz": f"^{_DATE}({_NANO_CLOCK}{_OFFSET}?)?$", "timestamp": f"^{_DATE}({_NANO_CLOCK})?$"}
+_PAST_MICROS = r"^(.{19}\.[0-9]{6})[0-9]+"
 # Epoch milliseconds (days for a date) from 1900-01-01 through 9999-12-31, as JSON integers.
 EPOCH_RANGE = {"timestamptz": (-2_208_988_800_000, 253_402_300_799_999), "timestamp": (-2_208_988_800_000, 253_402_300_799_999),
                "date": (-25_567, 2_932_896)}
@@ -546,7 +551,10 @@ def times(table: pa.Table, kinds: dict[str, str], epoch: bool) -> pa.Table:
         elif epoch:
             converted = _from_epoch(column, name, kind)
         else:
-            if not pc.all(pc.match_substring_regex(column, ISO[kind])).as_py():  # nulls are skipped
+            iso = pc.all(pc.match_substring_regex(column, ISO[kind])).as_py()  # nulls are skipped
+            if not iso and kind in ISO_PAST_MICROS and pc.all(pc.match_substring_regex(column, ISO_PAST_MICROS[kind])).as_py():
+                column, iso = pc.replace_substring_regex(column, _PAST_MICROS, r"\1"), True
+            if not iso:
                 digits = pc.match_substring_regex(column, _EPOCH_TEXT)
                 if not pc.all(pc.or_(digits, pc.match_substring_regex(column, ISO[kind]))).as_py():
                     raise Refused(f"{name!r}: a text other than ISO 8601 or epoch digits as this path reads it")
@@ -885,19 +893,17 @@ def extra_text(value: object, top: bool = True) -> str:
     extra_fields map keeps it: Spark's JSON functions read it as a string, which is Jackson's
     compact copy of it (a string at the top as it is; numbers re-spelled: 1e3 as 1000.0, 1.50 as
     1.5). Raises Unspellable where the spelling is not certain."""
-    if isinstance(value, str):
-        return _checked(value) if top else _quoted(value)
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return number_text(value)
-    if isinstance(value, tuple):
-        return "{" + ",".join(f"{_quoted(key)}:{extra_text(item, False)}" for key, item in value) + "}"
-    return "[" + ",".join(extra_text(item, False) for item in value) + "]"
+    if top and type(value) is str:
+        return _checked(value)
+    return _SPELLED[type(value)](value)
+
+
+def _object_text(pairs: tuple) -> str:
+    return "{" + ",".join([f"{_quoted(key)}:{_SPELLED[type(item)](item)}" for key, item in pairs]) + "}"
+
+
+def _list_text(items: list) -> str:
+    return "[" + ",".join([_SPELLED[type(item)](item) for item in items]) + "]"
 
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -912,9 +918,16 @@ def _checked(text: str) -> str:
     return text
 
 
+# What a string needs more than its quotes for: a character to escape, a surrogate (unpaired: json
+# reads "\\ud800" as one) or one beyond the Basic Multilingual Plane.
+_QUOTED_WITH_CARE = re.compile(r'[\x00-\x1f"\\\ud800-\udfff\U00010000-\U0010ffff]')
+
+
 def _quoted(text: str) -> str:
     """A string as Jackson writes it: quote, backslash and the five short escapes; any other
     control character (Jackson writes \\u001F in capitals) is Unspellable."""
+    if _QUOTED_WITH_CARE.search(text) is None:  # most strings: a search at C speed, not a step per character
+        return f'"{text}"'
     _checked(text)
     if any(c < " " or c in '"\\' for c in text):
         if any(c < " " and c not in "\b\f\n\r\t" for c in text):
@@ -931,6 +944,14 @@ def _surrogates(c: str) -> str:
     COMBINE_UNICODE_SURROGATES_IN_UTF8 off)."""
     code = ord(c) - 0x10000
     return f"\\u{0xD800 + (code >> 10):04X}\\u{0xDC00 + (code & 0x3FF):04X}"
+
+
+# Each type json.loads (with object_pairs_hook=tuple) makes, spelled inside an object or a list
+# (a dispatch by exact type: bool is not int here).
+_SPELLED: dict[type, Callable[[object], str]] = {
+    str: _quoted, int: str, float: lambda value: java_double(value), bool: lambda value: "true" if value else "false",
+    type(None): lambda _value: "null", tuple: _object_text, list: _list_text,
+}
 
 
 def number_text(value: int | float) -> str:

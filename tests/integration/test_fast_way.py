@@ -565,13 +565,13 @@ MOMENT = st.datetimes(datetime(1900, 1, 1), datetime(2200, 12, 31))
 
 @st.composite
 def iso(draw, zone: bool = True) -> str:  # noqa: ANN001
-    """A time as ISO 8601 may spell it: a date alone, or with a time (T or a space, 0 to 6 digits of
-    fraction) and, where the column has a zone, no offset, Z or one."""
+    """A time as ISO 8601 may spell it: a date alone, or with a time (T or a space, 0 to 9 digits of
+    fraction: past 6, nanoseconds) and, where the column has a zone, no offset, Z or one."""
     moment = draw(MOMENT)
     if draw(st.integers(0, 5)) == 0:
         return moment.strftime("%Y-%m-%d")
-    digits = draw(st.integers(0, 6))
-    fraction = f".{moment.microsecond:06d}"[: digits + 1] if digits else ""
+    digits = draw(st.integers(0, 9))
+    fraction = f".{moment.microsecond:06d}{draw(st.integers(0, 999)):03d}"[: digits + 1] if digits else ""
     offset = draw(st.sampled_from(["", "Z", "+05:30", "-08:00", "+14:00", "-00:00"])) if zone else ""
     return moment.strftime(f"%Y-%m-%d{draw(st.sampled_from('T '))}%H:%M:%S") + fraction + offset
 

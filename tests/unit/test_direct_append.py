@@ -389,9 +389,24 @@ def test_timestamps_and_dates_as_iso_8601_or_epoch_numbers_one_file_per_partitio
     assert sorted(sorted(row["id"] for row in f.to_pylist()) for f in files) == [[1, 3], [2, 4], [5]]
 
 
+def test_digits_past_microseconds_are_dropped_as_sparks_cast_drops_them(tmp_path) -> None:  # noqa: ANN001
+    """Nanoseconds (Go's RFC 3339, Docker's logs): the digits past the sixth are dropped, not
+    rounded, before 1970 too (Spark 4's cast, seen: .999999999 is .999999 in 1950)."""
+    answers = run_timed(tmp_path, {
+        "r": b'{"id": 1, "ts": "2024-05-01T10:11:12.123456789Z", "local": "2024-05-01 10:11:12.9999999"}\n'
+             b'{"id": 2, "ts": "1950-06-01T00:00:00.999999999+02:00", "local": "2024-05-01T10:11:12.5"}\n'
+             b'{"id": 3, "ts": "2024-05-01T10:11:12.1234567-08:00"}\n{"id": 4, "ts": "2024-05-01 10:11:12"}',
+    }, [("ts", "day")])
+    assert all(answer["refused"] is None for answer in answers) and json.loads(answers[-1]["counts"]) == {"r": 4}
+    rows = {row["id"]: row for answer in answers for row in pq.read_table(answer["path"]).to_pylist()}
+    assert (rows[1]["ts"], rows[1]["local"]) == (utc(2024, 5, 1, 10, 11, 12, 123456), datetime(2024, 5, 1, 10, 11, 12, 999999))
+    assert (rows[2]["ts"], rows[2]["local"]) == (utc(1950, 5, 31, 22, 0, 0, 999999), datetime(2024, 5, 1, 10, 11, 12, 500000))
+    assert (rows[3]["ts"], rows[4]["ts"]) == (utc(2024, 5, 1, 18, 11, 12, 123456), utc(2024, 5, 1, 10, 11, 12))
+
+
 @pytest.mark.parametrize("body", [
     b'{"id": 1, "ts": "2024-02-30T00:00:00Z"}',           # no such day (the Spark job's NULL)
-    b'{"id": 1, "ts": "2024-05-01T10:11:12.1234567Z"}',   # more than microseconds
+    b'{"id": 1, "ts": "2024-05-01T10:11:12.1234567891Z"}',  # more than nanoseconds
     b'{"id": 1, "ts": "2024-05-01T10:11Z"}',              # no seconds
     b'{"id": 1, "ts": " 2024-05-01T10:11:12Z"}',          # spaces (the Spark job trims them)
     b'{"id": 1, "ts": "1899-12-31T10:11:12Z"}',           # before 1900
