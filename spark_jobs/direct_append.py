@@ -1110,10 +1110,10 @@ def _double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[s
                 return None
             if (text := number.group(1)).lstrip(b"-").isdigit():  # no fraction, no exponent
                 integers[row] = str(int(text))
-    spelled = texts.to_pylist()
-    for row in others.tolist():
-        spelled[row] = integers[row] if row in integers else java_double(float(x[row]))
-    return pa.array(spelled, pa.string())
+    mask = np.zeros(len(x), dtype=bool)
+    mask[others] = True
+    spelled = [integers[row] if row in integers else java_double(float(x[row])) for row in others.tolist()]
+    return pc.replace_with_mask(texts, pa.array(mask), pa.array(spelled, pa.string()))
 
 
 def places(data: np.ndarray, text: bytes) -> np.ndarray:

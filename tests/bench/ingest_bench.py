@@ -20,6 +20,9 @@ and text alike, as a loosely typed logger sends them); `mixed`, plain events wit
 text in one of fifty and the message an object in another of fifty; `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
+`nanos`, the declared shape with `ts` in nanoseconds (Go's RFC 3339, trailing zeros trimmed);
+`measured`, plain events each with a duration in seconds (a fraction, now and then a whole number)
+and a byte count (two fields the table lacks: into `_extra`);
 `nested`, the declared shape with the request's facts in an object (`http`, a struct column) and
 a list of strings (`tags`); `orders`, the declared shape with a customer and an amount of money
 (`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `ledger`, the orders with a running
@@ -200,6 +203,24 @@ def renamed(event: dict) -> dict:
     return event
 
 
+def measured(event: dict, i: int) -> dict:
+    """The event with what a service measured, two fields the built-in `logs` table lacks (into
+    its `_extra` map) in every event: a duration in seconds (a fraction, now and then a whole
+    number, written 2.0 or 2) and a byte count."""
+    event["duration_s"] = round(event["latency_ms"] / 1000, 6) if i % 20 else [2.0, 2][i % 40 // 20]
+    event["bytes"] = random.randrange(100_000)
+    return event
+
+
+def with_nano_time(event: dict) -> dict:
+    """The event with its ts as ISO 8601 in nanoseconds, as Go's RFC 3339 (trailing zeros trimmed)
+    and Docker's logs write it."""
+    moment = datetime.fromtimestamp(event["ts"] / 1000, timezone.utc)
+    fraction = f"{moment.microsecond:06d}{random.randrange(1000):03d}".rstrip("0")
+    event["ts"] = moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -212,7 +233,8 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,
-          "evolving": lambda i: with_extra_field(make_event(i), i),
+          "evolving": lambda i: with_extra_field(make_event(i), i), "measured": lambda i: measured(make_event(i), i),
+          "nanos": lambda i: with_nano_time(make_event(i * 20)),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -226,6 +248,9 @@ DECLARED_COLUMNS = [
 PIPELINES = {
     "declared": {"name": "declared", "source": {"http": {"path": "/declared"}}, "sinks": [{
         "table": "declared", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "nanos": {"name": "nanos", "source": {"http": {"path": "/nanos"}}, "sinks": [{
+        "table": "nanos", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
     "nested": {"name": "nested", "source": {"http": {"path": "/nested"}}, "sinks": [{
         "table": "nested", "auto_create": True, "schema": {"columns": [

@@ -19,6 +19,7 @@ ROLE_ORDER = ("api", "writer", "committer", "spark", "spark python", "spark exec
 METRIC = re.compile(r"^(calve_(?:spark_job_duration|commit_duration|accept_to_commit)_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 COMMITTED = re.compile(r"^calve_events_committed_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 RECEIVED = re.compile(r"^calve_events_received_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+DIRECT = re.compile(r'^calve_direct_batches_total\{[^}]*outcome="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
 
 
 def role_of(process: psutil.Process) -> str | None:
@@ -51,6 +52,7 @@ class Sample:
     metrics: dict[tuple[str, str], float] = field(default_factory=dict)  # (metric, sum|count) -> value, summed over labels
     committed: float = 0.0  # events committed, every table
     received: float = 0.0  # events accepted into Redis, every pipeline
+    direct: dict[str, float] = field(default_factory=dict)  # the short way's batches by outcome (written, partial, refused, failed)
 
     @property
     def backlog(self) -> float:
@@ -78,6 +80,8 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
         taken.metrics[(name, kind)] = taken.metrics.get((name, kind), 0.0) + float(value)
     taken.committed = sum(float(value) for value in COMMITTED.findall(text))
     taken.received = sum(float(value) for value in RECEIVED.findall(text))
+    for outcome, value in DIRECT.findall(text):
+        taken.direct[outcome] = taken.direct.get(outcome, 0.0) + float(value)
     return taken
 
 
@@ -108,6 +112,9 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
         "cpu_s": {role: round(cpu[role], 2) for role in sorted(cpu, key=order.get)},
         "cpu_s_per_100k_events": {role: per_100k[role] for role in sorted(per_100k, key=order.get)},
         "timings": timings,
+        # Batches the short way ran, by outcome: refused or partial ones went (wholly or in part) to the full Spark job.
+        "short_way": {outcome: round(count - start.direct.get(outcome, 0.0)) for outcome, count in sorted(end.direct.items())
+                      if count > start.direct.get(outcome, 0.0)},
         # Resident memory per role as the window opened and as it closed (MiB): the api's should stay flat.
         "rss_mib": {role: [round(start.rss.get(role, 0) / 2**20), round(end.rss.get(role, 0) / 2**20)]
                     for role in sorted(end.rss, key=order.get)},
@@ -123,4 +130,6 @@ def table(profile: dict) -> str:
     lines.append(f"  all but the load generator: {profile['cpu_s_per_100k_all_roles']} CPU-s per 100k events")
     for name, timing in profile["timings"].items():
         lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
+    if profile.get("short_way"):
+        lines.append("  short way's batches: " + ", ".join(f"{count} {outcome}" for outcome, count in profile["short_way"].items()))
     return "\n".join(lines)
