@@ -15,10 +15,10 @@ none crosses Spark's JVM.
 
 Timestamps and dates are read as the README's conversion rules read them (coerce.py), for the
 forms both ways surely read alike (`times`): ISO 8601 as `2024-05-01T10:11:12.123Z` spells it (T
-or a space, up to six fractional digits, Z or an offset to the minute; no offset for a timestamp
-without zone; a date alone) from 1900 on, and epoch milliseconds (days for a date columns) as JSON
-integers. Any other spelling, a day that does not exist or a column sent both ways in one request
-refuses the batch.
+or a space, up to nine fractional digits, those past six dropped as Spark's cast drops them, Z or
+an offset to the minute; no offset for a timestamp without zone; a date alone) from 1900 on, and
+epoch milliseconds (days for a date columns) as JSON integers. Any other spelling, a day that
+does not exist or a column sent both ways in one request refuses the batch.
 
 Decimals are parsed by pyarrow from JSON numbers and text alike, exactly, as the Spark job reads
 them (coerce.coerce's `exact`: a JSON number's digits, not a double's). A value with more fractional
