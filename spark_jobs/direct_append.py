@@ -1026,7 +1026,7 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> p
     """extra_maps's answer from the columns pyarrow inferred for the fields the table lacks,
     without reading a line again, where it is sure to be the same; None elsewhere. Sure where every
     such column holds strings, numbers or booleans (kept as extra_text spells them: a string as it
-    is, an integer's digits, a double as _double_texts says, true or false; pyarrow refuses a key
+    is, an integer's digits, a double as _extra_double_texts says, true or false; pyarrow refuses a key
     twice in an event and a string that is no Unicode), its name is plain ASCII, and where an
     event holds two or more of them, or a double column a whole number, each key is spelled
     without escapes, once in its line (where it is gives the map's order, the event's, and the
@@ -1059,7 +1059,7 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> p
     texts = []
     for name, column in held:
         if pa.types.is_float64(column.type):
-            if (spelled := _double_texts(column.combine_chunks(), name, body, keys_at)) is None:
+            if (spelled := _extra_double_texts(column.combine_chunks(), name, body, keys_at)) is None:
                 return None
             texts.append(spelled)
         else:
@@ -1083,13 +1083,14 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> p
     return pa.MapArray.from_arrays(offsets, keys, values, type=TEXT_MAP, mask=pa.array(counts == 0))
 
 
-def _double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:
+def _extra_double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:
     """A field pyarrow read as doubles, each value as extra_text spells the number its event
     holds (None where not sure). A fraction from 1e-3 to 1e7 by pyarrow's shortest digits, which
     are Java's Double.toString's there (java_double's: checked equal on 400,000 values); a whole
     number by its text, found after its key (`keys_at`): an integer's digits as written (pyarrow
     reads 1 and 1.0 alike, and any integer beyond a long as a double), a double's by java_double;
-    any other by java_double."""
+    any other by java_double. (Java's spelling, as Spark's JSON functions copy a number: not
+    otlp_columns._double_texts, which spells doubles as orjson writes them.)"""
     import pyarrow.compute as pc
 
     x = values.to_numpy(zero_copy_only=False)  # NULL as NaN
