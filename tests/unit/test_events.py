@@ -196,6 +196,10 @@ CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":
     (b'{"x":[1,{"big":-9223372036854775809}]}\n' + CANONICAL, "line by line"),
     # Runs of 20 digits in strings, and integers of 19 digits that orjson keeps: no integer it lost.
     (b'{"iccid":"89310410106543789301","trace":"00000000000000000000000000001eef","n":-1234567890123456789}\n' + CANONICAL, "as sent"),
+    # A float past 2**63 spelled as orjson spells it is no lost integer, whatever digits the body holds;
+    # a lost integer in a line spelled otherwise (spaces) is still found in that line.
+    (b'{"n":1e+19,"id":"12345678901234567890123"}\n' + CANONICAL, "as sent"),
+    (b'{"n": 1e19, "big": 18446744073709551616}\n' + CANONICAL, "line by line"),
     (b'{"d":' + b'{"e":' * 9 + b"1" + b"}" * 10 + b"\n" + CANONICAL, "line by line"),  # set aside: too deep
     (b'{"' + b"n" * 1100 + b'":1,"k":2}\n' + CANONICAL, "line by line"),  # a name too long for a column
 ])
