@@ -42,7 +42,11 @@ and `_bulk` answer once buffered: their events/s is what the stack's metrics say
 the window, and their latency the metrics' mean from acceptance to commit. Each shape is reported
 with its ratio to `plain` of the same run; the first is warmed up BENCH_WARMUP_S, the others
 BENCH_SHAPE_WARMUP_S (20), each after the last one's backlog is committed, in 10 s steps and at
-least 15 s past the first step that committed anything.
+least 15 s past the first step that committed anything. Each shape after the first is sent by a
+tenant of its own (`bench_<shape>`), so that its tables start empty as the first shape's did,
+and each shape's tables are compacted by hand once its window closes: in one stack, a shape
+otherwise paid for compacting what the shapes before it left (in the built-in `logs` most of all,
+which they shared). BENCH_TABLES=shared: one tenant for all and no compaction between shapes.
 
 Then the open loop: plain events at fixed arrival rates (BENCH_OPEN_RATES, events/s, default
 20,000 to 300,000 in steps of 20,000; BENCH_OPEN_STEP_S each, default 30), each request sent on
@@ -371,6 +375,28 @@ def shape_path(port: int, shape: str, token: str = TOKEN) -> str:
     return pipeline["source"]["http"]["path"]
 
 
+def tenant_of_its_own(port: int, operator: str, shape: str) -> str:
+    """A token of a new tenant for `shape` (service defaults for its limits): its tables start
+    empty, as the first shape's did, so that no shape pays for compacting another's rows."""
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/tenants", json={"name": "bench_" + shape.replace("-", "_")},
+                        headers={"Authorization": f"Bearer {operator}"}, timeout=60)
+    if answer.status_code != 201:
+        raise SystemExit(f"creating a tenant for the {shape} shape: {answer.status_code} {answer.text}")
+    return answer.json()["admin_token"]
+
+
+def compact_tables(port: int, token: str) -> None:
+    """Compact each of the token's tenant's tables by hand, waiting for each: upkeep's work on a
+    shape's rows is then over before the next shape's window opens, not charged to it."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=900) as http:
+        for name in http.get("/v1/tables").json()["tables"]:
+            for _attempt in range(60):  # a scheduled compaction still running answers busy: asked again once it is over
+                answer = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
+                if answer.status_code != 200 or answer.json()["tasks"]["compact"].get("outcome") != "busy":
+                    break
+                time.sleep(2)
+
+
 def drain(take_sample: Callable[[], Sample], timeout_s: float = 300) -> None:
     """Wait until nothing is committed for 3 s: what was accepted before is committed (or in the DLQ)."""
     deadline = time.monotonic() + timeout_s
@@ -442,6 +468,7 @@ def operator_token(data_dir: Path) -> str:
 
 async def produce(
     port: int, shape: str, path: str, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample: Callable[[], Sample],
+    token: str = TOKEN,
 ) -> tuple[int, list[float], int, int, Sample, Sample]:
     """Run producers; returns (events acknowledged in the window: as committed, where the shape's
     answer counts them; latencies, failures, and the stack's CPU and metrics sampled as the window
@@ -453,7 +480,7 @@ async def produce(
     latencies: list[float] = []
     committed = failures = refusals = 0
     _path, content_type, waits = PROTOCOLS.get(shape, (None, "application/x-ndjson", True))
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": content_type}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
     url = f"http://127.0.0.1:{port}{path}" + ("?wait=true&timeout=60" if waits else "")
     counted = shape not in PROTOCOLS  # the answer says how many events were committed
     connector = aiohttp.TCPConnector(limit=producers, keepalive_timeout=60)
@@ -599,12 +626,13 @@ def baseline(bodies: list[bytes], work_dir: Path, batches: int) -> float:
     return events / (time.perf_counter() - started)
 
 
-def measure(shape: str, port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample) -> dict:  # noqa: ANN001
-    path = shape_path(port, shape)
+def measure(shape: str, port: int, bodies: list[bytes], seconds: float, producers: int, warmup_s: float, take_sample,  # noqa: ANN001
+            token: str = TOKEN) -> dict:
+    path = shape_path(port, shape, token)
     waits = PROTOCOLS.get(shape, (None, None, True))[2]
     say(f"shape {shape}: {producers} producers, {EVENTS_PER_REQUEST}-event requests of ~{statistics.mean(map(len, bodies)) / EVENTS_PER_REQUEST:.0f} "
         f"bytes an event to {path}{', wait=true' if waits else ' (answered once buffered)'}, {seconds:.0f}s (+{warmup_s:.0f}s warm-up)")
-    answered, latencies, failures, refusals, opened, closed = asyncio.run(produce(port, shape, path, bodies, seconds, producers, warmup_s, take_sample))
+    answered, latencies, failures, refusals, opened, closed = asyncio.run(produce(port, shape, path, bodies, seconds, producers, warmup_s, take_sample, token))
     committed, accept_to_commit = committed_between(opened, closed)
     if shape not in PROTOCOLS:
         committed = answered  # as committed, by the answers within the window
@@ -637,6 +665,7 @@ def main() -> None:
     rates = [int(rate) for rate in os.environ.get("BENCH_OPEN_RATES", ",".join(str(r) for r in range(20_000, 300_001, 20_000))).split(",") if rate.strip()]
     step_s = float(os.environ.get("BENCH_OPEN_STEP_S", "30"))
     steps: list[dict] = []
+    own_tables = os.environ.get("BENCH_TABLES", "own") == "own"
     kept = contextlib.nullcontext(tempfile.mkdtemp(prefix="calve-bench-")) if os.environ.get("BENCH_KEEP") else None
     with kept or tempfile.TemporaryDirectory(prefix="calve-bench-") as tmp:  # BENCH_KEEP=1: its logs kept for a look afterwards
         work = Path(tmp)
@@ -658,7 +687,11 @@ def main() -> None:
             take_sample = lambda: sample(stack.pid, port, operator)  # noqa: E731
             for index, shape in enumerate(shapes):
                 drain(take_sample)  # the last shape's backlog (answered once buffered) is not this one's
-                results[shape] = measure(shape, port, bodies[shape], seconds, producers, warmup_s if index == 0 else shape_warmup_s, take_sample)
+                token = tenant_of_its_own(port, operator, shape) if own_tables and index else TOKEN
+                results[shape] = measure(shape, port, bodies[shape], seconds, producers, warmup_s if index == 0 else shape_warmup_s, take_sample, token)
+                if own_tables:
+                    drain(take_sample)
+                    compact_tables(port, token)
             if rates:
                 drain(take_sample)
                 say(f"open loop: plain events at fixed arrival rates, {step_s:.0f}s a step, wait=true; held: p99 <= {OPEN_LOOP_P99_S}s "
