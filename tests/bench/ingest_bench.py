@@ -400,14 +400,20 @@ def compact_tables(port: int, token: str) -> None:
     shape's rows is then over before the next shape's window opens, not charged to it."""
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=900) as http:
         for name in http.get("/v1/tables").json()["tables"]:
-            for _attempt in range(60):  # a scheduled compaction still running answers busy: asked again once it is over
-                answer = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
-                if answer.status_code != 200:
-                    say(f"  (compacting {name} by hand answered {answer.status_code}: {answer.text[:200]}; the next shape may pay for it)")
-                    break
-                if answer.json()["tasks"]["compact"].get("outcome") != "busy":
-                    break
-                time.sleep(2)
+            answer = compact_by_hand(http, name)
+            if answer.status_code != 200:
+                say(f"  (compacting {name} by hand answered {answer.status_code}: {answer.text[:200]}; the next shape may pay for it)")
+
+
+def compact_by_hand(http: httpx.Client, name: str) -> httpx.Response:
+    """The answer to compacting table `name` by hand, waited for: a scheduled compaction still
+    running answers busy, and it is asked again once that one is over (for up to ~2 minutes)."""
+    for _attempt in range(60):
+        answer = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
+        if answer.status_code != 200 or answer.json()["tasks"]["compact"].get("outcome") != "busy":
+            return answer
+        time.sleep(2)
+    return answer
 
 
 def drain(take_sample: Callable[[], Sample], timeout_s: float = 300) -> None:

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import ManifestContent
 
 from service.iceberg.rewrites import live_files
-from tests.bench.ingest_bench import TOKEN, embedded_stack, say, stack_catalog
+from tests.bench.ingest_bench import TOKEN, compact_by_hand, embedded_stack, say, stack_catalog
 
 DAYS = 30
 RECENT_DAYS = 7
@@ -262,13 +262,9 @@ def reads(data_dir: Path, port: int, name: str) -> dict:
     left_snapshot = left.current_snapshot().snapshot_id
     shape = {"before": shape_of(left)}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=900) as http:
-        for _attempt in range(60):  # a scheduled compaction still running answers busy: asked again once it is over
-            asked = http.post(f"/v1/tables/{name}/maintenance", json={"tasks": ["compact"], "wait_s": 300})
-            assert asked.status_code == 200, f"the compaction by hand answered {asked.status_code}: {asked.text[:300]}"
-            answer = asked.json()
-            if answer["tasks"]["compact"].get("outcome") != "busy":
-                break
-            time.sleep(2)
+        asked = compact_by_hand(http, name)
+        assert asked.status_code == 200, f"the compaction by hand answered {asked.status_code}: {asked.text[:300]}"
+        answer = asked.json()
         health = http.get(f"/v1/tables/{name}").json()["health"]
     table = catalog.load_table(("demo", name))
     before = read_seconds(table, left_snapshot)
