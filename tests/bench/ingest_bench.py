@@ -13,7 +13,9 @@ Shapes (BENCH_SHAPES, comma-separated, in this order on one stack; default all o
 2% of events carrying one field the table lacks (kept in its `_extra` map); `dirty`, plain
 events but one request in 50 holds an event with text for a number; `strings`, plain events with
 every number as text (`"status": "200"`, as grok's captures have them); `traced`, plain events
-each with a trace and a span id (two fields the table lacks: into `_extra`); `pandas`, plain
+each with a trace and a span id (two fields the table lacks: into `_extra`); `pods`, plain events
+each with the Kubernetes pod that logged it (an object the table lacks, with a map of labels in
+it: into `_extra` as JSON text, as a Kubernetes log shipper sends them); `pandas`, plain
 events with the integer status written as a double (`200.0`); `loose`, plain events with a number
 for the host in one of ten and for the message in one of a hundred (text columns holding numbers
 and text alike, as a loosely typed logger sends them); `mixed`, plain events with the status as
@@ -167,6 +169,15 @@ def with_trace(event: dict) -> dict:
     return event
 
 
+def with_pod(event: dict) -> dict:
+    """The event with the pod that logged it, as Kubernetes log shippers (Fluent Bit, Vector)
+    add it: an object the built-in `logs` table lacks (kept in its `_extra` map as JSON text)."""
+    service = event["service"]
+    event["kubernetes"] = {"namespace": "prod", "pod": f"{service}-{random.randint(1, 12):02d}-7d9f", "container": service,
+                           "labels": {"app": service, "tier": "web"}}
+    return event
+
+
 def with_iso_time(event: dict) -> dict:
     """The event with its ts as ISO 8601 text (UTC, milliseconds), as most shippers send it."""
     event["ts"] = datetime.fromtimestamp(event["ts"] / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -233,6 +244,7 @@ def with_days(i: int) -> dict:
 
 SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i), i), "dirty": lambda i: with_bad_value(make_event(i), i),
           "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
+          "pods": lambda i: with_pod(make_event(i)),
           "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
           "mixed": lambda i: mixed_up(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),

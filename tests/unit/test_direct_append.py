@@ -193,7 +193,12 @@ _TEXTS = st.integers(0, 19).flatmap(lambda n: st.text(max_size=4) if n == 0 else
 EXTRA_FIELDS = {"trace_id": _TEXTS, "span_id": st.integers(0, 9).flatmap(lambda n: st.none() if n == 0 else _TEXTS), "user": st.integers(-(10**6), 10**6), "ok": st.booleans(),
                 "a/b": _TEXTS, "é": _TEXTS, 'x"y': _TEXTS, "": _TEXTS, "id2": st.integers() | st.just({"trace_id": 1}), "cost": st.floats(-1e3, 1e3),
                 # A number now whole, now a fraction, now beyond a long (pyarrow reads them all as doubles), of any size.
-                "took": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(10**20), 10**20) | st.floats(-1e8, 1e8).map(lambda x: round(x, 3))}
+                "took": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(10**20), 10**20) | st.floats(-1e8, 1e8).map(lambda x: round(x, 3)),
+                # Objects and lists (a shipper's pod, a list of tags), copied as their text.
+                "pod": st.fixed_dictionaries({"ns": _PLAIN_TEXT, "labels": st.fixed_dictionaries({}, optional={"app": _TEXTS, "tier": _PLAIN_TEXT})},
+                                             optional={"n": st.integers(-(10**20), 10**20), "ports": st.lists(st.integers(-3, 3), max_size=3),
+                                                       "w": st.floats(-1e3, 1e3), "on": st.booleans() | st.none(), "s": st.text(max_size=3)}),
+                "tags": st.lists(_PLAIN_TEXT, max_size=3)}
 PLAIN_EXTRA_NAMES = ["trace_id", "span_id", "user", "ok", "took"]
 
 
@@ -254,6 +259,68 @@ def test_the_extra_maps_of_traced_events_come_from_the_inferred_columns_where_ea
                   b'{"id": 4, "trace_id": "t4", "span_id": null, "retry": 1}'):  # a null's key
         body = traced + b"\n" + other
         assert _extras_by_column(columns(body), body) is None, other
+
+
+def test_the_extra_maps_of_objects_and_lists_are_the_text_of_each_value_without_the_spaces_between_tokens() -> None:
+    """A Kubernetes shipper's pod (an object with a map of labels in it) and a list, in events
+    written with spaces (Python's json) and with escapes Jackson writes alike: each value's text
+    is copied from the body, as reading every line makes it; where a copy is not sure to be the
+    value's text (a fraction, -0, a \\u escape, a character beyond the Basic Multilingual Plane)
+    it is not taken (None: the lines are read)."""
+    lines = [
+        b'{"id": 1, "pod": {"ns": "prod", "name": "web-7d9f", "labels": {"app": "web", "tier": "a \\"b\\" \\\\ \\n [}"}}, "tags": ["x", "y"]}',
+        b'{"id": 2, "tags": [], "pod" : { "ns" : "dev" , "name": "db-1", "labels": {}, "n": 123456789012345678901, "on": null }}',
+        b'{"id": 3, "msg": "no pod here", "pod": {"ns": "\xc3\xa9t\xc3\xa9", "name": "x{", "labels": {"app": "]"}, "ok": [true, false]}}',
+        b'{"id": 4}',
+    ]
+    body = b"\n".join(lines)
+    parsing = parse_schema(TABLE, "_extra", [])
+    table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    assert pa.types.is_struct(table.schema.field("pod").type) and pa.types.is_list(table.schema.field("tags").type)
+    expected = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    assert expected[0] == [("pod", '{"ns":"prod","name":"web-7d9f","labels":{"app":"web","tier":"a \\"b\\" \\\\ \\n [}"}}'), ("tags", '["x","y"]')]
+    assert expected[3] is None
+    held = [(name, table.column(name)) for name in ("pod", "tags")]
+    assert _extras_by_column(held, body).to_pylist() == expected
+    for unsure in (b'{"id": 5, "pod": {"ns": "a", "w": 1.5}}', b'{"id": 5, "pod": {"ns": "a", "n": -0}}',
+                   b'{"id": 5, "pod": {"ns": "\\u00e9"}}', b'{"id": 5, "pod": {"ns": "\xf0\x9f\x98\x80"}}', b'{"id": 5, "pod": {"ns": "a\\/b"}}'):
+        other = body + b"\n" + unsure
+        table = pajson.read_json(io.BytesIO(other), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+        assert _extras_by_column([(name, table.column(name)) for name in ("pod", "tags")], other) is None, unsure
+
+
+# Objects and lists whose copy is sure to be their text: ASCII strings (quotes, backslashes and
+# brackets in them, escaped by json.dumps as Jackson escapes them; no "p" or "t", so no value spells
+# a field's name), integers of any size, booleans and nulls, nested. Keys keep their types, so pyarrow
+# infers a column.
+_SURE_TEXT = st.text(st.sampled_from('abc xyz"\\{}[]:,'), max_size=5)
+_SURE_POD = st.fixed_dictionaries(
+    {"ns": _SURE_TEXT, "labels": st.dictionaries(st.sampled_from(["app", "tier", "x y"]), _SURE_TEXT, max_size=3), "n": st.integers(-(10**20), 10**20)},
+    optional={"ports": st.lists(st.integers(-3, 3), max_size=3), "on": st.booleans() | st.none(),
+              "sub": st.fixed_dictionaries({"a": st.lists(_SURE_TEXT, max_size=2)})})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.none() | _SURE_POD, st.none() | st.lists(_SURE_TEXT, max_size=3), st.booleans()), min_size=1, max_size=6),
+       st.sampled_from([(", ", ": "), (",", ":"), (" , ", " :  ")]))
+def test_the_extra_maps_of_objects_and_lists_are_copied_from_the_body_as_reading_each_line_makes_them(
+        events: list, separators: tuple[str, str]) -> None:
+    """Events with an object and a list the table lacks (each now absent), written compact or with
+    spaces, and the two fields in either order: copied from the body (never left to reading every
+    line, here where each copy is sure), the maps are those reading every line makes."""
+    lines = []
+    for index, (pod, tags, tags_first) in enumerate(events):
+        fields = {"pod": pod, "tags": tags} if not tags_first else {"tags": tags, "pod": pod}
+        event = {"id": index, **{name: value for name, value in fields.items() if value is not None}}
+        lines.append(json.dumps(event, separators=separators).encode())
+    body = b"\n".join(lines)
+    parsing = parse_schema(TABLE, "_extra", [])
+    table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    held = [(name, table.column(name)) for name in ("pod", "tags") if name in table.column_names]
+    if not held:
+        return
+    expected = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    assert _extras_by_column(held, body).to_pylist() == expected
 
 
 def test_the_extra_maps_of_numbers_read_as_doubles_are_spelled_as_each_event_wrote_its_number() -> None:
