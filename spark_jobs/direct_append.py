@@ -1125,6 +1125,7 @@ class _JsonLayout:
         self.brackets = brackets[self.outside(brackets)]
         self.step = np.where((data[self.brackets] == ord("{")) | (data[self.brackets] == ord("[")), 1, -1)
         self.depth = np.cumsum(self.step)  # after each bracket
+        self.newlines: np.ndarray | None = None  # found once a line is read again
 
     def outside(self, places: np.ndarray) -> np.ndarray:
         """Whether each place is outside strings (a closing quote is; an opening one is not)."""
@@ -1153,26 +1154,50 @@ class _JsonLayout:
             if (found >= len(same)).any():
                 return None
             ends[these] = same[found] + 1
-        if self._unsure(starts, ends):
-            return None
+        unsure = self._unsure(starts, ends)
+        if unsure.sum() * 4 > len(unsure):
+            return None  # most of them: reading every line again costs no more
+        rows = len(valid)
+        held = np.flatnonzero(valid)
         # The whitespace between tokens, dropped: Jackson's copy has none.
         space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
         space = space[self.outside(space)]
-        dropped = np.zeros(len(data), bool)
-        dropped[space] = True
-        lengths = ends - starts
+        sure_starts = starts[~unsure]
+        lengths = ends[~unsure] - sure_starts
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        taken = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)  # each span's bytes, span after span
-        if len(space):
+        taken = np.arange(offsets[-1]) + np.repeat(sure_starts - offsets[:-1], lengths)  # each span's bytes, span after span
+        if len(space) and len(taken):
+            dropped = np.zeros(len(data), bool)
+            dropped[space] = True
             kept = ~dropped[taken]
             taken = taken[kept]
-            lengths = np.add.reduceat(kept.astype(np.int64), offsets[:-1]) if len(kept) else lengths
-        rows = len(valid)
+            lengths = np.add.reduceat(kept.astype(np.int64), offsets[:-1])
         row_lengths = np.zeros(rows, np.int64)
-        row_lengths[valid] = lengths
+        row_lengths[held[~unsure]] = lengths
         row_offsets = np.concatenate([[0], np.cumsum(row_lengths)]).astype(np.int32)
-        return pa.StringArray.from_buffers(rows, pa.py_buffer(row_offsets), pa.py_buffer(data[taken].tobytes()),
-                                           pa.array(valid).buffers()[1], rows - int(valid.sum()))
+        copied = pa.StringArray.from_buffers(rows, pa.py_buffer(row_offsets), pa.py_buffer(data[taken].tobytes()),
+                                             pa.array(valid).buffers()[1], rows - len(held))
+        if not unsure.any():
+            return copied
+        import pyarrow.compute as pc
+
+        # The few values whose copy is not sure (a fraction Java spells in another way, say): their
+        # lines read again, as every line would be.
+        mask = np.zeros(rows, bool)
+        mask[held[unsure]] = True
+        again = [self._read_again(start, name) for start in starts[unsure].tolist()]
+        return pc.replace_with_mask(copied, pa.array(mask), pa.array(again, pa.string()))
+
+    def _read_again(self, start: int, name: str) -> str:
+        """The text of the value of `name` (which begins at `start`) read from its line by
+        Python's json, as extra_maps reads every line: Unspellable where it cannot be sure."""
+        if self.newlines is None:
+            self.newlines = np.flatnonzero(self.data == ord("\n"))
+        line = int(np.searchsorted(self.newlines, start))
+        begin = int(self.newlines[line - 1]) + 1 if line else 0
+        end = int(self.newlines[line]) if line < len(self.newlines) else len(self.data)
+        pairs = json.JSONDecoder(object_pairs_hook=tuple).decode(self.data[begin:end].tobytes().decode())
+        return extra_text(next(value for key, value in pairs if key == name))
 
     def _after_colon(self, places: np.ndarray) -> np.ndarray | None:
         """Where each key's value begins: past the colon after `places` and the whitespace either
@@ -1193,17 +1218,24 @@ class _JsonLayout:
             places = places + space
         return None
 
-    def _unsure(self, starts: np.ndarray, ends: np.ndarray) -> bool:
-        """Whether any span [start, end) holds a byte whose copy is not sure to be itself: a
-        fraction or an exponent (Java's Double.toString respells it), -0 (an integer's 0), NaN or
-        Infinity (Python's json reads them, no copy spells them), a \\u or \\/ escape (Jackson
-        writes the character), a character beyond the Basic Multilingual Plane (Jackson's
-        surrogate escapes) or a control character in a string (json refuses it)."""
+    def _unsure(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Whether each span [start, end) holds a byte whose copy is not sure to be itself: an
+        exponent, or a fraction Java's Double.toString spells otherwise (_respelled), -0 (an
+        integer's 0; -0.5 is a fraction), NaN or Infinity (Python's json reads them, no copy
+        spells them), a \\u or \\/ escape (Jackson writes the character), a character beyond the
+        Basic Multilingual Plane (Jackson's surrogate escapes) or a control character in a string
+        (json refuses it)."""
         data = self.data
+        unsure = np.zeros(len(starts), bool)
 
-        def within(places: np.ndarray) -> bool:
+        def spans_of(places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The places inside spans, and the span each is in."""
             span = np.searchsorted(starts, places, side="right") - 1
-            return bool(((span >= 0) & (places < ends[np.maximum(span, 0)])).any())
+            inside = (span >= 0) & (places < ends[np.maximum(span, 0)])
+            return places[inside], span[inside]
+
+        def mark(places: np.ndarray) -> None:
+            unsure[spans_of(places)[1]] = True
 
         first, last = int(starts[0]), int(ends[-1])
         region = data[first:last]
@@ -1214,25 +1246,65 @@ class _JsonLayout:
                 hit |= region == byte
             return np.flatnonzero(hit) + first
 
-        numbers = found(ord("."), ord("N"), ord("I"))
         exponents = found(ord("e"), ord("E"))
         exponents = exponents[(data[exponents - 1] >= ord("0")) & (data[exponents - 1] <= ord("9"))]
         minus = found(ord("-"))
-        minus = minus[data[np.minimum(minus + 1, len(data) - 1)] == ord("0")]
-        outside = np.concatenate([numbers, exponents, minus])
-        if len(outside) and within(outside[self.outside(outside)]):
-            return True
+        minus = minus[(data[np.minimum(minus + 1, len(data) - 1)] == ord("0")) & (data[np.minimum(minus + 2, len(data) - 1)] != ord("."))]
+        outside = np.concatenate([found(ord("N"), ord("I")), exponents, minus])
+        mark(outside[self.outside(outside)])
         control = np.flatnonzero(region < 0x20) + first
-        if len(control) and within(control[~self.outside(control)]):
-            return True
-        if within(np.flatnonzero(region >= 0xF0) + first):
-            return True
+        mark(control[~self.outside(control)])
+        mark(np.flatnonzero(region >= 0xF0) + first)
         escapes = self.backslashes[(self.backslashes >= first) & (self.backslashes < last)]
         if len(escapes):
             escaped = data[escapes + 1]
-            if within(escapes[(escaped == ord("u")) | (escaped == ord("/"))]):
-                return True
-        return False
+            mark(escapes[(escaped == ord("u")) | (escaped == ord("/"))])
+        points = found(ord("."))
+        points, span = spans_of(points[self.outside(points)])
+        if len(points):
+            unsure[span[self._respelled(points)]] = True
+        return unsure
+
+    def _respelled(self, points: np.ndarray) -> np.ndarray:
+        """Whether each number with a fraction (the point of each, outside strings) may be copied
+        otherwise than it is written: Java's Double.toString spells a double from 1e-3 to 1e7 by
+        its shortest digits, which are pyarrow's there (checked as _extra_double_texts says), with
+        at least one after the point (12.50 is respelled 12.5, 0.0001 1.0E-4)."""
+        import pyarrow.compute as pc
+
+        data, last = self.data, len(self.data) - 1
+        every = np.ones(len(points), bool)
+        begin, end = points.copy(), points + 1
+        for _step in range(24):
+            before = data[np.maximum(begin - 1, 0)]
+            more = (begin > 0) & (((before >= ord("0")) & (before <= ord("9"))) | (before == ord("-")))
+            if not more.any():
+                break
+            begin = begin - more
+        else:
+            return every
+        for _step in range(24):
+            after = data[np.minimum(end, last)]
+            more = (end <= last) & (after >= ord("0")) & (after <= ord("9"))
+            if not more.any():
+                break
+            end = end + more
+        else:
+            return every
+        lengths = end - begin
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        taken = data[np.arange(offsets[-1]) + np.repeat(begin - offsets[:-1], lengths)]
+        written = pa.StringArray.from_buffers(len(points), pa.py_buffer(offsets), pa.py_buffer(taken.tobytes()))
+        try:
+            values = pc.cast(written, pa.float64())
+        except pa.ArrowInvalid:
+            return every
+        x = values.to_numpy(zero_copy_only=False)
+        shortest = pc.cast(values, pa.string())
+        whole = pa.array(x == np.trunc(x))  # 5.0: pyarrow writes 5, Java 5.0
+        spelled = pc.if_else(whole, pc.binary_join_element_wise(shortest, ".0", ""), shortest)
+        same = pc.equal(spelled, written).to_numpy(zero_copy_only=False)
+        return ~(same & (np.abs(x) >= 1e-3) & (np.abs(x) < 1e7))
 
 
 def _extra_double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:

@@ -87,9 +87,10 @@ RAW_VALUE = st.one_of(VALUE.map(lambda v: json.dumps(v, ensure_ascii=False)), VA
 USUAL_VALUE = st.one_of(
     st.floats(-1e6, 1e6).map(repr), st.floats(-1e-2, 1e-2).map(repr), st.integers(-1000, 10**12).map(str),
     st.sampled_from(["1.50", "1e3", "2.5E-4", "-0", "0.0", "true", "null", '"é"', '{"a": [1, 2.5, "x"], "b": {}}', "[]"]),
-    # Objects and lists copied from the body as they are (a shipper's pod; an integer beyond a long, escapes).
+    # Objects and lists copied from the body as they are (a shipper's pod; an integer beyond a long, escapes, fractions).
     st.sampled_from(['{"pod": "web-1", "labels": {"app": "a \\"b\\" \\\\", "tier": null}, "n": 12345678901234567890123, "ok": [true]}',
-                     '{ "pod" : "é" , "labels" : {} , "n" : -3 , "ok" : [ ] }', '["x", {"y": [1, "]"]}]', '[[], [-1, 0]]']),
+                     '{ "pod" : "é" , "labels" : {} , "n" : -3 , "ok" : [ ] }', '["x", {"y": [1, "]"]}]', '[[], [-1, 0]]',
+                     '{"status": 200, "took": 0.125, "all": [1234567.5, 5.0, -0.001]}']),
     st.dictionaries(st.sampled_from(["k", "v", "é"]), st.floats(-1e3, 1e3) | st.booleans() | TEXT, max_size=2).map(json.dumps),
 )
 SPACE = st.sampled_from(["", " ", "  "])

@@ -265,13 +265,15 @@ def test_the_extra_maps_of_objects_and_lists_are_the_text_of_each_value_without_
     """A Kubernetes shipper's pod (an object with a map of labels in it) and a list, in events
     written with spaces (Python's json) and with escapes Jackson writes alike: each value's text
     is copied from the body, as reading every line makes it; where a copy is not sure to be the
-    value's text (a fraction, -0, a \\u escape, a character beyond the Basic Multilingual Plane)
-    it is not taken (None: the lines are read)."""
+    value's text (a fraction Java spells otherwise, -0, a \\/ escape, a character beyond the Basic
+    Multilingual Plane) that value's line is read again, and where most are, every line (None)."""
     lines = [
         b'{"id": 1, "pod": {"ns": "prod", "name": "web-7d9f", "labels": {"app": "web", "tier": "a \\"b\\" \\\\ \\n [}"}}, "tags": ["x", "y"]}',
         b'{"id": 2, "tags": [], "pod" : { "ns" : "dev" , "name": "db-1", "labels": {}, "n": 123456789012345678901, "on": null }}',
         b'{"id": 3, "msg": "no pod here", "pod": {"ns": "\xc3\xa9t\xc3\xa9", "name": "x{", "labels": {"app": "]"}, "ok": [true, false]}}',
         b'{"id": 4}',
+        # Fractions Java spells as they are written, and whole doubles (5.0: Java's spelling too).
+        b'{"id": 5, "tags": [], "pod": {"ns": "a", "took": [0.123, -12345.5, 5.0, 0.001, 9999999.75, -0.5]}}',
     ]
     body = b"\n".join(lines)
     parsing = parse_schema(TABLE, "_extra", [])
@@ -282,21 +284,34 @@ def test_the_extra_maps_of_objects_and_lists_are_the_text_of_each_value_without_
     assert expected[3] is None
     held = [(name, table.column(name)) for name in ("pod", "tags")]
     assert _extras_by_column(held, body).to_pylist() == expected
-    for unsure in (b'{"id": 5, "pod": {"ns": "a", "w": 1.5}}', b'{"id": 5, "pod": {"ns": "a", "n": -0}}',
-                   b'{"id": 5, "pod": {"ns": "\\u00e9"}}', b'{"id": 5, "pod": {"ns": "\xf0\x9f\x98\x80"}}', b'{"id": 5, "pod": {"ns": "a\\/b"}}'):
+    for unsure in (b'{"id": 5, "pod": {"ns": "a", "w": 1.50}}', b'{"id": 5, "pod": {"ns": "a", "w": 1e3}}', b'{"id": 5, "pod": {"ns": "a", "w": 1e7}}',
+                   b'{"id": 5, "pod": {"ns": "a", "w": 0.0001}}', b'{"id": 5, "pod": {"ns": "a", "w": 10000000.5}}', b'{"id": 5, "pod": {"ns": "a", "n": -0}}',
+                   b'{"id": 5, "pod": {"ns": "\xf0\x9f\x98\x80"}}', b'{"id": 5, "pod": {"ns": "a\\/b"}}'):
         other = body + b"\n" + unsure
+        lines_too = [*lines, unsure]
+        table = pajson.read_json(io.BytesIO(other), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+        held = [(name, table.column(name)) for name in ("pod", "tags")]
+        assert _extras_by_column(held, other).to_pylist() == extra_maps(table, lines_too, parsing.names, every_line=True).to_pylist(), unsure
+        # Most values so: every line is read again (None here).
+        other = b"\n".join([other, *[unsure.replace(b'"id": 5', b'"id": %d' % n) for n in range(6, 9)]])
         table = pajson.read_json(io.BytesIO(other), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
         assert _extras_by_column([(name, table.column(name)) for name in ("pod", "tags")], other) is None, unsure
+    # A \\u escape anywhere in the body: a key may be spelled with one, so where each is is not sure.
+    other = body + b'\n{"id": 5, "pod": {"ns": "\\u00e9"}}'
+    table = pajson.read_json(io.BytesIO(other), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    assert _extras_by_column([(name, table.column(name)) for name in ("pod", "tags")], other) is None
 
 
 # Objects and lists whose copy is sure to be their text: ASCII strings (quotes, backslashes and
 # brackets in them, escaped by json.dumps as Jackson escapes them; no "p" or "t", so no value spells
-# a field's name), integers of any size, booleans and nulls, nested. Keys keep their types, so pyarrow
+# a field's name), integers of any size, doubles from 1e-3 to 1e7, booleans and nulls, nested. Keys keep their types, so pyarrow
 # infers a column.
 _SURE_TEXT = st.text(st.sampled_from('abc xyz"\\{}[]:,'), max_size=5)
 _SURE_POD = st.fixed_dictionaries(
     {"ns": _SURE_TEXT, "labels": st.dictionaries(st.sampled_from(["app", "tier", "x y"]), _SURE_TEXT, max_size=3), "n": st.integers(-(10**20), 10**20)},
     optional={"ports": st.lists(st.integers(-3, 3), max_size=3), "on": st.booleans() | st.none(),
+              # Doubles where Java's Double.toString writes them as Python's repr does.
+              "took": st.floats(1e-3, 1e7, exclude_max=True) | st.floats(-1e7, -1e-3, exclude_min=True),
               "sub": st.fixed_dictionaries({"a": st.lists(_SURE_TEXT, max_size=2)})})
 
 
