@@ -37,10 +37,11 @@ batch.
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically), and
 most often what each holds (strings, numbers and flags from their columns; an object or a list
-copied from the body's bytes where that copy is sure to be Spark's: `_extras_by_column`); only
-where not, those events' lines are read again (every line where each event may have one: more than
-MANY_INFERRED such columns, one in every event, or types that change so pyarrow cannot infer
-them), by Python's json, for each such field's text, spelled as
+copied from the body's bytes where that copy is sure to be Spark's: `_extras_by_column`). Where
+each event may have one (more than MANY_INFERRED such columns, one in every event, or types that
+change so pyarrow cannot infer them), numpy finds every event's keys and values in the body
+(`_JsonLayout.unknown_fields`) and each value's text is copied from it where sure; elsewhere those
+events' lines are read again, by Python's json, for each such field's text, spelled as
 Spark's JSON functions spell it (`extra_text`). A value whose spelling is not certain (a float at
 or beyond 1e16, where Java 17's Double.toString is not the shortest; a control character or an
 unpaired surrogate in a string) refuses the batch. A table without the map: any such field refuses.
@@ -994,8 +995,9 @@ def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line
     """The extra_fields map of each event of `table` (parsed from `lines`, the non-blank lines of `body`, fields outside `known`
     inferred as columns of their own): NULL where the event has no non-null field outside
     `known`, else those fields' text by extra_text, in the event's order. every_line: the other
-    fields were not inferred (ignored), so every line is read for them. Raises Unspellable (or
-    ValueError) where unsure."""
+    fields were not inferred (ignored), so every line is read for them (from where `body`'s keys
+    and values are, where sure; without `body`, each line by Python's json). Raises Unspellable
+    (or ValueError) where unsure."""
     import pyarrow.compute as pc
 
     inferred = [(name, table.column(name)) for name in table.column_names if name not in known]
@@ -1004,7 +1006,10 @@ def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line
     if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines))) is not None:
         return by_column
     if every_line or len(held) > MANY_INFERRED or any(column.null_count == 0 for column in held):
-        # Each event has some, or the columns are too many to ask one by one (wide events).
+        # Each event has some, or the columns are too many to ask one by one (wide events), or
+        # pyarrow could not infer them: read from where the body's keys and values are, where sure.
+        if body is not None and (by_layout := _JsonLayout(np.frombuffer(body, np.uint8)).unknown_fields(known, table.num_rows)) is not None:
+            return by_layout
         rows: list[int] = list(range(table.num_rows))
     elif held:
         rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(column) for column in held])).to_pylist()
@@ -1137,13 +1142,81 @@ class _JsonLayout:
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         if (at := keys_at(name, int(valid.sum()))) is None:
             return None
-        data = self.data
         starts = self._after_colon(at + len(name) + 2)
+        if starts is None or (ends := self._closings(starts)) is None:
+            return None
+        if (texts := self._span_texts(starts, ends, [name] * len(starts))) is None:
+            return None
+        where = np.full(len(valid), -1)
+        where[valid] = np.arange(len(starts))
+        return texts.take(pa.array(where, mask=~valid))
+
+    def unknown_fields(self, known: list[str], rows: int) -> pa.MapArray | None:
+        """extra_maps's answer read from the layout alone, for events whose fields the table lacks
+        pyarrow could not infer as columns (a field now a number, now text; more than
+        MANY_INFERRED of them): each top-level key of an event (a string at depth 1 followed by
+        a colon) outside `known`, with its value's text: a string's own (read again where it
+        holds an escape), a number's as written (read again where Java spells it otherwise), true
+        or false, an object's or a list's copy; a null none. None where not sure: a key with an
+        escape, a key twice in an event, an event that is no object, most values read again."""
+        import pyarrow.compute as pc
+
+        data, quotes = self.data, self.quotes
+        if len(quotes) % 2:
+            return None
+        tops = self.brackets[(self.step == 1) & (self.depth == 1)]  # each event's opening brace
+        if len(tops) != rows or (data[tops] != ord("{")).any():
+            return None
+        opening, closing = quotes[0::2], quotes[1::2]
+        before = np.searchsorted(self.brackets, opening) - 1
+        top = np.where(before >= 0, self.depth[np.maximum(before, 0)], 0) == 1
+        opening, closing = opening[top], closing[top]
+        colons = self._past_spaces(closing + 1)
+        if colons is None:
+            return None
+        keyed = data[colons] == ord(":")
+        opening, closing, colons = opening[keyed], closing[keyed], colons[keyed]
+        if len(self.backslashes) and (np.searchsorted(self.backslashes, opening) != np.searchsorted(self.backslashes, closing)).any():
+            return None  # a key spelled with an escape
+        names = _spans(data, opening + 1, closing)
+        row = np.searchsorted(tops, opening, side="right") - 1
+        codes = pc.dictionary_encode(names)
+        pairs = np.sort(row * len(codes.dictionary) + codes.indices.to_numpy(zero_copy_only=False))
+        if (pairs[1:] == pairs[:-1]).any():
+            return None  # a key twice in an event: extra_text's reading refuses it
+        unknown = ~pc.is_in(names, value_set=pa.array(known, pa.string())).to_numpy(zero_copy_only=False)
+        starts = self._past_spaces(colons[unknown] + 1)
         if starts is None:
             return None
+        first = data[starts]
+        held = first != ord("n")  # a null: no entry
+        starts, first, names, row = starts[held], first[held], names.filter(pa.array(unknown)).filter(pa.array(held)), row[unknown][held]
+        if not len(starts):
+            return pa.nulls(rows, TEXT_MAP)
+        strings = first == ord('"')
+        nested = (first == ord("{")) | (first == ord("["))
+        ends = self._token_ends(starts)
+        if ends is None:
+            return None
+        if strings.any():
+            ends[strings] = quotes[np.searchsorted(quotes, starts[strings], side="right")] + 1
+        if nested.any():
+            if (closed := self._closings(starts[nested])) is None:
+                return None
+            ends[nested] = closed
+        texts = self._span_texts(starts, ends, names.to_pylist(), strings)
+        if texts is None:
+            return None
+        counts = np.bincount(row, minlength=rows)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        return pa.MapArray.from_arrays(offsets, names, texts, type=TEXT_MAP, mask=pa.array(counts == 0))
+
+    def _closings(self, starts: np.ndarray) -> np.ndarray | None:
+        """Past the bracket closing each object or list that opens at `starts`; None where one
+        does not open there."""
         which = np.searchsorted(self.brackets, starts)
         if (which >= len(self.brackets)).any() or (self.brackets[which] != starts).any() or (self.step[which] != 1).any():
-            return None  # not an object or a list where the key's value begins
+            return None
         levels = self.depth[which] - 1  # the depth its closing bracket returns to
         ends = np.empty_like(starts)
         closing = self.step == -1
@@ -1154,11 +1227,41 @@ class _JsonLayout:
             if (found >= len(same)).any():
                 return None
             ends[these] = same[found] + 1
+        return ends
+
+    def _token_ends(self, starts: np.ndarray) -> np.ndarray | None:
+        """Past each number, true or false beginning at `starts` (any other value ends where it
+        begins: its end is found otherwise); None past 40 bytes."""
+        data, last = self.data, len(self.data) - 1
+        ends = starts.copy()
+        for _step in range(41):
+            byte = data[np.minimum(ends, last)]
+            more = (ends <= last) & (((byte >= ord("0")) & (byte <= ord("9"))) | (byte == ord("-")) | (byte == ord("+"))
+                                     | (byte == ord(".")) | ((byte >= ord("a")) & (byte <= ord("z"))) | (byte == ord("E")))
+            if not more.any():
+                return ends
+            ends = ends + more
+        return None
+
+    def _span_texts(self, starts: np.ndarray, ends: np.ndarray, names: list[str], strings: np.ndarray | None = None) -> pa.Array | None:
+        """The text of each value [start, end) (in ascending order, apart), as extra_text spells
+        it: a copy without the whitespace between tokens, a string's (`strings`) without its
+        quotes; read again from its line (names: each value's field) where that is not sure, and
+        None where most are."""
+        import pyarrow.compute as pc
+
+        data = self.data
         unsure = self._unsure(starts, ends)
+        if strings is not None and strings.any():
+            if len(self.backslashes):  # a string's escapes are read by json
+                span = np.searchsorted(starts, self.backslashes, side="right") - 1
+                inside = (span >= 0) & (self.backslashes < ends[np.maximum(span, 0)])
+                escaped = np.zeros(len(starts), bool)
+                escaped[span[inside]] = True
+                unsure |= escaped & strings
+            starts, ends = starts + strings, ends - strings
         if unsure.sum() * 4 > len(unsure):
             return None  # most of them: reading every line again costs no more
-        rows = len(valid)
-        held = np.flatnonzero(valid)
         # The whitespace between tokens, dropped: Jackson's copy has none.
         space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
         space = space[self.outside(space)]
@@ -1171,22 +1274,22 @@ class _JsonLayout:
             dropped[space] = True
             kept = ~dropped[taken]
             taken = taken[kept]
-            lengths = np.add.reduceat(kept.astype(np.int64), offsets[:-1])
-        row_lengths = np.zeros(rows, np.int64)
-        row_lengths[held[~unsure]] = lengths
-        row_offsets = np.concatenate([[0], np.cumsum(row_lengths)]).astype(np.int32)
-        copied = pa.StringArray.from_buffers(rows, pa.py_buffer(row_offsets), pa.py_buffer(data[taken].tobytes()),
-                                             pa.array(valid).buffers()[1], rows - len(held))
+            counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
+            lengths = counted[offsets[1:]] - counted[offsets[:-1]]
+        all_lengths = np.zeros(len(starts), np.int64)
+        all_lengths[~unsure] = lengths
+        texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(np.concatenate([[0], np.cumsum(all_lengths)]).astype(np.int32)),
+                                            pa.py_buffer(data[taken].tobytes()))
+        try:
+            texts.validate(full=True)  # UTF-8, as json would read it
+        except pa.ArrowInvalid:
+            return None
         if not unsure.any():
-            return copied
-        import pyarrow.compute as pc
-
+            return texts
         # The few values whose copy is not sure (a fraction Java spells in another way, say): their
         # lines read again, as every line would be.
-        mask = np.zeros(rows, bool)
-        mask[held[unsure]] = True
-        again = [self._read_again(start, name) for start in starts[unsure].tolist()]
-        return pc.replace_with_mask(copied, pa.array(mask), pa.array(again, pa.string()))
+        again = [self._read_again(int(start), names[index]) for index, start in zip(np.flatnonzero(unsure).tolist(), starts[unsure].tolist())]
+        return pc.replace_with_mask(texts, pa.array(unsure), pa.array(again, pa.string()))
 
     def _read_again(self, start: int, name: str) -> str:
         """The text of the value of `name` (which begins at `start`) read from its line by
@@ -1197,7 +1300,10 @@ class _JsonLayout:
         begin = int(self.newlines[line - 1]) + 1 if line else 0
         end = int(self.newlines[line]) if line < len(self.newlines) else len(self.data)
         pairs = json.JSONDecoder(object_pairs_hook=tuple).decode(self.data[begin:end].tobytes().decode())
-        return extra_text(next(value for key, value in pairs if key == name))
+        value = next((value for key, value in pairs if key == name), None)
+        if value is None:  # (pyarrow read one there: never so)
+            raise Unspellable(f"the field {name!r} not where it was found")
+        return extra_text(value)
 
     def _after_colon(self, places: np.ndarray) -> np.ndarray | None:
         """Where each key's value begins: past the colon after `places` and the whitespace either
@@ -1208,6 +1314,7 @@ class _JsonLayout:
         return self._past_spaces(places + 1)
 
     def _past_spaces(self, places: np.ndarray) -> np.ndarray | None:
+        """Each place moved past the spaces, tabs and carriage returns at it (None past eight)."""
         for _step in range(9):
             if len(places) and places.max() >= len(self.data):
                 return None
@@ -1291,10 +1398,7 @@ class _JsonLayout:
             end = end + more
         else:
             return every
-        lengths = end - begin
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        taken = data[np.arange(offsets[-1]) + np.repeat(begin - offsets[:-1], lengths)]
-        written = pa.StringArray.from_buffers(len(points), pa.py_buffer(offsets), pa.py_buffer(taken.tobytes()))
+        written = _spans(data, begin, end)
         try:
             values = pc.cast(written, pa.float64())
         except pa.ArrowInvalid:
@@ -1305,6 +1409,14 @@ class _JsonLayout:
         spelled = pc.if_else(whole, pc.binary_join_element_wise(shortest, ".0", ""), shortest)
         same = pc.equal(spelled, written).to_numpy(zero_copy_only=False)
         return ~(same & (np.abs(x) >= 1e-3) & (np.abs(x) < 1e7))
+
+
+def _spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """The texts data[start:end], one for each."""
+    lengths = ends - starts
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    taken = data[np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)]
+    return pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(taken.tobytes()))
 
 
 def _extra_double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:
