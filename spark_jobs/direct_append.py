@@ -1131,6 +1131,7 @@ class _JsonLayout:
         self.step = np.where((data[self.brackets] == ord("{")) | (data[self.brackets] == ord("[")), 1, -1)
         self.depth = np.cumsum(self.step)  # after each bracket
         self.newlines: np.ndarray | None = None  # found once a line is read again
+        self.lines_read: dict[int, tuple] = {}  # each line read again, by its number in the body
 
     def outside(self, places: np.ndarray) -> np.ndarray:
         """Whether each place is outside strings (a closing quote is; an opening one is not)."""
@@ -1297,9 +1298,10 @@ class _JsonLayout:
         if self.newlines is None:
             self.newlines = np.flatnonzero(self.data == ord("\n"))
         line = int(np.searchsorted(self.newlines, start))
-        begin = int(self.newlines[line - 1]) + 1 if line else 0
-        end = int(self.newlines[line]) if line < len(self.newlines) else len(self.data)
-        pairs = json.JSONDecoder(object_pairs_hook=tuple).decode(self.data[begin:end].tobytes().decode())
+        if (pairs := self.lines_read.get(line)) is None:  # each line read once, however many of its values are unsure
+            begin = int(self.newlines[line - 1]) + 1 if line else 0
+            end = int(self.newlines[line]) if line < len(self.newlines) else len(self.data)
+            pairs = self.lines_read[line] = json.JSONDecoder(object_pairs_hook=tuple).decode(self.data[begin:end].tobytes().decode())
         value = next((value for key, value in pairs if key == name), None)
         if value is None:  # (pyarrow read one there: never so)
             raise Unspellable(f"the field {name!r} not where it was found")
