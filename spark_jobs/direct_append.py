@@ -991,25 +991,57 @@ def java_double(x: float) -> str:
     return f"{minus}{shown[0]}.{shown[1:] or '0'}E{point - 1}"
 
 
-def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line: bool = False, body: bytes | None = None) -> pa.Array:
+class LayoutMemory:
+    """Whether reading a body's fields from its layout (_JsonLayout.unknown_fields) gave up on one
+    of a task's last bodies (most values not sure, a key twice): the next few go straight to
+    reading every line, as a producer's bodies are alike (a body given up on costs ~15% more
+    than reading every line alone), and then it is tried again."""
+
+    SKIPPED = 8
+
+    def __init__(self) -> None:
+        self.skips = 0
+
+    def worth_trying(self) -> bool:
+        if self.skips:
+            self.skips -= 1
+            return False
+        return True
+
+    def gave_up(self) -> None:
+        self.skips = self.SKIPPED
+
+
+def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line: bool = False, body: bytes | None = None,
+               memory: LayoutMemory | None = None) -> pa.Array:
     """The extra_fields map of each event of `table` (parsed from `lines`, the non-blank lines of `body`, fields outside `known`
     inferred as columns of their own): NULL where the event has no non-null field outside
     `known`, else those fields' text by extra_text, in the event's order. every_line: the other
     fields were not inferred (ignored), so every line is read for them (from where `body`'s keys
-    and values are, where sure; without `body`, each line by Python's json). Raises Unspellable
-    (or ValueError) where unsure."""
+    and values are, where sure and where `memory` says it is worth trying; without `body`, each
+    line by Python's json). Raises Unspellable (or ValueError) where unsure."""
     import pyarrow.compute as pc
 
     inferred = [(name, table.column(name)) for name in table.column_names if name not in known]
     named = [(name, column) for name, column in inferred if column.null_count < len(column)]
     held = [column for _name, column in named]
-    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines))) is not None:
+    layouts: list[_JsonLayout] = []  # the body's, made once where one is needed
+
+    def layout_of(data: np.ndarray) -> _JsonLayout:
+        if not layouts:
+            layouts.append(_JsonLayout(data))
+        return layouts[0]
+
+    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines), layout_of)) is not None:
         return by_column
     if every_line or len(held) > MANY_INFERRED or any(column.null_count == 0 for column in held):
         # Each event has some, or the columns are too many to ask one by one (wide events), or
         # pyarrow could not infer them: read from where the body's keys and values are, where sure.
-        if body is not None and (by_layout := _JsonLayout(np.frombuffer(body, np.uint8)).unknown_fields(known, table.num_rows)) is not None:
-            return by_layout
+        if body is not None and (memory is None or memory.worth_trying()):
+            if (by_layout := layout_of(np.frombuffer(body, np.uint8)).unknown_fields(known, table.num_rows)) is not None:
+                return by_layout
+            if memory is not None:
+                memory.gave_up()
         rows: list[int] = list(range(table.num_rows))
     elif held:
         rows = pc.indices_nonzero(reduce(pc.or_, [pc.is_valid(column) for column in held])).to_pylist()
@@ -1029,7 +1061,8 @@ def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
 
 
-def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> pa.Array | None:
+def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
+                      layout_of: Callable[[np.ndarray], "_JsonLayout"] = lambda data: _JsonLayout(data)) -> pa.Array | None:
     """extra_maps's answer from the columns pyarrow inferred for the fields the table lacks,
     without reading a line again, where it is sure to be the same; None elsewhere. Sure where every
     such column holds strings, numbers or booleans (kept as extra_text spells them: a string as it
@@ -1065,16 +1098,13 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> p
         return found[name]
 
     texts = []
-    layout: _JsonLayout | None = None  # made for the first object or list only
     for name, column in held:
         if pa.types.is_float64(column.type):
             if (spelled := _extra_double_texts(column.combine_chunks(), name, body, keys_at)) is None:
                 return None
             texts.append(spelled)
         elif _is_nested(column.type):
-            if layout is None:
-                layout = _JsonLayout(data)
-            if (copied := layout.copies(column.combine_chunks(), name, keys_at)) is None:
+            if (copied := layout_of(data).copies(column.combine_chunks(), name, keys_at)) is None:
                 return None
             texts.append(copied)
         else:
@@ -1131,6 +1161,7 @@ class _JsonLayout:
         self.step = np.where((data[self.brackets] == ord("{")) | (data[self.brackets] == ord("[")), 1, -1)
         self.depth = np.cumsum(self.step)  # after each bracket
         self.newlines: np.ndarray | None = None  # found once a line is read again
+        self.spaces: np.ndarray | None = None  # the whitespace between tokens, found once a copy needs it
         self.lines_read: dict[int, tuple] = {}  # each line read again, by its number in the body
 
     def outside(self, places: np.ndarray) -> np.ndarray:
@@ -1179,7 +1210,8 @@ class _JsonLayout:
         opening, closing, colons = opening[keyed], closing[keyed], colons[keyed]
         if len(self.backslashes) and (np.searchsorted(self.backslashes, opening) != np.searchsorted(self.backslashes, closing)).any():
             return None  # a key spelled with an escape
-        names = _spans(data, opening + 1, closing)
+        if (names := _spans(data, opening + 1, closing)) is None:
+            return None
         row = np.searchsorted(tops, opening, side="right") - 1
         codes = pc.dictionary_encode(names)
         pairs = np.sort(row * len(codes.dictionary) + codes.indices.to_numpy(zero_copy_only=False))
@@ -1263,27 +1295,12 @@ class _JsonLayout:
             starts, ends = starts + strings, ends - strings
         if unsure.sum() * 4 > len(unsure):
             return None  # most of them: reading every line again costs no more
-        # The whitespace between tokens, dropped: Jackson's copy has none.
-        space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
-        space = space[self.outside(space)]
-        sure_starts = starts[~unsure]
-        lengths = ends[~unsure] - sure_starts
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        taken = np.arange(offsets[-1]) + np.repeat(sure_starts - offsets[:-1], lengths)  # each span's bytes, span after span
-        if len(space) and len(taken):
-            dropped = np.zeros(len(data), bool)
-            dropped[space] = True
-            kept = ~dropped[taken]
-            taken = taken[kept]
-            counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
-            lengths = counted[offsets[1:]] - counted[offsets[:-1]]
-        all_lengths = np.zeros(len(starts), np.int64)
-        all_lengths[~unsure] = lengths
-        texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(np.concatenate([[0], np.cumsum(all_lengths)]).astype(np.int32)),
-                                            pa.py_buffer(data[taken].tobytes()))
-        try:
-            texts.validate(full=True)  # UTF-8, as json would read it
-        except pa.ArrowInvalid:
+        if self.spaces is None:  # the whitespace between tokens, dropped: Jackson's copy has none
+            space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
+            self.spaces = space[self.outside(space)]
+        sure = ~unsure
+        texts = _spans(data, np.where(sure, starts, 0), np.where(sure, ends, 0), self.spaces)  # the unsure empty, for now
+        if texts is None:
             return None
         if not unsure.any():
             return texts
@@ -1400,9 +1417,8 @@ class _JsonLayout:
             end = end + more
         else:
             return every
-        written = _spans(data, begin, end)
         try:
-            values = pc.cast(written, pa.float64())
+            values = pc.cast(written := _spans(data, begin, end), pa.float64())  # (digits: UTF-8, never None)
         except pa.ArrowInvalid:
             return every
         x = values.to_numpy(zero_copy_only=False)
@@ -1413,12 +1429,25 @@ class _JsonLayout:
         return ~(same & (np.abs(x) >= 1e-3) & (np.abs(x) < 1e7))
 
 
-def _spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """The texts data[start:end], one for each."""
+def _spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, dropped: np.ndarray | None = None) -> pa.Array | None:
+    """The texts data[start:end], one for each, without the bytes at the places `dropped`
+    (ascending); None where one is no UTF-8."""
     lengths = ends - starts
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    taken = data[np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)]
-    return pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(taken.tobytes()))
+    taken = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)  # each span's bytes, span after span
+    if dropped is not None and len(dropped) and len(taken):
+        marked = np.zeros(len(data), bool)
+        marked[dropped] = True
+        kept = ~marked[taken]
+        taken = taken[kept]
+        counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
+        offsets = counted[offsets]
+    texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data[taken].tobytes()))
+    try:
+        texts.validate(full=True)  # UTF-8, as json would read it
+    except pa.ArrowInvalid:
+        return None
+    return texts
 
 
 def _extra_double_texts(values: pa.Array, name: str, body: bytes, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:
@@ -1528,6 +1557,7 @@ class BodyReader:
         self.folded_renames = {name.casefold() for pair in self.renames.items() for name in pair}
         self.nested = [f.name for f in parsing if is_nested(f.type)]
         self.wide_maps = False  # True once a body's maps had many keys
+        self.layout_memory = LayoutMemory()
         # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
         # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
         self.number_texts: tuple[frozenset[str], ...] | None = None
@@ -2025,7 +2055,7 @@ class BodyReader:
                 extras = pa.nulls(table.num_rows, TEXT_MAP)
             else:
                 try:
-                    extras = extra_maps(table, lines, self.known, every_line, body)
+                    extras = extra_maps(table, lines, self.known, every_line, body, self.layout_memory)
                 except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
                     raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
             table = pa.Table.from_arrays([*(table.column(name) for name in self.known), extras], names=[*self.known, self.extra_fields])

@@ -44,6 +44,7 @@ from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
     MAX_MISTYPED,
     BodyReader,
+    LayoutMemory,
     Refused,
     Unspellable,
     _appender,
@@ -377,8 +378,8 @@ def test_fields_of_changing_type_are_read_from_the_layout_without_reading_each_l
     """A user id now a number, now text, beside a fraction, an object and a list (the table's own
     `ok` and `msg` not in the maps, a null none): the maps come from the layout (not None), as
     reading every line makes them, the two values whose copy is not sure (an escape, an exponent)
-    read again from their lines; a key twice in an event is left to that reading (None), which
-    refuses it."""
+    read again from their lines; a key twice in an event, or a key that is no UTF-8, is left to
+    that reading (None), which refuses it."""
     lines = [b'{"id": 1, "user": 12345, "ok": true, "took": 0.25, "msg": "a"}', b'{"id": 2, "user": "anon", "pod": {"ns": "x"}, "gone": null}',
              b'{"user": -7, "id": 3}', b'{"id": 4}', b'{"id": 5, "user": "a \\"quoted\\" one", "took": 1e3}',
              b'{"id": 6, "user": 9}', b'{"id": 7, "user": "bob"}', b'{"id": 8, "code": [1, "2"]}']
@@ -393,6 +394,32 @@ def test_fields_of_changing_type_are_read_from_the_layout_without_reading_each_l
     ]
     twice = body + b'\n{"id": 6, "user": 1, "user": 2}'
     assert _JsonLayout(np.frombuffer(twice, np.uint8)).unknown_fields(parsing.names, len(lines) + 1) is None
+    not_utf8 = body + b'\n{"id": 6, "us\xffer": 1}'
+    assert _JsonLayout(np.frombuffer(not_utf8, np.uint8)).unknown_fields(parsing.names, len(lines) + 1) is None
+
+
+def test_a_body_whose_layout_is_given_up_on_sends_the_next_few_straight_to_reading_every_line() -> None:
+    """A producer's bodies whose every unknown field holds an exponent (most values not sure):
+    the first body tries the layout and gives up, so the task's next LayoutMemory.SKIPPED bodies
+    are read line by line without trying (the memory counts them down), and then it is tried
+    again; the maps are the same either way. A body the layout reads leaves the memory alone."""
+    lines = [b'{"id": %d, "user": %s, "score": %de-9}' % (i, b'"u%d"' % i if i % 2 else b"%d" % i, i) for i in range(1, 9)]
+    body = b"\n".join(lines)
+    parsing = parse_schema(TABLE, "_extra", [])
+    table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="ignore"))
+    alone = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    memory = LayoutMemory()
+    assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone
+    assert memory.skips == LayoutMemory.SKIPPED
+    for left in range(LayoutMemory.SKIPPED - 1, -1, -1):
+        assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone
+        assert memory.skips == left
+    assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone  # tried again, given up again
+    assert memory.skips == LayoutMemory.SKIPPED
+    sure = b"\n".join(line.replace(b"e-9", b"") for line in lines)
+    fresh = LayoutMemory()
+    extra_maps(table, sure.split(b"\n"), parsing.names, True, sure, fresh)
+    assert fresh.skips == 0
 
 
 def test_the_extra_maps_of_numbers_read_as_doubles_are_spelled_as_each_event_wrote_its_number() -> None:
