@@ -66,7 +66,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from decimal import Decimal
 from functools import cache, lru_cache, reduce
 
@@ -764,7 +764,7 @@ def tasks_for(bodies: list[bytes], task_bytes: int) -> int:
     return max(1, min(len(bodies), -(-sum(map(len, bodies)) // task_bytes)))
 
 
-def text_maps(table: pa.Table, lines: list[bytes], names: list[str], shells: bool = False, known: list[str] | None = None) -> pa.Table:
+def text_maps(table: pa.Table, lines: Sequence[bytes], names: list[str], shells: bool = False, known: list[str] | None = None) -> pa.Table:
     """`table` (parsed from `lines`, the columns `names` inferred: an object as a struct) with those
     columns as maps of strings, each event's entries in key order, as the Spark job writes them:
     NULL where the event has none or null. Raises Refused for a value that is not an object of
@@ -819,7 +819,7 @@ def _many_keys(struct: pa.DataType, rows: int) -> bool:
     return struct.num_fields > max(8, rows // _EVENTS_PER_STRUCT_KEY)
 
 
-def _struct_maps(table: pa.Table, lines: list[bytes], names: list[str]) -> dict[str, pa.MapArray] | None:
+def _struct_maps(table: pa.Table, lines: Sequence[bytes], names: list[str]) -> dict[str, pa.MapArray] | None:
     """The columns `names` of `table` (structs of strings, as pyarrow inferred each event's object)
     as maps of strings in key order, without reading each line again; None where the struct may
     not say what the object holds, so the caller reads the lines: a field null in an event whose
@@ -991,11 +991,13 @@ def java_double(x: float) -> str:
     return f"{minus}{shown[0]}.{shown[1:] or '0'}E{point - 1}"
 
 
-class LayoutMemory:
-    """Whether reading a body's fields from its layout (_JsonLayout.unknown_fields) gave up on one
-    of a task's last bodies (most values not sure, a key twice): the next few go straight to
-    reading every line, as a producer's bodies are alike (a body given up on costs ~15% more
-    than reading every line alone), and then it is tried again."""
+class FallbackMemory:
+    """Whether a way tried first gave up on one of a task's last bodies: the next few go straight
+    to the way after it, as a producer's bodies are alike, and then it is tried again. For
+    reading a body's fields from its layout (_JsonLayout.unknown_fields: most values not sure, a
+    key twice; a body given up on costs ~3 ms per 1,000 events more than reading every line
+    alone) and for inferring the fields a table lacks (a field of changing type: pyarrow's read
+    stops where its type changes, up to a whole read wasted)."""
 
     SKIPPED = 8
 
@@ -1012,8 +1014,8 @@ class LayoutMemory:
         self.skips = self.SKIPPED
 
 
-def extra_maps(table: pa.Table, lines: list[bytes], known: list[str], every_line: bool = False, body: bytes | None = None,
-               memory: LayoutMemory | None = None) -> pa.Array:
+def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_line: bool = False, body: bytes | None = None,
+               memory: FallbackMemory | None = None) -> pa.Array:
     """The extra_fields map of each event of `table` (parsed from `lines`, the non-blank lines of `body`, fields outside `known`
     inferred as columns of their own): NULL where the event has no non-null field outside
     `known`, else those fields' text by extra_text, in the event's order. every_line: the other
@@ -1126,6 +1128,42 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
     keys = pa.array([name for name, _column in held], pa.string()).take(pa.array(entries // rows))
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     return pa.MapArray.from_arrays(offsets, keys, values, type=TEXT_MAP, mask=pa.array(counts == 0))
+
+
+class Lines(Sequence):
+    """A body's non-blank lines (`line.strip()`), split only when one is asked for: most bodies'
+    lines never are (pyarrow reads a body at once), and splitting costs a task ~0.14 ms per 1,000
+    events, 5% of a plain body's whole reading and writing. Counted by numpy where every line
+    starts with a brace (none can then be blank), ~0.05 ms."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self._lines: list[bytes] | None = None
+        self._count: int | None = None
+
+    def __len__(self) -> int:
+        if self._count is None:
+            data = np.frombuffer(self.body, np.uint8)
+            newlines = np.flatnonzero(data == ord("\n"))
+            if len(newlines) and newlines[-1] == len(data) - 1:  # a last newline ends the last line
+                newlines = newlines[:-1]
+            if len(data) and data[0] == ord("{") and (data[newlines + 1] == ord("{")).all():
+                self._count = len(newlines) + 1
+            else:
+                self._count = len(self.lines)
+        return self._count
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - as list's
+        return self.lines[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.lines)
+
+    @property
+    def lines(self) -> list[bytes]:
+        if self._lines is None:
+            self._lines = [line for line in self.body.split(b"\n") if line.strip()]
+        return self._lines
 
 
 def _is_nested(type_: pa.DataType) -> bool:
@@ -1557,7 +1595,8 @@ class BodyReader:
         self.folded_renames = {name.casefold() for pair in self.renames.items() for name in pair}
         self.nested = [f.name for f in parsing if is_nested(f.type)]
         self.wide_maps = False  # True once a body's maps had many keys
-        self.layout_memory = LayoutMemory()
+        self.layout_memory = FallbackMemory()  # the layout for fields the table lacks (extra_maps)
+        self.infer_memory = FallbackMemory()  # inferring fields the table lacks (read_fields)
         # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
         # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
         self.number_texts: tuple[frozenset[str], ...] | None = None
@@ -1590,10 +1629,18 @@ class BodyReader:
         # CPU (measured in one process: a body's whole parse 17-35% less CPU this way over seven of make bench's shapes).
         return pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(use_threads=False, block_size=len(body) + 1), parse_options=options)
 
-    def read_fields(self, body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None) -> tuple[pa.Table, bool]:
-        """(the body's table, whether every line must be read for the fields the table lacks)."""
+    def read_fields(self, body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None = None, whole: bool = False) -> tuple[pa.Table, bool]:
+        """(the body's table, whether every line must be read for the fields the table lacks).
+        whole: the read is of a whole body (not of some of its lines, whose parts must agree),
+        so where the task's last bodies held a field of changing type (infer_memory), the fields
+        the table lacks are not inferred but read from every line, as that field makes them."""
         if self.wide_maps:
             return self.read(body, "ignore", epoch, shells=True, as_read=as_read), True
+        # (Where every line is read, the fields the table lacks are as inferring them gives: but
+        # maps, processors and nested columns refuse a body with every_line; not so remembered.)
+        plain = self.extra_fields and not self.maps and not self.nested and self.processors is None
+        if whole and plain and not self.infer_memory.worth_trying():
+            return self.read(body, "ignore", epoch, as_read=as_read), True
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
@@ -1603,6 +1650,8 @@ class BodyReader:
                     or _other_for_text(exc, self.text_columns) or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
+            if whole and plain:
+                self.infer_memory.gave_up()
             return self.read(body, "ignore", epoch, as_read=as_read), True
 
     def mistyped(self, exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
@@ -1645,7 +1694,7 @@ class BodyReader:
             as_read = {**dict.fromkeys(as_double - as_text, pa.float64()), **dict.fromkeys(as_text | as_flag, pa.string()),
                        **dict.fromkeys((as_integer - spelled) | flag_numbers, pa.int64()), **dict.fromkeys(spelled, pa.float64())}
             try:
-                table, every_line = self.read_fields(body, epoch, as_read)
+                table, every_line = self.read_fields(body, epoch, as_read, whole=True)
                 break
             except pa.ArrowInvalid as exc:
                 found, number = self.mistyped(exc, self.text_as_number), _number_for_text(exc, self.text_columns)
@@ -1715,7 +1764,7 @@ class BodyReader:
             except pa.ArrowInvalid:
                 self.number_texts = None
         try:
-            return self.read_fields(body, epoch)
+            return self.read_fields(body, epoch, whole=True)
         except pa.ArrowInvalid as exc:
             if self.integer_columns and _FRACTION_FOR_INTEGER.search(str(exc)):
                 try:  # integers as 12.0 or 1e3 (pandas writes an integer column holding a NaN so)
@@ -2029,7 +2078,7 @@ class BodyReader:
             if not self.extra_fields and (other := next((name for name in unknown if name not in self.drops), None)):
                 raise Refused(f"a field the table lacks: {other[:200]!r}")  # read as "infer" for the drops: not left out unsaid
             table = table.drop_columns([name for name in unknown if name in self.drops])
-        lines = [line for line in body.split(b"\n") if line.strip()]
+        lines = Lines(body)
         events = len(lines)
         if table.num_rows != events:
             raise Refused(f"{events} events read as {table.num_rows} rows")

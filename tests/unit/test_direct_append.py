@@ -44,7 +44,8 @@ from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
     MAX_MISTYPED,
     BodyReader,
-    LayoutMemory,
+    FallbackMemory,
+    Lines,
     Refused,
     Unspellable,
     _appender,
@@ -398,9 +399,20 @@ def test_fields_of_changing_type_are_read_from_the_layout_without_reading_each_l
     assert _JsonLayout(np.frombuffer(not_utf8, np.uint8)).unknown_fields(parsing.names, len(lines) + 1) is None
 
 
+@given(st.lists(st.sampled_from([b'{"a":1}', b'{"b":"x"}', b"", b" ", b"\r", b"\t", b" {}", b"\x0b", b"{\r"]), max_size=8),
+       st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+def test_a_body_counts_and_gives_its_non_blank_lines_as_splitting_it_does(pieces: list[bytes], newline: bytes, last: bool) -> None:
+    """Lines counts a body's events without splitting it where it can (every line a brace's),
+    and otherwise splits it: always as many, and the same lines, as `line.strip()` keeps."""
+    body = newline.join(pieces) + (newline if last else b"")
+    split = [line for line in body.split(b"\n") if line.strip()]
+    assert len(Lines(body)) == len(split)
+    assert list(Lines(body)) == split and [Lines(body)[i] for i in range(len(split))] == split
+
+
 def test_a_body_whose_layout_is_given_up_on_sends_the_next_few_straight_to_reading_every_line() -> None:
     """A producer's bodies whose every unknown field holds an exponent (most values not sure):
-    the first body tries the layout and gives up, so the task's next LayoutMemory.SKIPPED bodies
+    the first body tries the layout and gives up, so the task's next FallbackMemory.SKIPPED bodies
     are read line by line without trying (the memory counts them down), and then it is tried
     again; the maps are the same either way. A body the layout reads leaves the memory alone."""
     lines = [b'{"id": %d, "user": %s, "score": %de-9}' % (i, b'"u%d"' % i if i % 2 else b"%d" % i, i) for i in range(1, 9)]
@@ -408,16 +420,16 @@ def test_a_body_whose_layout_is_given_up_on_sends_the_next_few_straight_to_readi
     parsing = parse_schema(TABLE, "_extra", [])
     table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="ignore"))
     alone = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
-    memory = LayoutMemory()
+    memory = FallbackMemory()
     assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone
-    assert memory.skips == LayoutMemory.SKIPPED
-    for left in range(LayoutMemory.SKIPPED - 1, -1, -1):
+    assert memory.skips == FallbackMemory.SKIPPED
+    for left in range(FallbackMemory.SKIPPED - 1, -1, -1):
         assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone
         assert memory.skips == left
     assert extra_maps(table, lines, parsing.names, True, body, memory).to_pylist() == alone  # tried again, given up again
-    assert memory.skips == LayoutMemory.SKIPPED
+    assert memory.skips == FallbackMemory.SKIPPED
     sure = b"\n".join(line.replace(b"e-9", b"") for line in lines)
-    fresh = LayoutMemory()
+    fresh = FallbackMemory()
     extra_maps(table, sure.split(b"\n"), parsing.names, True, sure, fresh)
     assert fresh.skips == 0
 
@@ -1218,6 +1230,25 @@ def counted_reader() -> tuple[BodyReader, list[tuple]]:
 
     reader.read = counted
     return reader, reads
+
+
+def test_after_a_body_with_a_field_of_changing_type_the_next_few_are_read_without_inferring_first() -> None:
+    """A producer whose `user` (a field the table lacks) is now a number, now text: the first
+    body's read inferring the fields fails and it is read again ignoring them (two reads); the
+    task's next FallbackMemory.SKIPPED bodies take one read each, and then inferring is tried
+    again. Rows are the same as a fresh reader's, a body with no such field's too."""
+    changing = b'{"id": 1, "user": 7}\n{"id": 2, "user": "anon", "msg": "m"}\n{"id": 3, "user": 8, "code": [1]}'
+    steady = b'{"id": 4, "user": "bob"}\n{"id": 5}'
+
+    def fresh(body: bytes) -> list[dict]:
+        return BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True).rows_of(body)[0].to_pylist()
+
+    reader, reads = counted_reader()
+    for expected_reads in [2, *[1] * FallbackMemory.SKIPPED, 2]:
+        reads.clear()
+        assert reader.rows_of(changing)[0].to_pylist() == fresh(changing)
+        assert len(reads) == expected_reads
+    assert reader.rows_of(steady)[0].to_pylist() == fresh(steady)  # read from every line: the same
 
 
 def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_values_can_be_quoted() -> None:
