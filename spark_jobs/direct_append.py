@@ -1388,7 +1388,8 @@ class _JsonLayout:
         integer's 0; -0.5 is a fraction), NaN or Infinity (Python's json reads them, no copy
         spells them), a \\u or \\/ escape (Jackson writes the character), a character beyond the
         Basic Multilingual Plane (Jackson's surrogate escapes) or a control character in a string
-        (json refuses it)."""
+        (json refuses it). Only the spans' bytes are searched where they are under half of those
+        from the first span to the last (objects among other fields: ~10% less for extra_maps)."""
         data = self.data
         unsure = np.zeros(len(starts), bool)
 
@@ -1402,13 +1403,24 @@ class _JsonLayout:
             unsure[spans_of(places)[1]] = True
 
         first, last = int(starts[0]), int(ends[-1])
-        region = data[first:last]
+        lengths = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        if offsets[-1] * 2 > last - first:  # the spans are most of the bytes from the first to the last: those are searched
+            inner, where = data[first:last], None
+        else:  # only the spans' bytes (an object among an event's other fields, say)
+            where = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)
+            inner = data[where]
+
+        def places_of(hit: np.ndarray) -> np.ndarray:
+            """Where in data the bytes `hit` (a mask over `inner`) are."""
+            at = np.flatnonzero(hit)
+            return at + first if where is None else where[at]
 
         def found(*bytes_: int) -> np.ndarray:
-            hit = region == bytes_[0]
+            hit = inner == bytes_[0]
             for byte in bytes_[1:]:
-                hit |= region == byte
-            return np.flatnonzero(hit) + first
+                hit |= inner == byte
+            return places_of(hit)
 
         exponents = found(ord("e"), ord("E"))
         exponents = exponents[(data[exponents - 1] >= ord("0")) & (data[exponents - 1] <= ord("9"))]
@@ -1416,9 +1428,9 @@ class _JsonLayout:
         minus = minus[(data[np.minimum(minus + 1, len(data) - 1)] == ord("0")) & (data[np.minimum(minus + 2, len(data) - 1)] != ord("."))]
         outside = np.concatenate([found(ord("N"), ord("I")), exponents, minus])
         mark(outside[self.outside(outside)])
-        control = np.flatnonzero(region < 0x20) + first
+        control = places_of(inner < 0x20)
         mark(control[~self.outside(control)])
-        mark(np.flatnonzero(region >= 0xF0) + first)
+        mark(places_of(inner >= 0xF0))
         escapes = self.backslashes[(self.backslashes >= first) & (self.backslashes < last)]
         if len(escapes):
             escaped = data[escapes + 1]
