@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 
 from service.core.exceptions import BadRequestBody, BodyTooLarge
@@ -240,6 +241,19 @@ def shallow_body(body: bytes, events: int) -> bool:
     return 1 + body.count(b"{") + body.count(b"[") - events <= MAX_DEPTH
 
 
+def shallow_lines(body: bytes) -> bool:
+    """Whether no line of `body` holds more than MAX_DEPTH brackets, so no event that is one of its
+    lines can nest deeper: for NDJSON bodies whose events nest at all (an object or a list in
+    each, where shallow_body says no), one numpy pass instead of counting each line's brackets
+    (may_be_deep: ~0.3 against ~0.1 ms per 1,000 such events)."""
+    data = np.frombuffer(body, np.uint8)
+    opening = np.flatnonzero((data == ord("{")) | (data == ord("[")))
+    if not len(opening):
+        return True
+    line = np.searchsorted(np.flatnonzero(data == ord("\n")), opening)  # the line each is on
+    return int(np.bincount(line).max()) <= MAX_DEPTH
+
+
 def may_be_deep(text: bytes) -> bool:
     # Counting brackets is cheap and never under-counts nesting; only a suspect event is walked.
     return text.count(b"{") + text.count(b"[") > MAX_DEPTH
@@ -272,7 +286,7 @@ def _parsed_at_once(body: bytes, texts: list[bytes], max_events: int) -> ParsedB
     events = [text for text in texts if text]
     if not events or len(events) > max_events:
         return None
-    shallow = shallow_body(body, len(events))
+    shallow = shallow_body(body, len(events)) or shallow_lines(body)  # (its events are its lines)
     long_numbers: bool | None = None  # whether the body may hold one, looked at once a line is encoded again
     lines = []
     for text in events:

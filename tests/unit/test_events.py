@@ -171,6 +171,26 @@ def test_one_event_past_the_depth_limit_among_many_flat_ones_is_still_set_aside(
     assert parsed.ndjson.split(b"\n")[250].startswith(b"!")
 
 
+def test_a_body_of_nested_events_is_known_shallow_by_its_lines_and_one_deep_line_is_still_set_aside() -> None:
+    """Events that each hold an object and a list are past shallow_body's count for the body, but
+    no line holds more than MAX_DEPTH brackets (shallow_lines): none is walked. One line past it
+    (brackets in strings count too: never fewer than the nesting) is looked at, and an event
+    nested past the limit is set aside as before."""
+    from service.api.events import MAX_DEPTH, shallow_body, shallow_lines
+
+    nested = [b'{"n":%d,"http":{"status":200},"tags":["a","b"]}' % i for i in range(300)]
+    body = b"\n".join(nested)
+    assert not shallow_body(body, 300) and shallow_lines(body)
+    assert parse_events(body, "application/x-ndjson", 1000).ndjson == body
+    quoted = b'{"s":"' + b"[" * MAX_DEPTH + b'"}'
+    assert not shallow_lines(b"\n".join([*nested, quoted]))
+    assert parse_events(b"\n".join([*nested, quoted]), "application/x-ndjson", 1000).set_aside == 0
+    deep = b"\n".join([*nested[:100], _deep(MAX_DEPTH + 1), *nested[100:]])
+    assert not shallow_lines(deep)
+    parsed = parse_events(deep, "application/x-ndjson", 1000)
+    assert parsed.events == 301 and parsed.set_aside == 1 and parsed.ndjson.split(b"\n")[100].startswith(b"!")
+
+
 def test_an_event_is_read_again_exactly_only_where_orjson_lost_an_integer_beyond_64_bits() -> None:
     for text in (b'{"id":"12345678901234567890123"}', b'{"n":18446744073709551615,"m":-9223372036854775808}', b'{"x":1.5e300}'):
         parsed = orjson.loads(text)
