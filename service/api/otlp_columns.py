@@ -20,12 +20,15 @@ measurements under "The two commands").
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
+import ptars
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
@@ -113,12 +116,15 @@ def json_body(body: bytes, received_ns: int, max_events: int) -> ParsedBody | No
         return None
 
 
-def protobuf_body(request: ExportLogsServiceRequest, received_ns: int, max_events: int) -> ParsedBody | None:
+def protobuf_body(request: ExportLogsServiceRequest, received_ns: int, max_events: int, body: bytes | None = None) -> ParsedBody | None:
     """The export's events as the writer's lines, exactly those `made_events(events(request, ...))`
     gives; None when this reading cannot say so (a key twice in one record's attributes, a key
-    too long to be a field name). BodyTooLarge past `max_events` records."""
+    too long to be a field name, a double NaN or infinite). BodyTooLarge past `max_events`
+    records. `body`: the bytes `request` was parsed from, read into columns straight from the
+    wire (_wire_records) where protobuf would write them so; else field by field from `request`."""
     try:
-        return _parsed(_protobuf_records(request, received_ns), max_events)
+        records = _wire_records(body, request, received_ns) if body is not None and request.ByteSize() == len(body) else _NOT_READ
+        return _parsed(_protobuf_records(request, received_ns) if records is _NOT_READ else records, max_events)
     except _NotPlain:
         return None
 
@@ -249,6 +255,107 @@ def _protobuf_records(request: ExportLogsServiceRequest, received_ns: int) -> _R
 
 
 _PAIRS = (pa.int32(), pa.string(), pa.string())
+_NOT_READ = object()  # _wire_records could not read the export: _protobuf_records does
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+_SCALARS = ("string_value", "int_value", "double_value", "bool_value")  # AnyValue's kinds read as columns; the others value by value
+
+
+@functools.cache
+def _export_wire() -> ptars.MessageHandler:
+    pool = ptars.HandlerPool([ExportLogsServiceRequest.DESCRIPTOR.file])
+    return pool.get_for_message(ExportLogsServiceRequest.DESCRIPTOR)
+
+
+def _wire_records(body: bytes, request: ExportLogsServiceRequest, received_ns: int) -> _Records | None | object:
+    """_protobuf_records of `request`, read by ptars from `body`, the wire bytes upb parsed it from,
+    into Arrow columns in one call (Rust; no message object a record or a field): ~1 ms for 1,000
+    records against ~9 ms field by field. Only where upb writes `request` back in as many bytes
+    (the caller looks): a field or message sent twice, which upb merges and this reading may not,
+    writes fewer. _NOT_READ where ptars cannot read them. Values of the kinds not in _SCALARS (lists,
+    objects, bytes, a NaN) are taken from `request`, one by one."""
+    try:
+        export = _export_wire().list_to_record_batch([body]).column(0)
+    except (ValueError, pa.ArrowException):
+        return _NOT_READ
+    resources = export.flatten()
+    if not len(resources):
+        return None
+    resource = resources.field("resource")
+    resource_attributes = _wire_attributes(resource.field("attributes"), lambda: [r.resource.attributes for r in request.resource_logs])
+    scope_lists = resources.field("scope_logs")
+    scopes = scope_lists.flatten()
+    scope = scopes.field("scope")
+    record_lists = scopes.field("log_records")
+    records = record_lists.flatten()
+    if not len(records):
+        return None
+    record_scope = pc.list_parent_indices(record_lists)
+    in_order = functools.cache(lambda: [record for resource_logs in request.resource_logs for scope_logs in resource_logs.scope_logs
+                                        for record in scope_logs.log_records])
+    observed = records.field("observed_time_unix_nano")
+    time = _or_else(records.field("time_unix_nano"), _or_else(observed, pa.scalar(received_ns, pa.uint64())))
+    return _Records(
+        time=time, observed=observed, severity=pc.cast(records.field("severity_number"), pa.int64()), severity_text=records.field("severity_text"),
+        body=_wire_texts(records.field("body"), lambda: [record.body for record in in_order()], None),
+        attributes=_wire_attributes(records.field("attributes"), lambda: [record.attributes for record in in_order()]),
+        trace_id=_hex(records.field("trace_id")), span_id=_hex(records.field("span_id")), flags=pc.cast(records.field("flags"), pa.int64()),
+        event_name=records.field("event_name"), scope=record_scope, scope_name=scope.field("name"), scope_version=scope.field("version"),
+        resource=pc.take(pc.list_parent_indices(scope_lists), record_scope), resource_attributes=resource_attributes,
+    )
+
+
+def _wire_attributes(attributes: pa.ListArray, owners: Callable[[], list]) -> _Attributes:
+    """The KeyValue lists of `attributes` (one per owner), their values' texts as value_text writes
+    them; `owners()`: the owners' lists in `request`, for the values not read as columns."""
+    pairs = attributes.flatten()
+    offsets = attributes.offsets
+    offsets = pc.subtract(offsets, offsets[0])
+
+    def values() -> list:
+        return [pair.value for pairs_of in owners() for pair in pairs_of]
+
+    return _Attributes(offsets=offsets, keys=pairs.field("key"), texts=_wire_texts(pairs.field("value"), values, "null"))
+
+
+def _wire_texts(values: pa.StructArray, in_request: Callable[[], list], empty: str | None) -> pa.Array:
+    """Each AnyValue's text as value_text writes it (`empty` for one holding nothing: body_text's
+    None, or an attribute's "null"). The scalar kinds as columns; any other (lists, objects, bytes,
+    an index into a string table) and a double NaN or infinite (orjson writes null) from
+    `in_request()`, the same AnyValues in order, one by one."""
+    kinds = {kind.name: column for kind, column in zip(values.type, values.flatten())}  # (null where the AnyValue is)
+    doubles = kinds["double_value"]
+    finite = pc.is_finite(doubles)  # null where no double
+    odd = pc.fill_null(pc.invert(finite), False)
+    for name, column in kinds.items():
+        if name not in _SCALARS and column.null_count < len(column):
+            odd = pc.or_(odd, pc.is_valid(column))
+    texts = [kinds["string_value"]]
+    if kinds["int_value"].null_count < len(values):
+        texts.append(pc.cast(kinds["int_value"], pa.string()))
+    if finite.true_count:
+        texts.append(_double_texts(pc.if_else(finite, doubles, pa.scalar(None, pa.float64()))))
+    if kinds["bool_value"].null_count < len(values):
+        texts.append(pc.if_else(kinds["bool_value"], "true", "false"))
+    text = pc.coalesce(*texts) if len(texts) > 1 else texts[0]
+    if odd.true_count:
+        at = np.flatnonzero(odd.to_numpy(zero_copy_only=False))
+        given = in_request()
+        spelled = text.to_pylist()
+        for place in at.tolist():
+            spelled[place] = otel.value_text(given[place])
+        text = pa.array(spelled, pa.string())
+    return text.fill_null(empty) if empty is not None and text.null_count else text
+
+
+def _hex(ids: pa.BinaryArray) -> pa.Array:
+    """Each id's bytes as lower-case hex, as bytes.hex() writes them ("" for none), in two numpy gathers."""
+    if ids.null_count:
+        ids = ids.fill_null(b"")
+    bounds = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset:ids.offset + len(ids) + 1]
+    data = np.frombuffer(ids.buffers()[2], np.uint8)[bounds[0]:bounds[-1]] if bounds[-1] > bounds[0] else np.empty(0, np.uint8)
+    digits = np.empty(2 * len(data), np.uint8)
+    digits[0::2], digits[1::2] = _HEX_DIGITS[data >> 4], _HEX_DIGITS[data & 15]
+    return pa.StringArray.from_buffers(len(ids), pa.py_buffer((bounds - bounds[0]) * 2), pa.py_buffer(digits))
 
 
 def _gather_attributes(pairs: Iterable, into: tuple[list, list, list]) -> None:

@@ -381,6 +381,19 @@ def test_idempotency_key_ingests_once_per_tenant(api: Stack) -> None:
 
 
 @SQLITE_ONLY
+def test_a_receipt_is_kept_as_long_as_a_retry_may_name_it_and_no_longer(api: Stack) -> None:
+    """A receipt costs Redis ~330 bytes for as long as it is kept (README "Configuration"): by
+    default a day, the idempotency window, not a week; the 404 past it says how long."""
+    with api.client() as http:
+        receipt = http.post("/logs", json={"n": 1}, headers={"Idempotency-Key": "kept"}).json()["receipt"]
+        gone = http.get(f"/v1/receipts/{'0' * 32}")
+    kept = api.redis.ttl(keys.receipt_key("demo", receipt))
+    window = max(api.redis.ttl(key) for key in api.redis.scan_iter(keys.idempotency_key("demo", "*")))
+    assert 86_000 < kept <= 86_400 and abs(kept - window) <= 5
+    assert gone.status_code == 404 and "receipts are kept 1 day)" in gone.json()["detail"]
+
+
+@SQLITE_ONLY
 def test_concurrent_retries_with_one_key_buffer_once(api: Stack) -> None:
     import concurrent.futures
 

@@ -11,8 +11,12 @@ import json
 import orjson
 import pyarrow as pa
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from service.api import otlp_columns
 from service.api.events import ParsedBody, made_events
@@ -233,6 +237,12 @@ def test_long_integers_are_looked_for_only_where_a_double_may_be_one() -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(documents, exporter_documents))
+@example({"resourceLogs": [{"resource": {"attributes": [{"key": "r", "value": {"bytesValue": "AAE="}}]}, "scopeLogs": [{"logRecords": [
+    {"body": {"arrayValue": {"values": [{"stringValue": "a"}, {"doubleValue": 1.5}]}}, "attributes": [
+        {"key": "b", "value": {"bytesValue": "AAE="}}, {"key": "k", "value": {"kvlistValue": {"values": [{"key": "x", "value": {"intValue": "1"}}]}}},
+        {"key": "n", "value": {"doubleValue": "NaN"}}, {"key": "s", "value": {"stringValue": "plain"}}, {"key": "e"}]},
+    {"body": {"doubleValue": "-Infinity"}, "traceId": "0A1b", "attributes": [{"key": "d", "value": {"doubleValue": 0.1}}]},
+]}]}]}).via("every kind read value by value from the wire, amid plain ones")
 def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(document: dict) -> None:
     """otlp_columns.protobuf_body against otel.events of the same request (any AnyValue kind, a
     key twice, empty strings): the same lines whenever it answers, and it answers unless a
@@ -249,6 +259,37 @@ def test_protobuf_exports_read_column_by_column_give_the_per_record_lines(docume
     twice = any(len({pair.key for pair in pairs}) < len(pairs) for resource in request.resource_logs
                 for pairs in [resource.resource.attributes, *(record.attributes for scope in resource.scope_logs for record in scope.log_records)])
     assert same_lines(columns, by_events) or (columns is None and (twice or b"NaN" in text or b"Infinity" in text))
+    # Read from its wire bytes (ptars): the same lines, NaN and infinities, bytes, lists and objects included.
+    wire = request.SerializeToString()
+    assert otlp_columns._wire_records(wire, request, RECEIVED_NS) is not otlp_columns._NOT_READ
+    from_wire = otlp_columns.protobuf_body(request, RECEIVED_NS, 10_000, wire)
+    assert same_lines(from_wire, by_events) or (from_wire is None and twice)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    return _VarintBytes(field << 3 | 2) + _VarintBytes(len(payload)) + payload
+
+
+def test_a_protobuf_export_read_from_its_wire_bytes_only_where_protobuf_would_write_them_so() -> None:
+    """A message field sent twice is one message, merged (protobuf's rule): a record whose body is
+    sent as a string and then as an integer holds the integer. Read from the wire bytes, it held
+    the string; such an export (upb writes it back in fewer bytes) is read field by field. A field
+    sent twice otherwise, an unknown field or a known one of the wrong wire type: as protobuf reads them."""
+    records = {
+        "a body twice": LogRecord(time_unix_nano=1, body=AnyValue(string_value="a")).SerializeToString() + LogRecord(body=AnyValue(int_value=5)).SerializeToString(),
+        "a severity twice": LogRecord(severity_number=3).SerializeToString() + LogRecord(severity_number=9).SerializeToString(),
+        "an unknown field": LogRecord(severity_number=3).SerializeToString() + b"\xa8\x06\x01",  # field 101, a varint
+        "a string sent as a fixed32": LogRecord(severity_number=3).SerializeToString() + b"\x1d\x00\x00\x00\x00",
+    }
+    for name, record in records.items():
+        wire = _length_delimited(1, _length_delimited(2, _length_delimited(2, record)))
+        request = ExportLogsServiceRequest.FromString(wire)
+        by_events = made_events(otel.events(request, RECEIVED_NS, []), 10)
+        assert same_lines(otlp_columns.protobuf_body(request, RECEIVED_NS, 10, wire), by_events), name
+    merged = ExportLogsServiceRequest.FromString(wire := _length_delimited(1, _length_delimited(2, _length_delimited(2, records["a body twice"]))))
+    assert merged.resource_logs[0].scope_logs[0].log_records[0].body.int_value == 5
+    unmerged = otlp_columns._wire_records(wire, merged, RECEIVED_NS)
+    assert unmerged.body.to_pylist() == ["a"], "the wire reading does not merge: why the export's size is looked at first"
 
 
 @settings(max_examples=400, deadline=None)

@@ -117,7 +117,7 @@ def _events(body: bytes, json: bool, received_ns: int, refused: list[str], max_e
             if isinstance(document, dict) and (direct := otel.json_events(document, received_ns)) is not None:
                 return direct
         request, refused[:] = otel.parse_request(body, json)
-        if not refused and (lines := otlp_columns.protobuf_body(request, received_ns, max_events)) is not None:
+        if not refused and (lines := otlp_columns.protobuf_body(request, received_ns, max_events, None if json else body)) is not None:
             return lines
         events = list(otel.events(request, received_ns, refused))
     except OtlpError as exc:

@@ -21,6 +21,7 @@ async def read_receipt(receipt_id: str, principal: ReadPrincipal, client: RedisD
     if _RECEIPT_ID.fullmatch(receipt_id):
         receipt = parse_receipt(receipt_id, await client.hgetall(receipt_key(principal.tenant, receipt_id)))
     if receipt is None:
-        kept = f"{settings.receipt_ttl_s / 86400:g} days" if settings.receipt_ttl_s >= 86400 else f"{settings.receipt_ttl_s} s"
+        days = settings.receipt_ttl_s / 86400
+        kept = f"{days:g} day{'' if days == 1 else 's'}" if days >= 1 else f"{settings.receipt_ttl_s} s"
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no receipt {receipt_id[:64]!r} (receipts are kept {kept})")
     return receipt.public()
