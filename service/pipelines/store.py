@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
 
 from service.core.exceptions import AlreadyExists, DefinitionInvalid, NotFound, SpecError
+from service.core.gates import LoadGates
 from service.core.keys import (
     DEFAULT_PIPELINE,
     DEFAULT_PIPELINE_PATH,
@@ -311,6 +312,7 @@ class PipelineCache:
     def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
+        self._gates = LoadGates()
 
     def cached(self, key: tuple[str, str]) -> PipelineRecord | None | object:
         """The kept record (None: no pipeline there), or MISSING when it is not kept."""
@@ -320,12 +322,16 @@ class PipelineCache:
             return self._cache.get(key, MISSING)
 
     def get(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> PipelineRecord | None:
+        """The kept record, else `load()`'s, one load per key at a time (LoadGates)."""
         record = self.cached(key)
         if record is not MISSING:
             return record
-        record = load()
-        with self._lock:
-            self._cache[key] = record
+        with self._gates.one_at_a_time(key):
+            record = self.cached(key)
+            if record is MISSING:
+                record = load()
+                with self._lock:
+                    self._cache[key] = record
         return record
 
     def forget(self, key: tuple[str, str]) -> None:

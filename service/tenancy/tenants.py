@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from service.core.exceptions import AlreadyExists, NotFound
+from service.core.gates import LoadGates
 from service.core.keys import DEFAULT_TENANT
 from service.core.models import Tenant, Token, utcnow
 from service.core.security import hash_token, new_token
@@ -66,7 +67,7 @@ class PrincipalCache:
     def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
-        self._loading: dict[str, threading.Lock] = {}
+        self._gates = LoadGates()
 
     def get(self, token: str) -> Principal | None:
         """The cached principal, if it is there and its token has not expired since."""
@@ -75,27 +76,18 @@ class PrincipalCache:
         return None if principal is None or principal.expired(utcnow()) else principal
 
     def load(self, token: str, lookup: Callable[[str], Principal | None]) -> Principal | None:
-        """Look the token up, one lookup per token at a time.
-
-        When an entry expires under load, every request in flight misses at once; without the
-        gate each would query (and write last use to) the DB. The others wait and take its answer.
-        """
+        """Look the token up, one lookup per token at a time (LoadGates: each lookup also writes
+        the token's last use to the DB)."""
         key = hash_token(token)
-        with self._lock:
-            gate = self._loading.setdefault(key, threading.Lock())
-        try:
-            with gate:
-                cached = self.get(token)
-                if cached is not None:
-                    return cached
-                principal = lookup(token)
-                if principal is not None:
-                    with self._lock:
-                        self._cache[key] = principal
-                return principal
-        finally:
-            with self._lock:
-                self._loading.pop(key, None)
+        with self._gates.one_at_a_time(key):
+            cached = self.get(token)
+            if cached is not None:
+                return cached
+            principal = lookup(token)
+            if principal is not None:
+                with self._lock:
+                    self._cache[key] = principal
+            return principal
 
     def clear(self) -> None:
         with self._lock:
