@@ -136,7 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise NotFound(f"no console file {name!r}")
         return FileResponse(CONSOLE_DIR / name, media_type=CONSOLE_ASSETS[name], headers=CONSOLE_HEADERS)
 
-    # The ingest router last: it answers POST on any path that is not one of Calve's own.
+    # The ingest router last: it answers POST on any path that is not one of Calve's own. Its
+    # route for the paths a pipeline may have first: matched at once (routes/ingest.py).
+    app.include_router(ingest.pipeline_router)
     routers = (health, receipts, stats, tables, files, changes, tokens, tenants, pipelines, dlq, elastic, otlp, loki, ingest)
     for router in (module.router for module in routers):
         app.include_router(router)
