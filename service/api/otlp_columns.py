@@ -277,6 +277,10 @@ def _wire_records(body: bytes, request: ExportLogsServiceRequest, received_ns: i
         export = _export_wire().list_to_record_batch([body]).column(0)
     except (ValueError, pa.ArrowException):
         return _NOT_READ
+    except BaseException as exc:  # a panic in ptars's Rust reaches Python as pyo3's PanicException, a BaseException
+        if type(exc).__name__ != "PanicException":
+            raise
+        return _NOT_READ
     resources = export.flatten()
     if not len(resources):
         return None

@@ -315,3 +315,25 @@ def test_the_column_readings_digit_checks_take_what_the_per_record_way_takes(tex
 
     assert otlp_columns._digits(pa.array(texts)) == all(map(uint, texts))
     assert otlp_columns._digits(pa.array(texts), signed=True) == all(map(int_value, texts))
+
+
+def test_a_protobuf_export_ptars_cannot_read_is_read_field_by_field(monkeypatch) -> None:  # noqa: ANN001
+    """ptars refusing the bytes (ValueError), or panicking in its Rust (pyo3's PanicException, a
+    BaseException): the export's fields are gathered from the parsed messages instead. A fake
+    ptars: no input is known to make the real one panic."""
+    document = {"resourceLogs": [{"scopeLogs": [{"logRecords": [{"body": {"stringValue": "hello"}, "severityNumber": 9}]}]}]}
+    request, _ = otel.parse_request(json.dumps(document).encode(), json=True)
+    wire = request.SerializeToString()
+    expected = made_events(otel.events(request, RECEIVED_NS, []), 10)
+
+    class PanicException(BaseException):
+        pass
+
+    for fault in (ValueError("failed to decode Protobuf message"), PanicException("index out of bounds")):
+        class Failing:
+            def list_to_record_batch(self, _payloads: list, fault: BaseException = fault) -> None:
+                raise fault
+
+        monkeypatch.setattr(otlp_columns, "_export_wire", Failing)
+        assert otlp_columns._wire_records(wire, request, RECEIVED_NS) is otlp_columns._NOT_READ
+        assert same_lines(otlp_columns.protobuf_body(request, RECEIVED_NS, 10, wire), expected)
