@@ -74,8 +74,8 @@ class Settings(BaseSettings):
     wait_timeout_s: float = 30.0
     max_wait_timeout_s: float = 300.0
     # A receipt costs Redis ~330 bytes (a committed one of one table, key and fields: MEMORY
-    # USAGE) for as long as it is kept: requests/s x this. At make bench's ~180 requests/s, a day
-    # is ~5 GB, where seven days were ~36 GB (README "Configuration"). As long as the idempotency
+    # USAGE) for as long as it is kept: requests/s x this. At make bench's ~180 requests/s, by that
+    # arithmetic, a day is ~5 GB and seven days ~36 GB (README "Configuration"). As long as the idempotency
     # window: a retry inside it is answered with a receipt that can still be read.
     receipt_ttl_s: int = Field(default=24 * 3600, ge=60)
     idempotency_window_s: int = Field(default=24 * 3600, ge=1)
