@@ -74,6 +74,7 @@ class BatchWriter:
         if result.bodies is not None:
             metrics.DIRECT_BODIES.labels(batch.tenant, batch.pipeline, result.bodies).inc()
         outcome = self._outcome(batch, record.definition, result)
+        outcome.full_job = result.direct != "written"
         fault_point(faults.WRITER_AFTER_SPARK_JOB)
         if self.hand_off(batch, outcome):
             for entry in outcome.entries:

@@ -2,9 +2,17 @@
 work never occupies every writer.
 
 A batch is heavy when its pipeline's last job on this writer took HEAVY_JOB_S or more (wide
-events, say), or when it failed before. Before running one, a writer takes the tenant's lane (a
-Redis lease, renewed while the job runs); a writer that finds it taken sets the batch aside
-(HeavyBatches) and serves other tenants meanwhile. Light batches never wait for a lane.
+events, say), or when it failed before, or, in a round that holds other tenants' batches too,
+when that job was the full Spark job (not all of it the short way) and took SLOW_JOB_S or more:
+requests only the full job writes (events nested too deep, keys differing only in case) cost it
+~0.9 s a job under make chaos's poison_tenant, against ~0.1-0.3 s for its neighbours' short-way
+jobs; run on both writers at once, every round of both waited on them, and the neighbours'
+median latency went from 0.41 to 1.54 s. (A duration alone could not tell them apart: under
+that load a neighbour's short-way job took up to ~0.5 s too, and laning it let its backlog
+fill.) Before running one, a writer takes the tenant's lane (a Redis lease, renewed while the
+job runs); a writer that finds it taken sets the batch aside (HeavyBatches) and serves other
+tenants meanwhile. Light batches never wait for a lane, and a tenant alone on the writers keeps
+both for its slow batches.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from service.protocol.stream_ids import text
 from service.writer.batches import Batch, pending_of
 
 HEAVY_JOB_S = 5.0  # a pipeline whose last job took this long has its next batches run in its tenant's lane
+SLOW_JOB_S = 0.5  # ... and a full Spark job this long, while other tenants' batches are in the same round
 LANE_LEASE_MS = 30_000  # renewed every third of it while the job runs; a crashed writer's lane frees itself
 
 
@@ -31,21 +40,28 @@ class Lanes:
         self._renew = client.register_script(scripts.RENEW_LEASE)
         self._release = client.register_script(scripts.RELEASE_LEASE)
         self._job_s: dict[tuple[str, str], float] = {}  # the last job's duration, per pipeline
+        self._full: set[tuple[str, str]] = set()  # the pipelines whose last job was (in part) the full Spark job
 
-    def is_heavy(self, batch: Batch) -> bool:
-        return batch.failures > 0 or self._job_s.get((batch.tenant, batch.pipeline), 0.0) >= HEAVY_JOB_S
+    def is_heavy(self, batch: Batch, crowded: bool = False) -> bool:
+        """crowded: other tenants' batches wait in the same round."""
+        pipeline = (batch.tenant, batch.pipeline)
+        last = self._job_s.get(pipeline, 0.0)
+        return batch.failures > 0 or last >= HEAVY_JOB_S or (crowded and pipeline in self._full and last >= SLOW_JOB_S)
 
     def expected_s(self, batch: Batch) -> float:
         return self._job_s.get((batch.tenant, batch.pipeline), 0.0)
 
-    def ran(self, batch: Batch, seconds: float) -> None:
-        self._job_s[(batch.tenant, batch.pipeline)] = seconds
+    def ran(self, batch: Batch, seconds: float, full: bool = False) -> None:
+        """Its pipeline's last job took `seconds`; full: it was (in part) the full Spark job, or failed."""
+        pipeline = (batch.tenant, batch.pipeline)
+        self._job_s[pipeline] = seconds
+        (self._full.add if full else self._full.discard)(pipeline)
 
     @contextlib.contextmanager
-    def lane(self, batch: Batch) -> Iterator[bool]:
+    def lane(self, batch: Batch, crowded: bool = False) -> Iterator[bool]:
         """Whether `batch` may run now: light ones always; a heavy one while this writer holds its
-        tenant's lane (kept, by a thread renewing it, until the block ends)."""
-        if not self.is_heavy(batch):
+        tenant's lane (kept, by a thread renewing it, until the block ends). crowded: as is_heavy."""
+        if not self.is_heavy(batch, crowded):
             yield True
             return
         key = keys.heavy_lane_key(batch.tenant)

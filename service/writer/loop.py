@@ -255,13 +255,14 @@ class Writer:
     def _write_round(self, batches: list[Batch], stop: threading.Event) -> None:
         started = time.monotonic()
         failing = {(batch.tenant, batch.pipeline) for batch in self._retries}
+        tenants = {batch.tenant for batch in batches}
         for batch in batches:
             if stop.is_set():
                 return
             if (batch.tenant, batch.pipeline) in failing:
                 self._retries.append(batch)
                 continue
-            self._write(batch, stop)
+            self._write(batch, stop, crowded=len(tenants) > 1)
         spent = time.monotonic() - started
         deadline = time.monotonic() + retry_budget_s(spent)
         while self._retries and time.monotonic() < deadline and not stop.is_set():
@@ -275,36 +276,39 @@ class Writer:
         if not stop.is_set() and not self._outages:
             self.compactor.run_one(stop)
 
-    def _write(self, batch: Batch, stop: threading.Event) -> None:
-        with self.lanes.lane(batch) as may_run:
+    def _write(self, batch: Batch, stop: threading.Event, crowded: bool = False) -> None:
+        with self.lanes.lane(batch, crowded) as may_run:
             if not may_run:
                 self._set_aside.append(batch)
                 keep_pending(self.client, batch, self.name)
                 return
             started = time.monotonic()
             self._writing.append(batch)
+            full = True  # unless it was written all the short way (a job that failed counts as full)
             try:
-                self._write_batch(batch, stop)
+                full = self._write_batch(batch, stop)
             finally:
                 self._writing.remove(batch)
-                self.lanes.ran(batch, time.monotonic() - started)
+                self.lanes.ran(batch, time.monotonic() - started, full)
 
-    def _write_batch(self, batch: Batch, stop: threading.Event) -> None:
+    def _write_batch(self, batch: Batch, stop: threading.Event) -> bool:
+        """Write it, or settle what is left to try of it: whether the full Spark job wrote some of it
+        or its job failed (lanes.py: such a pipeline's slow batches take its tenant's lane)."""
         try:
-            self.batches.write(batch)
+            full = self.batches.write(batch).full_job
             self._outages = 0
             self._spark_reachable = True
-            return
+            return full
         except NotFound as exc:  # the pipeline is gone: no retry can help
             self.batches.dead_letter(batch, str(exc))
-            return
+            return True
         except CATALOG_UNAVAILABLE as exc:
             self._outages += 1
             log.warning("writer: catalog unavailable (%s); retry %d", exc, self._outages)
         except Exception as exc:  # noqa: BLE001 - classified here; no error may stall the writer
             if not is_spark_outage(exc):
                 self._retries.extend(self._after_job_failure(batch, exc))
-                return
+                return True
             # The server is down or restarting: keep the entries and wait; nothing is lost.
             self._outages += 1
             self._spark_reachable = False
@@ -313,6 +317,7 @@ class Writer:
         self._retries.appendleft(batch)
         # Shutting down meanwhile leaves the entries pending for the next writer to reclaim.
         stop.wait(min(BACKOFF_MAX_S, 0.5 * 2 ** min(self._outages, 6)))
+        return False  # no job ran: an outage says nothing of the batch
 
     def _spark_unreachable(self) -> bool:
         """Whether Spark Connect fails a trivial query right now: a broken exchange while the

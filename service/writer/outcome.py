@@ -24,6 +24,7 @@ class BatchOutcome:
     dropped_events: int = 0  # events written with fields no column took
     nulled_events: int = 0  # events written with values that could not be converted (NULL instead)
     receipts: dict[str, ReceiptOutcome] = field(default_factory=dict)
+    full_job: bool = False  # the full Spark job wrote some of it (not all of it the short way)
 
     def add(self, entry: CommitEntry, dropped_by_receipt: dict[str, tuple[list[str], int]] | None = None,
             nulled_by_receipt: dict[str, tuple[list[str], int]] | None = None) -> None:

@@ -10,7 +10,7 @@ import redis
 from service.core import keys
 from service.protocol.input_entry import InputEntry
 from service.writer.batches import Batch
-from service.writer.lanes import HEAVY_JOB_S, Lanes, keep_pending
+from service.writer.lanes import HEAVY_JOB_S, SLOW_JOB_S, Lanes, keep_pending
 
 
 def batch(tenant: str, failures: int = 0) -> Batch:
@@ -37,6 +37,33 @@ def test_a_tenants_heavy_batches_run_on_one_writer_at_a_time_and_light_ones_neve
     assert redis_client.get(keys.heavy_lane_key("beta")) is None, "released when the job ends"
     with second.lane(batch("beta")) as may_run:
         assert may_run
+
+
+def test_a_slow_full_job_batch_takes_its_tenants_lane_only_while_other_tenants_wait_in_the_round(redis_client: redis.Redis) -> None:
+    """A pipeline whose last job was the full Spark job (requests the short way cannot write) and
+    took SLOW_JOB_S, below HEAVY_JOB_S: alone on the writers it runs on both at once; beside
+    another tenant's batches it runs on one writer at a time, so the other serves them meanwhile
+    (make chaos's poison_tenant). A short-way job as slow is light: a busy machine's own pace."""
+    first, second = Lanes(redis_client, "w1"), Lanes(redis_client, "w2")
+    slow = batch("demo")
+    for lanes in (first, second):
+        lanes.ran(slow, SLOW_JOB_S + 0.1, full=True)
+    with first.lane(slow, crowded=True) as running:
+        assert running
+        with second.lane(batch("demo"), crowded=True) as may_run:
+            assert not may_run, "beside other tenants: demo's lane is taken, set aside"
+        with second.lane(batch("demo")) as may_run:
+            assert may_run, "demo alone on the writers: its slow batches never wait"
+        with second.lane(batch("alpha"), crowded=True) as may_run:
+            assert may_run, "a tenant whose jobs are quick never waits"
+    with second.lane(batch("demo"), crowded=True) as may_run:
+        assert may_run, "released when the job ends"
+    with first.lane(slow, crowded=True) as running:
+        for lanes, seconds, full, light in ((second, SLOW_JOB_S - 0.1, True, "a quicker full job"),
+                                            (second, SLOW_JOB_S + 0.1, False, "a short-way job as slow")):
+            lanes.ran(slow, seconds, full=full)
+            with lanes.lane(batch("demo"), crowded=True) as may_run:
+                assert running and may_run, f"demo's lane is held, but its last job here was {light}: light"
 
 
 def test_a_set_aside_batch_stays_with_its_writer_and_is_not_counted_as_delivered_again(redis_client: redis.Redis) -> None:
