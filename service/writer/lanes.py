@@ -5,14 +5,15 @@ A batch is heavy when its pipeline's last job on this writer took HEAVY_JOB_S or
 events, say), or when it failed before, or, in a round that holds other tenants' batches too,
 when that job was the full Spark job (not all of it the short way) and took SLOW_JOB_S or more:
 requests only the full job writes (events nested too deep, keys differing only in case) cost it
-~0.9 s a job under make chaos's poison_tenant, against ~0.1-0.3 s for its neighbours' short-way
-jobs; run on both writers at once, every round of both waited on them, and the neighbours'
-median latency went from 0.41 to 1.54 s. (A duration alone could not tell them apart: under
-that load a neighbour's short-way job took up to ~0.5 s too, and laning it let its backlog
-fill.) Before running one, a writer takes the tenant's lane (a Redis lease, renewed while the
-job runs); a writer that finds it taken sets the batch aside (HeavyBatches) and serves other
-tenants meanwhile. Light batches never wait for a lane, and a tenant alone on the writers keeps
-both for its slow batches.
+~0.9 s a job under make chaos's poison_tenant (its job-duration metric, the calm phases' short-way
+jobs taken out), against ~0.1-0.3 s for its neighbours' short-way jobs; run on both writers at
+once, every round of both waited on them, and the neighbours' median latency went from 0.41 to
+1.54 s. (A duration alone would not tell them apart: under that load a neighbour's short-way
+job's mean went from 0.09 to 0.32 s, so a busy machine would lane well-behaved tenants.) Before
+running one, a writer takes the tenant's lane (a Redis lease, renewed while the job runs); a
+writer that finds it taken sets the batch aside (HeavyBatches) and serves other tenants
+meanwhile. Light batches never wait for a lane, and a tenant alone on the writers keeps both for
+its slow batches.
 """
 
 from __future__ import annotations
