@@ -21,6 +21,7 @@ from service.iceberg.catalog import open_catalog
 from service.protocol.input_entry import BODY, EVENTS, RECEIPT
 from service.writer.batches import Batch, pending_of
 from service.writer.loop import Writer
+from service.writer.outcome import BatchOutcome
 
 CLAIM_IDLE_S = 2.0  # the keeper refreshes every third of it: 1.3 s to spare on a loaded machine
 
@@ -39,11 +40,12 @@ def test_a_retried_batch_whose_job_runs_long_is_not_reclaimed_by_the_other_write
     busy._retries.append(batch)
     taken: list[Batch] = []
 
-    def long_job(_written: Batch) -> None:
+    def long_job(_written: Batch) -> BatchOutcome:
         deadline = time.monotonic() + 3 * CLAIM_IDLE_S
         while time.monotonic() < deadline:
             taken.extend(other.reclaim_stale())
             time.sleep(CLAIM_IDLE_S / 4)
+        return BatchOutcome()  # (as BatchWriter.write answers: nothing written here)
 
     busy.batches.write = long_job
     busy.write_round([], threading.Event())
