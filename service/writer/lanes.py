@@ -4,9 +4,9 @@ work never occupies every writer.
 A batch is heavy when its pipeline's last job on this writer took HEAVY_JOB_S or more (wide
 events, say), or when it failed before, or, in a round that holds other tenants' batches too,
 when that job was the full Spark job (not all of it the short way) and took SLOW_JOB_S or more:
-requests only the full job writes (events nested too deep, keys differing only in case) cost it
-~0.9 s a job under make chaos's poison_tenant (its job-duration metric, the calm phases' short-way
-jobs taken out), against ~0.1-0.3 s for its neighbours' short-way jobs; run on both writers at
+requests only the full job writes (events the api set aside as nested too deep: the job writes
+their dead letters) cost it ~0.9 s a job under make chaos's poison_tenant (its job-duration
+metric, the calm phases' short-way jobs taken out), against ~0.1-0.3 s for its neighbours' short-way jobs; run on both writers at
 once, every round of both waited on them, and the neighbours' median latency went from 0.41 to
 1.54 s. (A duration alone would not tell them apart: under that load a neighbour's short-way
 job's mean went from 0.09 to 0.32 s, so a busy machine would lane well-behaved tenants.) Before
@@ -40,23 +40,20 @@ class Lanes:
         self.owner = owner
         self._renew = client.register_script(scripts.RENEW_LEASE)
         self._release = client.register_script(scripts.RELEASE_LEASE)
-        self._job_s: dict[tuple[str, str], float] = {}  # the last job's duration, per pipeline
-        self._full: set[tuple[str, str]] = set()  # the pipelines whose last job was (in part) the full Spark job
+        # Per pipeline, its last job: (seconds, whether it was (in part) the full Spark job, or failed).
+        self._last: dict[tuple[str, str], tuple[float, bool]] = {}
 
     def is_heavy(self, batch: Batch, crowded: bool = False) -> bool:
         """crowded: other tenants' batches wait in the same round."""
-        pipeline = (batch.tenant, batch.pipeline)
-        last = self._job_s.get(pipeline, 0.0)
-        return batch.failures > 0 or last >= HEAVY_JOB_S or (crowded and pipeline in self._full and last >= SLOW_JOB_S)
+        seconds, full = self._last.get((batch.tenant, batch.pipeline), (0.0, False))
+        return batch.failures > 0 or seconds >= HEAVY_JOB_S or (crowded and full and seconds >= SLOW_JOB_S)
 
     def expected_s(self, batch: Batch) -> float:
-        return self._job_s.get((batch.tenant, batch.pipeline), 0.0)
+        return self._last.get((batch.tenant, batch.pipeline), (0.0, False))[0]
 
     def ran(self, batch: Batch, seconds: float, full: bool = False) -> None:
         """Its pipeline's last job took `seconds`; full: it was (in part) the full Spark job, or failed."""
-        pipeline = (batch.tenant, batch.pipeline)
-        self._job_s[pipeline] = seconds
-        (self._full.add if full else self._full.discard)(pipeline)
+        self._last[(batch.tenant, batch.pipeline)] = (seconds, full)
 
     @contextlib.contextmanager
     def lane(self, batch: Batch, crowded: bool = False) -> Iterator[bool]:
