@@ -15,6 +15,7 @@ imported first: the same examples every run, whatever ran before.
 from __future__ import annotations
 
 import base64
+import collections
 import importlib
 import json
 import math
@@ -420,6 +421,40 @@ def test_a_batch_with_a_few_requests_the_fast_way_cannot_take_writes_the_rest_th
     assert written(fast) == written(full) and len(written(full)) == 16
     assert dead_letters(fast) == dead_letters(full) and sorted(row["receipt"] for row in dead_letters(full)) == ["r5", "r9"]
     assert fast.tables["events"].rows_by_receipt == full.tables["events"].rows_by_receipt
+
+
+def test_a_fast_way_job_asks_the_server_only_for_the_settings_it_needs_and_to_run(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """The short way's job makes one round trip before it runs (createDataFrame's settings): it
+    tells Spark its frame's columns instead of asking for them (an AnalyzePlan, which analyses
+    the plan with its rows) and takes the answer as Arrow (collect asks for a setting first).
+    The client's calls to the server are counted on their way (the real server answers them)."""
+    bodies = [b'{"id": %d, "msg": "m%d"}\n{"id": %d, "level": "warn"}' % (i, i, i + 1000) for i in range(4)]
+    receipts = [f"r{i}" for i in range(len(bodies))]
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / "files").as_uri(), extra_fields="_extra")
+
+    client, calls = fresh_spark.client, collections.Counter()
+    stub = client._stub  # the gRPC stub every call to the server goes through
+
+    class Counted:
+        def __getattr__(self, name: str):  # noqa: ANN204
+            method = getattr(stub, name)
+
+            def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                calls[name] += 1
+                return method(*args, **kwargs)
+            return call
+
+    pipeline_job._direct_off_until = 0.0
+    client._stub = Counted()
+    try:
+        result = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
+                             known_schema=TABLE).run(receipts, bodies)
+    finally:
+        client._stub = stub
+    assert result.direct == "written" and result.tables["events"].rows_by_receipt == dict.fromkeys(receipts, 2)
+    assert (calls["AnalyzePlan"], calls["Config"], calls["ExecutePlan"]) == (0, 1, 1), calls
 
 
 # A boolean as text: Spark's words in any case, now and then text its conversion reads as NULL or may read otherwise.
