@@ -32,7 +32,9 @@ fields give each event's entries (`_struct_maps`), written in key order as the S
 every map it reads from an event (coerce.key_ordered); where a struct may not say what an object
 holds (a JSON null in the line of an event lacking one of its keys) those lines are read again by
 orjson. A value other than an object of strings (a null, a number, a nested object) refuses the
-batch.
+batch. A map of strings inside an object column (a Kubernetes object's labels) is left out of the
+parse and inferred the same way, within its object (`nested_text_maps`); there a struct that may
+not say what an object holds refuses the request instead.
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically), and
@@ -157,24 +159,33 @@ def parse_schema(schema: pa.Schema, extra_fields: str | None, partition: list[tu
     return pa.schema(fields) if fields else None
 
 
-def nested_parsing(data_type: pa.DataType, in_list: bool = False) -> pa.DataType | None:
+def nested_parsing(data_type: pa.DataType, in_list: bool = False, read: bool = True) -> pa.DataType | None:
     """The type pyarrow parses a column of `data_type` with: a plain type as it is; a list or a
     struct of those (at any depth) without the table's field metadata, and a struct's decimals
-    (not a list's: the Spark job reads those through a double, coerce.exact_type). None for
-    anything else, and for a list or struct with a required element or field (the Spark job says
-    what a null there becomes)."""
+    (not a list's: the Spark job reads those through a double, coerce.exact_type); a struct's
+    optional maps of strings (not a list's) left out, inferred by pyarrow (nested_text_maps).
+    None for anything else, and for a list or struct with a required element or field (the Spark
+    job says what a null there becomes). read=False: the type once those maps are made (in the
+    struct's order, as maps of strings)."""
     if any(check(data_type) for check in _PLAIN_TYPES) or (pa.types.is_decimal128(data_type) and not in_list):
         return data_type
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
         element = data_type.value_field
-        inner = nested_parsing(element.type, in_list=True) if element.nullable else None
+        inner = nested_parsing(element.type, in_list=True, read=read) if element.nullable else None
         return pa.list_(inner) if inner is not None else None
     if pa.types.is_struct(data_type):
-        children = [(child.name, nested_parsing(child.type, in_list) if child.nullable else None) for child in data_type]
-        if not children or any(inner is None for _name, inner in children):
+        maps = {child.name for child in data_type if child.nullable and not in_list and is_text_map(child.type)}
+        children = [(child.name, TEXT_MAP if child.name in maps else nested_parsing(child.type, in_list, read) if child.nullable else None)
+                    for child in data_type if not (read and child.name in maps)]
+        if not data_type.num_fields or any(inner is None for _name, inner in children):
             return None
         return pa.struct(children)
     return None
+
+
+def has_nested_maps(data_type: pa.DataType) -> bool:
+    """Whether a column of `data_type` holds a map inside a struct (nested_parsing leaves it out)."""
+    return pa.types.is_struct(data_type) and any(is_text_map(child.type) or has_nested_maps(child.type) for child in data_type)
 
 
 def is_binary(data_type: pa.DataType) -> bool:
@@ -748,8 +759,8 @@ def append_directly(
         frame = frame.coalesce(tasks_for(bodies, task_bytes))
     # toArrow, not collect: collect asks the server for a setting first (a round trip of its own).
     # With the schema said above, a job's round trips before it runs go from three to one (the
-    # settings createDataFrame reads), and the JVM's gRPC threads spend ~2.5 against ~6 ms of CPU
-    # a job (20 requests of 1,000 events; the JVM's threads' CPU counted).
+    # settings createDataFrame reads): the JVM's gRPC threads spend about half the CPU they did
+    # (README, "The Spark JVM in make bench is a young one").
     answer = frame.mapInArrow(append, RESULT).toArrow()
     results = [_Answer(*row) for row in zip(*(answer.column(name).to_pylist() for name in RESULT.names))]
     written = [row.path for row in results if row.path]
@@ -846,35 +857,66 @@ def _struct_maps(table: pa.Table, lines: Sequence[bytes], names: list[str]) -> d
     not say what the object holds, so the caller reads the lines: a field null in an event whose
     line holds a JSON null (a key with null, which is an entry, not an absent key), or text that is
     not UTF-8. (pyarrow refuses a key twice and an unpaired surrogate, as orjson does.)"""
-    import pyarrow.compute as pc
-
     if any(_many_keys(table.column(name).type, table.num_rows) or not all(pa.types.is_string(f.type) for f in table.column(name).type) for name in names):
         return None
     maps = {}
     for name in names:
         struct = table.column(name).combine_chunks()
-        order = sorted(range(struct.type.num_fields), key=lambda index: struct.type.field(index).name)
-        keys = pa.array([struct.type.field(index).name for index in order], pa.string())
-        children = [struct.field(index) for index in order]
-        count, width = len(struct), len(children)
-        valid = struct.is_valid().to_numpy(zero_copy_only=False)
-        held = np.zeros((count, width), bool)
-        for slot, child in enumerate(children):
-            held[:, slot] = child.is_valid().to_numpy(zero_copy_only=False) & valid
-        counts = held.sum(axis=1)
-        gaps = np.flatnonzero((counts < width) & valid)  # objects without one of the keys, or with null for it
-        if any(b"null" in lines[row] for row in gaps.tolist()):
+        converted = _strings_map(struct, struct.is_valid().to_numpy(zero_copy_only=False), lines)
+        if converted is None:
             return None
-        rows, slots = np.divmod(np.flatnonzero(held.ravel()), width or 1)  # row by row, each row's keys in key order
-        values = pa.concat_arrays(children).take(pa.array(slots * count + rows)) if width else pa.array([], pa.string())
-        try:
-            keys.validate(full=True)
-            values.validate(full=True)
-        except pa.ArrowInvalid:  # bytes that are not UTF-8, which pyarrow passes through
-            return None
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        maps[name] = pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(slots)), values, type=TEXT_MAP, mask=pc.invert(pc.is_valid(struct)))
+        maps[name] = converted
     return maps
+
+
+def _strings_map(struct: pa.StructArray, valid: np.ndarray, lines: Sequence[bytes]) -> pa.MapArray | None:
+    """A struct of strings (objects pyarrow inferred, one per line of `lines`; `valid`: where an
+    event has one) as maps of strings in key order; None where the struct may not say what an
+    object holds (_struct_maps)."""
+    order = sorted(range(struct.type.num_fields), key=lambda index: struct.type.field(index).name)
+    keys = pa.array([struct.type.field(index).name for index in order], pa.string())
+    children = [struct.field(index) for index in order]
+    count, width = len(struct), len(children)
+    held = np.zeros((count, width), bool)
+    for slot, child in enumerate(children):
+        held[:, slot] = child.is_valid().to_numpy(zero_copy_only=False) & valid
+    counts = held.sum(axis=1)
+    gaps = np.flatnonzero((counts < width) & valid)  # objects without one of the keys, or with null for it
+    if any(b"null" in lines[row] for row in gaps.tolist()):
+        return None
+    rows, slots = np.divmod(np.flatnonzero(held.ravel()), width or 1)  # row by row, each row's keys in key order
+    values = pa.concat_arrays(children).take(pa.array(slots * count + rows)) if width else pa.array([], pa.string())
+    try:
+        keys.validate(full=True)
+        values.validate(full=True)
+    except pa.ArrowInvalid:  # bytes that are not UTF-8, which pyarrow passes through
+        return None
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(slots)), values, type=TEXT_MAP, mask=pa.array(~valid))
+
+
+def nested_text_maps(struct: pa.StructArray, made: pa.StructType, valid: np.ndarray, lines: Sequence[bytes]) -> pa.StructArray:
+    """An object column as pyarrow read it (`struct`, its maps of strings inferred as structs:
+    nested_parsing) in the type `made` (nested_parsing's read=False), each map in key order as
+    _struct_maps makes them; `valid`: where an event has the object. Raises Refused for a key
+    its column lacks, a value other than an object of strings, or an object whose struct may not
+    say what it holds (a null in its line: the Spark job says what those become)."""
+    if any(made.get_field_index(child.name) < 0 for child in struct.type):
+        raise Refused("a field inside an object that its column lacks")
+    children = []
+    for field in made:
+        index = struct.type.get_field_index(field.name)
+        child = struct.field(index) if index >= 0 and not pa.types.is_null(struct.type.field(index).type) else pa.nulls(len(struct), field.type)
+        if field.type == TEXT_MAP and child.type != TEXT_MAP:
+            if not pa.types.is_struct(child.type) or not all(pa.types.is_string(f.type) for f in child.type) or _many_keys(child.type, len(child)):
+                raise Refused(f"{field.name!r}: a value other than an object of strings")
+            child = _strings_map(child, valid & child.is_valid().to_numpy(zero_copy_only=False), lines)
+            if child is None:
+                raise Refused(f"{field.name!r}: an object a null may hide a key of")
+        elif pa.types.is_struct(field.type) and has_nested_maps(field.type) and pa.types.is_struct(child.type):
+            child = nested_text_maps(child, field.type, valid & child.is_valid().to_numpy(zero_copy_only=False), lines)
+        children.append(child)
+    return pa.StructArray.from_arrays(children, fields=[field.with_type(child.type) for field, child in zip(made, children)], mask=pa.array(~valid))
 
 
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
@@ -1627,6 +1669,9 @@ class BodyReader:
         self.folded_drops = {name.casefold() for name in self.drops | (nulled(processors[0]) if processors is not None else frozenset())}
         self.folded_renames = {name.casefold() for pair in self.renames.items() for name in pair}
         self.nested = [f.name for f in parsing if is_nested(f.type)]
+        # Each nested column's type once its maps of strings are made (nested_text_maps): those with maps, and the others as parsed.
+        self.nested_types = {name: nested_parsing(file_schema.field(name).type, read=False) for name in self.nested}
+        self.nested_maps = [name for name in self.nested if has_nested_maps(file_schema.field(name).type)]
         self.wide_maps = False  # True once a body's maps had many keys
         self.layout_memory = FallbackMemory()  # the layout for fields the table lacks (extra_maps)
         self.infer_memory = FallbackMemory()  # inferring fields the table lacks (read_fields)
@@ -1677,7 +1722,8 @@ class BodyReader:
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
-            return self.read(body, "infer" if self.extra_fields or self.maps or self.drops else "error", epoch, as_read=as_read), False
+            unexpected = "infer" if self.extra_fields or self.maps or self.drops or self.nested_maps else "error"
+            return self.read(body, unexpected, epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
             if (not self.extra_fields or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, self.text_columns)
                     or _other_for_text(exc, self.text_columns) or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
@@ -2115,7 +2161,16 @@ class BodyReader:
         events = len(lines)
         if table.num_rows != events:
             raise Refused(f"{events} events read as {table.num_rows} rows")
-        if self.nested and (every_line or any(table.column(name).type != self.parsing.field(name).type for name in self.nested)):
+        if self.nested_maps and not every_line:
+            unknown = next((name for name in table.column_names if name not in self.known), None)
+            if unknown is not None and not self.extra_fields and not self.maps and not self.drops:
+                raise Refused(f"a field the table lacks: {unknown[:200]!r}")  # read as "infer" for the maps: not left out unsaid
+            for name in self.nested_maps:
+                if name in table.column_names and pa.types.is_struct(table.column(name).type):
+                    column = table.column(name).combine_chunks()
+                    made = nested_text_maps(column, self.nested_types[name], column.is_valid().to_numpy(zero_copy_only=False), lines)
+                    table = table.set_column(table.schema.get_field_index(name), name, made)
+        if self.nested and (every_line or any(table.column(name).type != self.nested_types[name] for name in self.nested)):
             # A key an object of the table lacks, inferred into its struct (or, reading every
             # line, not looked at): the Spark job names it dropped or keeps it in extra_fields.
             raise Refused("a field inside an object that its column lacks")

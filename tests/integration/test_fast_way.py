@@ -719,6 +719,53 @@ def test_maps_of_strings_give_the_same_rows_the_fast_way_and_the_full_way(fresh_
     compare_ways(fresh_spark, tmp_path, MAPPED, [], mapped_batch(), examples=12, least_written=3)
 
 
+# A Kubernetes object declared as a column: maps of strings inside it, one of them a level deeper.
+TEXT_MAP = pa.map_(pa.string(), pa.string())
+PODS = pa.schema([*TABLE, pa.field("kubernetes", pa.struct([
+    ("pod_name", pa.string()), ("labels", TEXT_MAP), ("namespace", pa.string()),
+    ("meta", pa.struct([("annotations", TEXT_MAP), ("uid", pa.string())])),
+]))])
+ODD_OBJECTS = st.sampled_from(['"text"', "[]", "null", "{}", '{"pod_name": 5}', '{"host": "h"}', '{"meta": {"owner": "o"}}', '{"meta": null}',
+                               '{"pod_name": "p", "pod_name": "q"}', '{"meta": {"annotations": {"a": "x"}, "uid": null}}'])
+
+
+@st.composite
+def pod_batch(draw) -> list[bytes]:  # noqa: ANN001
+    """Requests whose events carry a Kubernetes object as its column declares it (its labels and
+    annotations objects of strings, keys in any order, fields missing), now and then something
+    else where an object of strings belongs, a key the object's column lacks, and a field the
+    table lacks."""
+
+    def strings(chance: random.Random) -> str:
+        keys = draw(st.lists(st.sampled_from(["app", "tier", "é", "pod-template-hash", "a b", ""]), unique=True, max_size=4))
+        value = json.dumps({key: draw(TEXT | MAP_TEXT) for key in keys}, ensure_ascii=chance.random() < 0.5)
+        return value if chance.random() > 0.05 else draw(ODD_MAPS)
+
+    def fields(chance: random.Random, _request: None) -> list[tuple[str, str]]:
+        pairs = []
+        if chance.random() < 0.9:
+            parts = [(name, value) for name, value in (
+                ("pod_name", json.dumps(draw(TEXT))), ("labels", strings(chance)), ("namespace", json.dumps(draw(SMALL_TEXT))),
+                ("meta", "{" + ", ".join(f'"{name}": {value}' for name, value in (("annotations", strings(chance)), ("uid", json.dumps(draw(TEXT))))
+                                         if chance.random() < 0.7) + "}"),
+            ) if chance.random() < 0.8]
+            chance.shuffle(parts)
+            pairs.append(("kubernetes", "{" + ", ".join(f'"{name}": {value}' for name, value in parts) + "}" if chance.random() > 0.03 else draw(ODD_OBJECTS)))
+        if chance.random() < 0.5:
+            pairs.append(("msg", json.dumps(draw(TEXT))))
+        return pairs
+
+    return requests_of(draw, fields)
+
+
+@differential
+def test_maps_inside_objects_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # Each object's maps with their entries in key order, NULL for none; a value other than an
+    # object of strings, a key the object's column lacks, or a null in the line of an object
+    # lacking one of its map's keys leaves the request to the full job.
+    compare_ways(fresh_spark, tmp_path, PODS, [], pod_batch(), examples=18, least_written=4)
+
+
 # Processors the short way applies itself (spark_jobs/plain_processors.py), and a few it does not.
 WHERE = st.sampled_from([
     "n > 10", "msg != 'a'", "x >= 0.1", "ok", "NOT ok", "n IN (1, 2, 3) OR msg IS NULL", "x < 2.5 AND n <> 0", "id >= 3",
