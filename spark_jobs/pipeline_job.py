@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -40,6 +40,7 @@ from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, par
 from spark_jobs.files import delete_directory, rows_per_file, write_parquet
 from spark_jobs.otlp_rows import as_lines
 from spark_jobs.partitions import write_data_files
+from spark_jobs.plain_processors import is_text_map
 from spark_jobs.plain_processors import plan as plan_processors
 from spark_jobs.processors import (
     apply_processors,
@@ -120,6 +121,46 @@ def evolves_alike(schema: pa.Schema) -> bool:
     return all(any(check(field.type) for check in _EVOLVING_TYPES) for field in schema)
 
 
+_Answer = tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]  # append_directly's
+
+
+def _short_way(append: Callable[[StreamEntries | None], _Answer], entries: StreamEntries | None) -> tuple[_Answer, StreamEntries | None] | None:
+    """append(entries) (an append_directly call) and the entries it read the bodies from (None:
+    shipped): shipped again where Spark's tasks could not reach them. None where it failed
+    otherwise than by an outage of Spark (which it raises: the writer waits it out): the short way
+    is then off for a while, so that a lasting cause (no pyarrow in Spark's Python, say) costs
+    one try per spell."""
+    global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
+    try:
+        answer = append(entries)
+        refused = answer[1]
+        if answer[0] is None and entries is not None and refused is not None and refused.startswith(UNREACHABLE):
+            if GONE in refused:  # taken over: shipped, its hand-off finds it is no longer this writer's
+                log.info("%s; this batch's bodies are shipped", refused)
+            else:  # Spark's executors cannot reach Redis: ship the bodies a while
+                _pointers_off_until = time.monotonic() + DIRECT_OFF_S
+                log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)", refused, DIRECT_OFF_S)
+            entries = None
+            answer = append(None)
+    except Exception as exc:
+        if is_spark_outage(exc):
+            raise
+        _direct_off_until = time.monotonic() + DIRECT_OFF_S
+        log.warning("the short way failed (%s: %s); the Spark job writes batches for the next %d s", exc.__class__.__name__, str(exc)[:300], DIRECT_OFF_S)
+        return None
+    return answer, entries
+
+
+@dataclass(frozen=True)
+class _Where:
+    """A where step (spark_jobs/definition.py's Processor): a sink's routes' condition."""
+
+    where: str
+    set: None = None
+    drop: None = None
+    rename: None = None
+
+
 @dataclass
 class PipelineJob:
     spark: SparkSession
@@ -137,6 +178,10 @@ class PipelineJob:
     # processors plain_processors.py plans), and leaves the rest to the Spark job, which infers
     # their types and evolves the table.
     evolving_table: bool = False
+    # Every sink's table exists, none evolves, changes rows or takes a name from the events, and the
+    # definition has routes or more than one sink: the short way may write each sink's events, its
+    # routes' condition a where after the processors (_append_routed).
+    routed_tables: bool = False
     json_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (good rows, their JSON bytes)
     dropped: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
     nulled: dict[str, dict[str, tuple[list[str], int]]] = field(default_factory=dict)  # table -> receipt -> Output's
@@ -188,12 +233,14 @@ class PipelineJob:
     def _append_directly(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None) -> JobResult | None:
         """The batch written by spark_jobs/direct_append.py when it fits (see there); otherwise
         None, or a result whose `direct` says it was refused, and the Spark job writes it."""
-        global _direct_off_until, _pointers_off_until  # noqa: PLW0603 - one switch each for the process's jobs
-        if (self.known_schema is None and not self.processed_table and not self.evolving_table) or time.monotonic() < _direct_off_until:
+        if time.monotonic() < _direct_off_until or (
+                self.known_schema is None and not self.processed_table and not self.evolving_table and not self.routed_tables):
             return None
         aside = [has_set_aside(body) for body in bodies]  # events the api set aside for the DLQ: those requests are the Spark job's
         if all(aside):
             return None
+        if self.routed_tables:
+            return None if any(aside) else self._append_routed(receipts, bodies, entries)
         sink = self.definition.sinks[0]
         # The table exists (known_schema) and does not evolve, so resolving it reads no rows; were
         # it dropped meanwhile, the empty frame makes the resolver answer "no rows" (the Spark job
@@ -226,26 +273,10 @@ class PipelineJob:
                 text_nulls=processors is None and target.changes is None and not self.evolving_table,
             )
 
-        try:
-            counts, refused, rejected, nulled = append(entries)
-            if counts is None and entries is not None and refused.startswith(UNREACHABLE):
-                if GONE in refused:  # taken over: shipped, its hand-off finds it is no longer this writer's
-                    log.info("%s; this batch's bodies are shipped", refused)
-                else:  # Spark's executors cannot reach Redis: ship the bodies a while
-                    _pointers_off_until = time.monotonic() + DIRECT_OFF_S
-                    log.warning("%s; the jobs ship the bodies for the next %d s (CALVE_SPARK_READS_REDIS=false: always)",
-                                refused, DIRECT_OFF_S)
-                entries = None
-                counts, refused, rejected, nulled = append(None)
-        except Exception as exc:
-            if is_spark_outage(exc):  # the writer waits it out and tries again, this way first
-                raise
-            # A Spark whose Python workers cannot run it (no pyarrow there, say): off for a while,
-            # so that a lasting cause costs one try per spell.
-            _direct_off_until = time.monotonic() + DIRECT_OFF_S
-            log.warning("the short way failed (%s: %s); the Spark job writes batches for the next %d s",
-                        exc.__class__.__name__, str(exc)[:300], DIRECT_OFF_S)
+        done = _short_way(append, entries)
+        if done is None:
             return JobResult(direct="failed")
+        (counts, refused, rejected, nulled), entries = done
         way = "shipped" if entries is None else "redis"
         if counts is None:
             return JobResult(direct="refused", bodies=way)
@@ -256,6 +287,69 @@ class PipelineJob:
         if rejected:
             return JobResult(tables=tables, direct="partial", bodies=way, rejected=rejected, filesystem=target.filesystem)
         return JobResult(tables=tables, direct="written", bodies=way)
+
+    def _append_routed(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None) -> JobResult | None:
+        """The batch written by the short way, one job per sink: its table's events are those the
+        processors keep and its routes take (any of them; every event without routes), planned as
+        one more `where` after the processors, as the Spark job routes the processed events. All
+        or nothing: a sink whose job refuses its batch (or a request of it) sends the whole batch to
+        the Spark job, the other sinks' files deleted, as a request must reach every table one way.
+        Not for tables with maps (the Spark job reads them from the types it infers) or rows to change."""
+        plans = []
+        for sink in self.definition.sinks:
+            target = self.resolve(sink.table, sink, self.spark.range(0))
+            if not isinstance(target, Target) or target.changes is not None or any(
+                    is_text_map(f.type) or has_nested_maps(f.type) for f in target.schema if f.name != target.extra_fields):
+                return None
+            steps = [*self.definition.processors]
+            if sink.routes:
+                steps.append(_Where(" OR ".join(f"({self.definition.routes[name]})" for name in sink.routes)))
+            processors = plan_processors(steps, target.schema, target.extra_fields, target.required)
+            parsing = parse_schema(target.schema, target.extra_fields, target.partition)
+            if processors is None or parsing is None:
+                return None
+            plans.append((target, parsing, processors))
+        if time.monotonic() < _pointers_off_until:
+            entries = None
+        tables: dict[str, Output] = {}
+        written: list[Target] = []
+
+        def undo() -> None:
+            for target in written:
+                delete_directory(target.directory, target.filesystem)
+
+        for target, parsing, processors in plans:
+            def append(entries: StreamEntries | None, target: Target = target, parsing: pa.Schema = parsing,
+                       processors: tuple[list[tuple], list[str]] = processors) -> _Answer:
+                return append_directly(
+                    self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
+                    target.extra_fields, target.partition, entries=entries, processors=processors, target_file_size=target.target_file_size,
+                    task_bytes=self.task_bytes,
+                )
+
+            try:
+                done = _short_way(append, entries)
+            except BaseException:
+                undo()
+                raise
+            if done is None:
+                undo()
+                return JobResult(direct="failed")
+            (counts, _refused, _rejected, nulled), entries = done
+            if counts is None:
+                undo()
+                return JobResult(direct="refused", bodies="shipped" if entries is None else "redis")
+            written.append(target)
+            good = {receipt: n for receipt, n in counts.items() if n}
+            if not good:
+                continue
+            output = tables.setdefault(target.name, Output(target.directory, {}, nulled_by_receipt={}))
+            if target.directory not in output.directories:  # two sinks into one table
+                output.more_directories.append(target.directory)
+            for receipt, rows in good.items():
+                output.rows_by_receipt[receipt] = output.rows_by_receipt.get(receipt, 0) + rows
+            output.nulled_by_receipt.update(nulled)
+        return JobResult(tables=tables, direct="written", bodies="shipped" if entries is None else "redis")
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         bodies = [as_lines(body) for body in bodies]  # an OTLP export's columns as their lines (otlp_rows.py)
@@ -407,17 +501,18 @@ class PipelineJob:
         counts = self._counts(counted)
         for name, converted, target in written:
             by_receipt = counts.get(name, {})
-            good = {receipt: n for receipt, (n, _bad) in by_receipt.items() if n}
+            good = {receipt: n for receipt, (n, _bad) in by_receipt.items() if n}  # (every sink's into this table)
             if good and target.changes is not None:
                 # Row changes are applied later, in commit order, against the table as it is then
                 # (spark_jobs/changes_job.py): here they are only kept, in the table's types.
                 changes = converted.where(F.col(REASON).isNull()).select(*target.schema.names, OP, SEQ, RECEIPT)
                 write_parquet(changes, target.directory, target.filesystem)
-                result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}), self.nulled.get(name, {}))
             elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
-                result.tables[name] = Output(target.directory, good, dropped_by_receipt=self.dropped.get(name, {}),
-                                             nulled_by_receipt=self.nulled.get(name, {}))
+            if good and name in result.tables:  # a second sink into the table: its files beside the first's
+                result.tables[name].more_directories.append(target.directory)
+            elif good:
+                result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}), self.nulled.get(name, {}))
             if any(bad for _n, bad in by_receipt.values()):
                 self.dead_letters.add(converted.where(F.col(REASON).isNotNull()), F.col(REASON))
         result.dlq = self.dead_letters.write()

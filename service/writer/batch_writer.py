@@ -63,6 +63,7 @@ class BatchWriter:
             known_schema=self.tables.known_schema(batch.tenant, record.definition),
             processed_table=self.tables.known_schema(batch.tenant, record.definition, processors=True) is not None,
             evolving_table=self.tables.evolving_table(batch.tenant, record.definition),
+            routed_tables=self.tables.routed_tables(batch.tenant, record.definition),
             refusals_key=keys.member(batch.tenant, batch.pipeline),
             max_columns=self.settings.max_table_columns, task_bytes=self.settings.writer_task_bytes,
         )

@@ -88,6 +88,16 @@ class TableResolver:
             return False
         return self._load(tenant, sink.table) is not None
 
+    def routed_tables(self, tenant: str, definition: PipelineDefinition) -> bool:
+        """Whether the batch goes through routes or to more than one sink, into tables that all
+        exist, none evolving, changing rows or named from the events' fields: the short way may
+        write each sink's events (pipeline_job.routed_tables)."""
+        if not definition.routes and len(definition.sinks) == 1:
+            return False
+        if any(sink.dynamic or sink.schema_evolution or sink.row_changes for sink in definition.sinks):
+            return False
+        return all(self._load(tenant, sink.table) is not None for sink in definition.sinks)
+
     def resolve(self, tenant: str, name: str, sink: Sink, rows: DataFrame | None) -> Target | str | None:
         """The table `name` as the job needs it, created when the sink may; or why its rows go to
         the DLQ. `rows` None: no rows to create or evolve it from (a table of a declared schema is

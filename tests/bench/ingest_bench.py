@@ -30,7 +30,9 @@ a list of strings (`tags`); `orders`, the declared shape with a customer and an 
 (`decimal(12,2)`), partitioned by day(ts) and bucket[8](user); `ledger`, the orders with a running
 balance of 22 digits as a JSON number (`decimal(38,6)`), partitioned by day(ts); `labelled`, the declared shape with a
 map of labels (two to four keys in any order) and a `where` processor; `kubernetes`, the declared
-shape with `pods`'s object declared as a struct column (its labels a map of strings inside it); `renamed`, the declared shape
+shape with `pods`'s object declared as a struct column (its labels a map of strings inside it);
+`routed`, the declared shape into two tables, every event into one and those with a status of
+500 or more (one in six) into the other as well, by a route; `renamed`, the declared shape
 with a shipper's names (`message`, `severity`) that the pipeline renames to the table's; `functions`,
 the declared shape through a `set` of functions (lower, trim, coalesce, a CASE into a column of its
 own), as a pipeline normalising a shipper's fields has them; `arithmetic`, the declared shape through
@@ -249,7 +251,7 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
           "mixed": lambda i: mixed_up(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
-          "labelled": lambda i: labelled(with_days(i)), "kubernetes": lambda i: with_pod(with_days(i)), "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
+          "labelled": lambda i: labelled(with_days(i)), "kubernetes": lambda i: with_pod(with_days(i)), "routed": with_days, "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,
           "evolving": lambda i: with_extra_field(make_event(i), i), "measured": lambda i: measured(make_event(i), i),
           "nanos": lambda i: with_nano_time(make_event(i * 20)),
@@ -280,6 +282,11 @@ PIPELINES = {
         "table": "labelled", "auto_create": True, "schema": {"columns": [*DECLARED_COLUMNS, {"name": "labels", "type": "map<string, string>"}],
                                                              "partition_spec": [{"column": "ts", "transform": "day"}]},
     }]},
+    "routed": {"name": "routed", "source": {"http": {"path": "/routed"}}, "routes": {"failed": "status >= 500"}, "sinks": [
+        {"table": "routed", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]}},
+        {"table": "routed_failures", "routes": ["failed"], "auto_create": True,
+         "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]}},
+    ]},
     "kubernetes": {"name": "kubernetes", "source": {"http": {"path": "/kubernetes"}}, "sinks": [{
         "table": "kubernetes", "auto_create": True, "schema": {"columns": [
             *DECLARED_COLUMNS,

@@ -237,6 +237,9 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         if definition is not None and evolving:
             return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
                                evolving_table=True)
+        if definition is not None and (definition.routes or len(definition.sinks) > 1):  # each sink's events the short way, or none
+            return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
+                               routed_tables=True)
         if definition is not None:  # with processors: the full job infers the batch's types, the short way may plan them
             return PipelineJob(spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
                                processed_table=True)
@@ -280,7 +283,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         ways[fast.direct] = ways.get(fast.direct, 0) + 1
         if fast.direct not in ("written", "partial"):
             return  # the full job wrote both
-        assert written(fast) == written(full), (definition and definition.processors, bodies)
+        names = sorted({*fast.tables, *full.tables, "events"})
+        assert {name: written(fast, name) for name in names} == {name: written(full, name) for name in names}, (definition, bodies)
         if fast.direct == "written":
             assert full.dlq is None, f"the fast way wrote what the full job sends to the DLQ: {bodies}"
             assert not any(o.dropped_by_receipt for o in full.tables.values())
@@ -835,6 +839,56 @@ def dropping_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN
         "sinks": [{"table": "events", "extra_fields": "_extra"}],
     })
     return definition, requests_of(draw, function_fields)
+
+
+@st.composite
+def routed_batch(draw) -> tuple[PipelineDefinition, list[bytes]]:  # noqa: ANN001
+    """A definition with routes (conditions as processed_batch's where) into two or three sinks, one
+    of them without routes, two of them into one table, now and then after a where or a set; and
+    processed_batch's requests."""
+    routes = {f"r{index}": draw(WHERE) for index in range(draw(st.integers(1, 2)))}
+    sinks = [{"table": "events", "extra_fields": "_extra"}, {"table": "errors", "extra_fields": "_extra", "routes": sorted(routes)[:1]}]
+    if draw(st.booleans()):
+        sinks.append({"table": draw(st.sampled_from(["errors", "events"])), "extra_fields": "_extra", "routes": sorted(routes)})
+    if draw(st.booleans()):
+        sinks[0]["routes"] = sorted(routes)[-1:]
+    processors = [{kind: draw({"where": WHERE, "set": SET}[kind])} for kind in draw(st.lists(st.sampled_from(["where", "set"]), max_size=1))]
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "processors": processors, "routes": routes, "sinks": sinks,
+    })
+    return definition, requests_of(draw, lambda chance, integral: plain_fields(draw, chance, integral), lambda: draw(st.booleans()))
+
+
+@differential
+def test_routes_give_the_same_rows_in_every_table_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # Each sink's events through the short way (its routes' condition a where after the
+    # processors), all or nothing, against the full job routing the processed events.
+    compare_ways(fresh_spark, tmp_path, TABLE, [], routed_batch(), examples=24, least_written=4)
+
+
+def test_two_sinks_into_one_table_hand_off_both_sinks_rows_either_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """Every event into a table, and those a route takes into it once more: both sinks' files are
+    handed off, by the full job (which kept only the last sink's directory: the first's rows
+    counted as written, its files never committed) and by the short way."""
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "routes": {"big": "n > 10"},
+        "sinks": [{"table": "events", "extra_fields": "_extra"}, {"table": "events", "extra_fields": "_extra", "routes": ["big"]}],
+    })
+    directories = iter(range(100))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra")
+
+    try:
+        for off, way in ((float("inf"), None), (0.0, "written")):
+            pipeline_job._direct_off_until = off
+            result = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / f"dlq{next(directories)}").as_uri(),
+                                 routed_tables=True).run(["r0"], [b'{"id": 1, "n": 5}\n{"id": 2, "n": 50}'])
+            assert result.direct == way
+            assert sorted(row["id"] for row in written(result)) == [1, 2, 2] and result.tables["events"].rows_by_receipt == {"r0": 3}
+    finally:
+        pipeline_job._direct_off_until = 0.0
 
 
 @differential
