@@ -33,8 +33,7 @@ every map it reads from an event (coerce.key_ordered); where a struct may not sa
 holds (a JSON null in the line of an event lacking one of its keys) those lines are read again by
 orjson. A value other than an object of strings (a null, a number, a nested object) refuses the
 batch. A map of strings inside an object column (a Kubernetes object's labels) is left out of the
-parse and inferred the same way, within its object (`nested_text_maps`); there a struct that may
-not say what an object holds refuses the request instead.
+parse and inferred the same way, within its object (`nested_text_maps`).
 
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically), and
@@ -895,12 +894,14 @@ def _strings_map(struct: pa.StructArray, valid: np.ndarray, lines: Sequence[byte
     return pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(slots)), values, type=TEXT_MAP, mask=pa.array(~valid))
 
 
-def nested_text_maps(struct: pa.StructArray, made: pa.StructType, valid: np.ndarray, lines: Sequence[bytes]) -> pa.StructArray:
-    """An object column as pyarrow read it (`struct`, its maps of strings inferred as structs:
-    nested_parsing) in the type `made` (nested_parsing's read=False), each map in key order as
-    _struct_maps makes them; `valid`: where an event has the object. Raises Refused for a key
-    its column lacks, a value other than an object of strings, or an object whose struct may not
-    say what it holds (a null in its line: the Spark job says what those become)."""
+def nested_text_maps(struct: pa.StructArray, made: pa.StructType, valid: np.ndarray, lines: Sequence[bytes], path: tuple[str, ...]) -> pa.StructArray:
+    """An object column as pyarrow read it (`struct`, at `path` in each event: its maps of strings
+    inferred as structs, nested_parsing) in the type `made` (nested_parsing's read=False), each
+    map in key order as text_maps makes them; `valid`: where an event has the object. Where the
+    struct may not say what a map's objects hold (a null in a line of an object lacking one of its
+    keys, text pyarrow took for a time, many keys), those lines are read again by orjson. Raises
+    Refused for a key its column lacks or a value other than an object of strings (a null, a
+    number, an object: the Spark job says what those become)."""
     if any(made.get_field_index(child.name) < 0 for child in struct.type):
         raise Refused("a field inside an object that its column lacks")
     children = []
@@ -908,15 +909,34 @@ def nested_text_maps(struct: pa.StructArray, made: pa.StructType, valid: np.ndar
         index = struct.type.get_field_index(field.name)
         child = struct.field(index) if index >= 0 and not pa.types.is_null(struct.type.field(index).type) else pa.nulls(len(struct), field.type)
         if field.type == TEXT_MAP and child.type != TEXT_MAP:
-            if not pa.types.is_struct(child.type) or not all(pa.types.is_string(f.type) for f in child.type) or _many_keys(child.type, len(child)):
+            if not pa.types.is_struct(child.type) or not all(pa.types.is_string(f.type) or pa.types.is_timestamp(f.type) for f in child.type):
                 raise Refused(f"{field.name!r}: a value other than an object of strings")
-            child = _strings_map(child, valid & child.is_valid().to_numpy(zero_copy_only=False), lines)
-            if child is None:
-                raise Refused(f"{field.name!r}: an object a null may hide a key of")
+            held = valid & child.is_valid().to_numpy(zero_copy_only=False)
+            converted = None
+            if all(pa.types.is_string(f.type) for f in child.type) and not _many_keys(child.type, len(child)):
+                converted = _strings_map(child, held, lines)
+            child = converted if converted is not None else _map_at(lines, np.flatnonzero(held).tolist(), (*path, field.name), len(struct))
         elif pa.types.is_struct(field.type) and has_nested_maps(field.type) and pa.types.is_struct(child.type):
-            child = nested_text_maps(child, field.type, valid & child.is_valid().to_numpy(zero_copy_only=False), lines)
+            child = nested_text_maps(child, field.type, valid & child.is_valid().to_numpy(zero_copy_only=False), lines, (*path, field.name))
         children.append(child)
     return pa.StructArray.from_arrays(children, fields=[field.with_type(child.type) for field, child in zip(made, children)], mask=pa.array(~valid))
+
+
+def _map_at(lines: Sequence[bytes], rows: list[int], path: tuple[str, ...], count: int) -> pa.Array:
+    """The maps of strings at `path` in the events of `rows` (read again by orjson; any other
+    row's: NULL), as _map_column makes them."""
+    import orjson
+
+    objects = []
+    for row in rows:
+        try:
+            value = orjson.loads(lines[row])
+        except orjson.JSONDecodeError as exc:  # text pyarrow read and orjson does not (bytes that are not UTF-8)
+            raise Refused(f"event {row}: {exc}") from None
+        for key in path:
+            value = value.get(key) if type(value) is dict else None
+        objects.append({path[-1]: value})
+    return _map_column(path[-1], rows, objects, count)
 
 
 def _map_column(name: str, rows: list[int], events: list[dict], count: int) -> pa.Array:
@@ -2168,7 +2188,7 @@ class BodyReader:
             for name in self.nested_maps:
                 if name in table.column_names and pa.types.is_struct(table.column(name).type):
                     column = table.column(name).combine_chunks()
-                    made = nested_text_maps(column, self.nested_types[name], column.is_valid().to_numpy(zero_copy_only=False), lines)
+                    made = nested_text_maps(column, self.nested_types[name], column.is_valid().to_numpy(zero_copy_only=False), lines, (name,))
                     table = table.set_column(table.schema.get_field_index(name), name, made)
         if self.nested and (every_line or any(table.column(name).type != self.nested_types[name] for name in self.nested)):
             # A key an object of the table lacks, inferred into its struct (or, reading every

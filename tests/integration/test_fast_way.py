@@ -742,6 +742,8 @@ def pod_batch(draw) -> list[bytes]:  # noqa: ANN001
 
     def strings(chance: random.Random) -> str:
         keys = draw(st.lists(st.sampled_from(["app", "tier", "é", "pod-template-hash", "a b", ""]), unique=True, max_size=4))
+        if chance.random() < 0.05:  # a key per event (a request id, say): the lines are read again for the map
+            keys += [f"id-{chance.randrange(10**6)}" for _ in range(9)]
         value = json.dumps({key: draw(TEXT | MAP_TEXT) for key in keys}, ensure_ascii=chance.random() < 0.5)
         return value if chance.random() > 0.05 else draw(ODD_MAPS)
 
@@ -749,8 +751,8 @@ def pod_batch(draw) -> list[bytes]:  # noqa: ANN001
         pairs = []
         if chance.random() < 0.9:
             parts = [(name, value) for name, value in (
-                ("pod_name", json.dumps(draw(TEXT))), ("labels", strings(chance)), ("namespace", json.dumps(draw(SMALL_TEXT))),
-                ("meta", "{" + ", ".join(f'"{name}": {value}' for name, value in (("annotations", strings(chance)), ("uid", json.dumps(draw(TEXT))))
+                ("pod_name", json.dumps(draw(TEXT | st.none()))), ("labels", strings(chance)), ("namespace", json.dumps(draw(SMALL_TEXT))),
+                ("meta", "{" + ", ".join(f'"{name}": {value}' for name, value in (("annotations", strings(chance)), ("uid", json.dumps(draw(TEXT | st.none()))))
                                          if chance.random() < 0.7) + "}"),
             ) if chance.random() < 0.8]
             chance.shuffle(parts)
@@ -764,9 +766,10 @@ def pod_batch(draw) -> list[bytes]:  # noqa: ANN001
 
 @differential
 def test_maps_inside_objects_give_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
-    # Each object's maps with their entries in key order, NULL for none; a value other than an
-    # object of strings, a key the object's column lacks, or a null in the line of an object
-    # lacking one of its map's keys leaves the request to the full job.
+    # Each object's maps with their entries in key order, NULL for none (read again from the line
+    # where a null elsewhere in it, text like a time or many keys leave the struct unsure); a value
+    # other than an object of strings or a key the object's column lacks leaves the request to the
+    # full job.
     compare_ways(fresh_spark, tmp_path, PODS, [], pod_batch(), examples=18, least_written=4)
 
 
