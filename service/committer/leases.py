@@ -9,10 +9,14 @@ detectable.
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from service.core import keys
 from service.protocol import scripts
+
+RENEW_SHARE = 5  # a held lease is renewed once this share of it has passed (every 2 s of the default 10 s), not at every tick
 
 
 class TableLease:
@@ -24,11 +28,13 @@ class TableLease:
         self.lease_ms = lease_ms
         self.key = keys.lease_key(tenant, table)
         self.fence: int | None = None
+        self.renewed_at = float("-inf")  # (monotonic) when its last take or renewal was sent
         self._renew = client.register_script(scripts.RENEW_LEASE)
         self._release = client.register_script(scripts.RELEASE_LEASE)
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it; a successful take gets a new fence value."""
+        self.renewed_at = time.monotonic()  # (before it is sent: its expiry runs from Redis's receipt of it)
         if not self.client.set(self.key, self.owner, nx=True, px=self.lease_ms):
             return False
         self.fence = int(self.client.incr(keys.fence_key(self.tenant, self.table)))
@@ -38,10 +44,17 @@ class TableLease:
         """Extend the lease; False when it expired and someone else may hold it now."""
         if self.fence is None:
             return False
+        sent = time.monotonic()
         if self._renew(keys=[self.key], args=[self.owner, self.lease_ms]):
+            self.renewed_at = sent
             return True
         self.fence = None
         return False
+
+    def renewed_lately(self, now: float) -> bool:
+        """Whether it was taken or renewed less than a RENEW_SHARE-th of its length ago: it is
+        still this committer's unless Redis lost it (a commit asks Redis first: held)."""
+        return self.fence is not None and now - self.renewed_at < self.lease_ms / 1000 / RENEW_SHARE
 
     def held(self) -> bool:
         if self.fence is None:
