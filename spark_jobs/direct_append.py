@@ -128,9 +128,9 @@ def time_kind(data_type: pa.DataType) -> str | None:
     return "date" if pa.types.is_date32(data_type) else None
 
 RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType()),
-                       T.StructField("rejected", T.StringType()), T.StructField("nulled", T.StringType())])
+                       T.StructField("rejected", T.StringType()), T.StructField("nulled", T.StringType()), T.StructField("sink", T.IntegerType())])
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string()),
-                          pa.field("rejected", pa.string()), pa.field("nulled", pa.string())])
+                          pa.field("rejected", pa.string()), pa.field("nulled", pa.string()), pa.field("sink", pa.int32())])
 # The requests' frame as append_directly makes it, its bodies shipped or read by the tasks
 # (entries' ids). Said to Spark (DataFrame.to) so that mapInArrow, which needs the frame's columns,
 # does not ask the server for them: an AnalyzePlan that analyses the whole plan, rows included.
@@ -739,20 +739,55 @@ def append_directly(
     converted as the full job converts a known table's (no processors, no evolving schema, no
     row changes), so text that cannot be a number in an optional number column (not a partition's
     source) reads as NULL there, as the full job makes it, instead of leaving its request out."""
+    sink = sink_arguments(directory, filesystem, parsing, file_schema, required, extra_fields, partition, changes, processors,
+                          target_file_size, text_nulls)
+    answers, refused, rejected = _run_tasks(spark, receipts, bodies, [sink], entries, by_request, task_bytes)
+    if answers is None:
+        return None, refused, [], {}
+    ((counts, made_null),) = answers
+    return counts, None, rejected, made_null
+
+
+def append_routed(
+    spark: SparkSession, receipts: list[str], bodies: list[bytes], sinks: list[tuple], entries: StreamEntries | None = None,
+    task_bytes: int | None = None,
+) -> tuple[list[tuple[dict[str, int], dict[str, tuple[list[str], int]]]] | None, str | None, list[int], dict]:
+    """append_directly for several sinks in one job (sink_arguments each; no row changes): each
+    task reads its requests once and writes each sink's rows of them (its processors, its routes'
+    condition among them). All or nothing: ([(rows per receipt, NULLed columns per receipt)] a
+    sink, None, [], {}), or (None, why not, [], {}) with no sink's files left behind."""
+    answers, refused, _rejected = _run_tasks(spark, receipts, bodies, sinks, entries, False, task_bytes)
+    return answers, refused, [], {}
+
+
+def sink_arguments(directory: str, filesystem: object | None, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],
+                   extra_fields: str | None = None, partition: list[tuple[str, str]] | tuple = (), changes: bool = False,
+                   processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
+                   text_nulls: bool = False) -> tuple:
+    """One sink's part of a short-way task's arguments (append_directly's, which see), as plain data."""
     if filesystem is None:
         from pyarrow import fs as pafs
 
         filesystem = pafs.LocalFileSystem()
+    if changes:
+        file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
+        partition = ()
+    return (_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, processors,
+            target_file_size, text_nulls)
+
+
+def _run_tasks(spark: SparkSession, receipts: list[str], bodies: list[bytes], sinks: list[tuple], entries: StreamEntries | None,
+               by_request: bool, task_bytes: int | None) -> tuple[list[tuple[dict[str, int], dict]] | None, str | None, list[int]]:
+    """One short-way job writing `sinks` (sink_arguments each): per sink its rows per receipt and
+    NULLed columns per receipt, and the places of the requests left out; or (None, why not, [])
+    with every file written deleted."""
     frame = spark.createDataFrame(pa.table({
         "receipt": pa.array(receipts, pa.string()),
         "body": pa.array(bodies, pa.large_binary()) if entries is None else pa.array(entries.ids, pa.string()),
         "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
     })).to(_REQUESTS[entries is None])
-    if changes:
-        file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
-        partition = ()
-    append = _appender(_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, entries,
-                       by_request, processors, target_file_size, text_nulls)
+    where = None if entries is None else (entries.url, entries.cluster, entries.stream)
+    append = bound(_append, sinks, where, by_request)
     if task_bytes is not None:
         # coalesce, not repartition: adjacent requests share a task, with no shuffle.
         frame = frame.coalesce(tasks_for(bodies, task_bytes))
@@ -761,26 +796,30 @@ def append_directly(
     # settings createDataFrame reads): the JVM's gRPC threads spend about half the CPU they did
     # (README, "The Spark JVM in make bench is a young one").
     answer = frame.mapInArrow(append, RESULT).toArrow()
-    results = [_Answer(*row) for row in zip(*(answer.column(name).to_pylist() for name in RESULT.names))]
-    written = [row.path for row in results if row.path]
+    results = [_AnswerRow(*row) for row in zip(*(answer.column(name).to_pylist() for name in RESULT.names))]
     refused = next((row.refused for row in results if row.refused), None)
     if refused is not None:
-        for path in written:
-            try:
-                filesystem.delete_file(path)
-            except OSError:
-                pass  # orphan removal takes it later
-        return None, refused, [], {}
-    counts: dict[str, int] = {}
-    for row in results:
-        for receipt, rows in json.loads(row.counts or "{}").items():
-            counts[receipt] = counts.get(receipt, 0) + rows
+        for row in results:
+            if row.path:
+                try:
+                    sinks[row.sink][1].delete_file(row.path)
+                except OSError:
+                    pass  # orphan removal takes it later
+        return None, refused, []
+    answers = []
+    for index in range(len(sinks)):
+        counts: dict[str, int] = {}
+        mine = [row for row in results if row.sink == index]
+        for row in mine:
+            for receipt, rows in json.loads(row.counts or "{}").items():
+                counts[receipt] = counts.get(receipt, 0) + rows
+        made_null = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in mine for receipt, (names, events) in json.loads(row.nulled or "{}").items()}
+        answers.append((counts, made_null))
     rejected = sorted({seq // LINE_SLOTS for row in results for seq in json.loads(row.rejected or "[]")})
-    made_null = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in results for receipt, (names, events) in json.loads(row.nulled or "{}").items()}
-    return counts, None, rejected, made_null
+    return answers, None, rejected
 
 
-class _Answer(NamedTuple):
+class _AnswerRow(NamedTuple):
     """One row of a short-way job's answer (RESULT)."""
 
     path: str | None
@@ -788,6 +827,7 @@ class _Answer(NamedTuple):
     refused: str | None
     rejected: str | None
     nulled: str | None
+    sink: int
 
 
 def tasks_for(bodies: list[bytes], task_bytes: int) -> int:
@@ -1636,12 +1676,13 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
               target_file_size: int | None = None, text_nulls: bool = False) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The short way's task: `_append` with the job's arguments, its code pickled once per process
-    (task_code.py). Where the bodies are goes as plain data (StreamEntries' class would be pickled
-    by value again), without the ids, which the job's rows hold."""
+    """The short way's task for one sink: `_append` with the job's arguments, its code pickled once
+    per process (task_code.py). Where the bodies are goes as plain data (StreamEntries' class would
+    be pickled by value again), without the ids, which the job's rows hold."""
     where = None if entries is None else (entries.url, entries.cluster, entries.stream)
-    return bound(_append, directory, filesystem, parsing, file_schema, required, extra_fields, partition, changes, where, by_request,
-                 processors, target_file_size, text_nulls)
+    sink = sink_arguments(directory, filesystem, parsing, file_schema, required, extra_fields, partition or (), changes, processors,
+                          target_file_size, text_nulls)
+    return bound(_append, [sink], where, by_request)
 
 
 class BodyReader:
@@ -2146,6 +2187,11 @@ class BodyReader:
 
     def rows_of(self, body: bytes) -> tuple[pa.Table, int]:
         """The body's rows and its number of events; Refused saying why this way cannot."""
+        return self.processed(*self.read_rows(body))
+
+    def read_rows(self, body: bytes) -> tuple[pa.Table, int]:
+        """The body's rows before the processors, and its number of events; Refused saying why
+        this way cannot."""
         self.nulled_rows.clear()
         if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
             rows = from_ipc(body)
@@ -2216,6 +2262,10 @@ class BodyReader:
                 except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
                     raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
             table = pa.Table.from_arrays([*(table.column(name) for name in self.known), extras], names=[*self.known, self.extra_fields])
+        return table, events
+
+    def processed(self, table: pa.Table, events: int) -> tuple[pa.Table, int]:
+        """read_rows's rows through the processors, and how many a where kept."""
         if self.processors is not None:
             if any(negative_zero(column) for column in table.columns):
                 raise Refused("a double's -0 with processors: the Spark job reads an integral batch's as a bigint's 0")
@@ -2245,12 +2295,23 @@ class BodyReader:
 
 
 def _answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, rejected: list[int] | None = None,
-            nulled_by_receipt: dict | None = None) -> pa.RecordBatch:
-    """One row of a task's answer: a file written; the last also the counts, the requests left
-    out and, per request, the columns where values were made NULL and in how many events."""
+            nulled_by_receipt: dict | None = None, sink: int = 0) -> pa.RecordBatch:
+    """One row of a task's answer: a file written for a sink (its place in the task's sinks); a
+    sink's last also its counts and, per request, the columns where values were made NULL and in
+    how many events; the task's last the requests left out."""
     return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                         "rejected": json.dumps(rejected) if rejected else None,
-                                        "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None}], schema=RESULT_ARROW)
+                                        "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None, "sink": sink}],
+                                      schema=RESULT_ARROW)
+
+
+def _reading(sink: tuple) -> tuple:
+    """What a task's reading of a body for a sink (BodyReader.read_rows) depends on: the sink's
+    arguments less its files' place and size, its processors only by what they rename and drop
+    (they are applied after: a sink's routes among them)."""
+    _directory, _filesystem, parsing, file_schema, required, extra_fields, partition, changes, processors, _size, text_nulls = sink
+    plan = None if processors is None else (renamed(processors[0]), dropped(processors[0]), nulled(processors[0]))
+    return parsing, file_schema, required, extra_fields, partition, changes, text_nulls, plan
 
 
 def _fault(data: pa.Table, required: frozenset[str]) -> str | None:
@@ -2279,16 +2340,24 @@ def reader_fault(exc: Exception) -> str:
     return reason
 
 
-def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],  # noqa: ANN001
-            extra_fields: str | None, partition: list[tuple[str, str]] | None, changes: bool, where: tuple[str, bool, str] | None,
-            by_request: bool, processors: tuple[list[tuple], list[str]] | None, target_file_size: int | None, text_nulls: bool,
+def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request: bool,
             batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Write a task's requests (see append_directly): one answer row per file written, the last
-    with the counts and the requests left out; or one row saying why this way cannot."""
+    """Write a task's requests into each sink's table (sink_arguments each; see append_directly
+    and append_routed): per sink one answer row per file written, its last with its counts, the
+    task's last also with the requests left out; or one row saying why this way cannot. A
+    request is read once for the sinks that read it alike (_reading), then through each sink's
+    processors (its routes' condition among them); one left out (by_request) is left out of every
+    sink."""
     freeze_once()
-    reader = BodyReader(parsing, file_schema, required, extra_fields, partition, changes, processors, text_nulls)
-    nulled_by_seq: dict[int, tuple[list[str], int]] = {}  # per written request: those columns, and how many of its events
-    tables, places, rejected = [], [], []
+    readers = [BodyReader(parsing, file_schema, required, extra_fields, partition, changes, processors, text_nulls)
+               for _d, _f, parsing, file_schema, required, extra_fields, partition, changes, processors, _t, text_nulls in sinks]
+    # Sinks that read a body alike (into tables alike, their routes apart) share one reading of it.
+    readings = [_reading(sink) for sink in sinks]
+    reads_with = [readings.index(reading) for reading in readings]
+    tables: list[list[pa.Table]] = [[] for _ in sinks]  # per sink, its rows of each request taken
+    events: list[list[int]] = [[] for _ in sinks]  # ... and how many
+    nulled_by_seq: list[dict[int, tuple[list[str], int]]] = [{} for _ in sinks]  # per written request: those columns, and how many of its events
+    places, rejected = [], []  # the requests taken: (receipt, seq)
     sizes: dict[int, int] = {}  # each written request's body size, by its place
     for batch in batches:
         bodies = batch.column(1).to_pylist()
@@ -2300,7 +2369,8 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                 return
         for receipt, body, seq in zip(batch.column(0).to_pylist(), bodies, batch.column(2).to_pylist()):
             try:
-                table, events = reader.rows_of(body)
+                rows = [readers[index].read_rows(body) if index == mine else None for mine, index in enumerate(reads_with)]
+                read = [(reader.processed(*rows[index]), readers[index].nulled_rows) for reader, index in zip(readers, reads_with)]
             except Exception as exc:  # noqa: BLE001 - Refused, or a fault of this reader on the request's bytes
                 reason = str(exc) if isinstance(exc, Refused) else reader_fault(exc)
                 if not by_request:
@@ -2308,37 +2378,48 @@ def _append(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sche
                     return
                 rejected.append(seq)  # the Spark job takes this request
                 continue
-            tables.append(table)
-            places.append((receipt, seq, events))
+            for index, ((table, count), nulled_rows) in enumerate(read):
+                tables[index].append(table)
+                events[index].append(count)
+                if nulled_rows:
+                    nulled_by_seq[index][seq] = (sorted(nulled_rows), len(set().union(*nulled_rows.values())))
+            places.append((receipt, seq))
             sizes[seq] = len(body)
-            if reader.nulled_rows:
-                nulled_by_seq[seq] = (sorted(reader.nulled_rows), len(set().union(*reader.nulled_rows.values())))
-    if tables and (reason := _fault(data := reader.joined(tables), required)) is not None:
-        if not by_request:
-            yield _answer(refused=reason)
-            return
-        # Which requests: looked for only now, so that a batch of plain rows pays one check.
-        kept = [_fault(table, required) is None for table in tables]
-        rejected += [seq for (_receipt, seq, _events), keep in zip(places, kept) if not keep]
-        tables = [table for table, keep in zip(tables, kept) if keep]
+    kept = [True] * len(places)
+    for index, sink in enumerate(sinks):
+        required = sink[4]
+        if places and (reason := _fault(readers[reads_with[index]].joined(tables[index]), required)) is not None:
+            if not by_request:
+                yield _answer(refused=reason)
+                return
+            # Which requests: looked for only now, so that a batch of plain rows pays one check.
+            kept = [keep and _fault(table, required) is None for table, keep in zip(tables[index], kept)]
+    if not all(kept):
+        rejected += [seq for (_receipt, seq), keep in zip(places, kept) if not keep]
+        tables = [[table for table, keep in zip(mine, kept) if keep] for mine in tables]
+        events = [[count for count, keep in zip(mine, kept) if keep] for mine in events]
         places = [place for place, keep in zip(places, kept) if keep]
-        data = reader.joined(tables) if tables else None
-    if not tables:
+    if not places:
         yield _answer(rejected=rejected)
         return
-    counts: dict[str, int] = {}
-    for receipt, _seq, events in places:
-        counts[receipt] = counts.get(receipt, 0) + events
-    if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
-        data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
-        data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + events), pa.int64()) for _r, seq, events in places]))
-        data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), events) for receipt, _s, events in places]))
-    per_file = None
-    if target_file_size and not changes:  # kept changes are files of the run's, not the table's
-        taken = sum(events for _receipt, _seq, events in places)
-        per_file = rows_per_file(target_file_size, taken, sum(sizes[seq] for _receipt, seq, _events in places))
-    written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
-    for path, _rows, _key in written[:-1]:
-        yield _answer(path=path)
-    nulled_by_receipt = {receipt: nulled_by_seq[seq] for receipt, seq, _events in places if seq in nulled_by_seq}
-    yield _answer(path=written[-1][0] if written else None, counts=counts, rejected=rejected, nulled_by_receipt=nulled_by_receipt)
+    for index, sink in enumerate(sinks):
+        directory, filesystem, _parsing, file_schema, _required, _extra, partition, changes, _processors, target_file_size, _nulls = sink
+        data = readers[reads_with[index]].joined(tables[index])  # (the reader that read them: whether some came as columns)
+        counts: dict[str, int] = {}
+        for (receipt, _seq), count in zip(places, events[index]):
+            counts[receipt] = counts.get(receipt, 0) + count
+        if changes:  # each event inserts (or upserts), at its place: its request's, then its line's
+            data = data.append_column(OP, pa.repeat(pa.scalar("I", pa.string()), data.num_rows))
+            data = data.append_column(SEQ, pa.chunked_array([pa.array(range(seq, seq + count), pa.int64())
+                                                             for (_r, seq), count in zip(places, events[index])]))
+            data = data.append_column(RECEIPT, pa.chunked_array([pa.repeat(pa.scalar(receipt, pa.string()), count)
+                                                                 for (receipt, _s), count in zip(places, events[index])]))
+        per_file = None
+        if target_file_size and not changes:  # kept changes are files of the run's, not the table's
+            per_file = rows_per_file(target_file_size, sum(events[index]), sum(sizes[seq] for _receipt, seq in places))
+        written = write_partitioned(data, directory, filesystem, file_schema, partition, per_file) if data.num_rows else []  # a where kept none
+        for path, _rows, _key in written[:-1]:
+            yield _answer(path=path, sink=index)
+        nulled_by_receipt = {receipt: nulled_by_seq[index][seq] for receipt, seq in places if seq in nulled_by_seq[index]}
+        yield _answer(path=written[-1][0] if written else None, counts=counts, nulled_by_receipt=nulled_by_receipt, sink=index,
+                      rejected=rejected if index == len(sinks) - 1 else None)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
@@ -34,7 +35,7 @@ from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, REASON, REC
 from spark_jobs.contract import SET_ASIDE_MARK
 from spark_jobs.convert import convert, holds_maps
 from spark_jobs.definition import Definition, Sink
-from spark_jobs.direct_append import append_directly, has_nested_maps, parse_schema
+from spark_jobs.direct_append import append_directly, append_routed, has_nested_maps, parse_schema, sink_arguments
 from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
 from spark_jobs.files import delete_directory, rows_per_file, write_parquet
@@ -121,11 +122,14 @@ def evolves_alike(schema: pa.Schema) -> bool:
     return all(any(check(field.type) for check in _EVOLVING_TYPES) for field in schema)
 
 
-_Answer = tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]  # append_directly's
+_DirectAnswer = tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]  # append_directly's
 
 
-def _short_way(append: Callable[[StreamEntries | None], _Answer], entries: StreamEntries | None) -> tuple[_Answer, StreamEntries | None] | None:
-    """append(entries) (an append_directly call) and the entries it read the bodies from (None:
+_Reply = TypeVar("_Reply", bound=tuple)  # an answer of append_directly or append_routed: (..., why not, ...)
+
+
+def _short_way(append: Callable[[StreamEntries | None], _Reply], entries: StreamEntries | None) -> tuple[_Reply, StreamEntries | None] | None:
+    """append(entries) (an append_directly or append_routed call) and the entries it read the bodies from (None:
     shipped): shipped again where Spark's tasks could not reach them. None where it failed
     otherwise than by an outage of Spark (which it raises: the writer waits it out): the short way
     is then off for a while, so that a lasting cause (no pyarrow in Spark's Python, say) costs
@@ -220,11 +224,7 @@ class PipelineJob:
             raise
         for name, output in short.tables.items():
             if name in result.tables:
-                mine = result.tables[name]
-                mine.more_directories.append(output.directory)
-                for receipt, rows in output.rows_by_receipt.items():
-                    mine.rows_by_receipt[receipt] = mine.rows_by_receipt.get(receipt, 0) + rows
-                mine.nulled_by_receipt.update(output.nulled_by_receipt)  # each request is one way's
+                result.tables[name].add(output.directory, output.rows_by_receipt, output.nulled_by_receipt)
             else:
                 result.tables[name] = output
         result.direct, result.bodies, result.rejected = short.direct, short.bodies, short.rejected
@@ -264,7 +264,7 @@ class PipelineJob:
         if time.monotonic() < _pointers_off_until:
             entries = None
 
-        def append(entries: StreamEntries | None) -> tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]:
+        def append(entries: StreamEntries | None) -> _DirectAnswer:
             # Row changes all or nothing: a change's place in the batch orders it (SEQ).
             return append_directly(
                 self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
@@ -289,13 +289,13 @@ class PipelineJob:
         return JobResult(tables=tables, direct="written", bodies=way)
 
     def _append_routed(self, receipts: list[str], bodies: list[bytes], entries: StreamEntries | None) -> JobResult | None:
-        """The batch written by the short way, one job per sink: its table's events are those the
-        processors keep and its routes take (any of them; every event without routes), planned as
-        one more `where` after the processors, as the Spark job routes the processed events. All
-        or nothing: a sink whose job refuses its batch (or a request of it) sends the whole batch to
-        the Spark job, the other sinks' files deleted, as a request must reach every table one way.
+        """The batch written by the short way into every sink's table in one job: a sink's events
+        are those the processors keep and its routes take (any of them; every event without
+        routes), planned as one more `where` after the processors, as the Spark job routes the
+        processed events. All or nothing: where a sink's reading refuses a request, no sink's files
+        are kept and the Spark job writes the batch, as a request must reach every table one way.
         Not for tables with maps (the Spark job reads them from the types it infers) or rows to change."""
-        plans = []
+        targets, sinks = [], []
         for sink in self.definition.sinks:
             target = self.resolve(sink.table, sink, self.spark.range(0))
             if not isinstance(target, Target) or target.changes is not None or any(
@@ -308,48 +308,24 @@ class PipelineJob:
             parsing = parse_schema(target.schema, target.extra_fields, target.partition)
             if processors is None or parsing is None:
                 return None
-            plans.append((target, parsing, processors))
+            targets.append(target)
+            sinks.append(sink_arguments(target.directory, target.filesystem, parsing, target.schema, target.required, target.extra_fields,
+                                        target.partition, processors=processors, target_file_size=target.target_file_size))
         if time.monotonic() < _pointers_off_until:
             entries = None
+        done = _short_way(lambda entries: append_routed(self.spark, receipts, bodies, sinks, entries, self.task_bytes), entries)
+        if done is None:
+            return JobResult(direct="failed")
+        (answers, _refused, _rejected, _nulled), entries = done
+        way = "shipped" if entries is None else "redis"
+        if answers is None:
+            return JobResult(direct="refused", bodies=way)
         tables: dict[str, Output] = {}
-        written: list[Target] = []
-
-        def undo() -> None:
-            for target in written:
-                delete_directory(target.directory, target.filesystem)
-
-        for target, parsing, processors in plans:
-            def append(entries: StreamEntries | None, target: Target = target, parsing: pa.Schema = parsing,
-                       processors: tuple[list[tuple], list[str]] = processors) -> _Answer:
-                return append_directly(
-                    self.spark, receipts, bodies, target.directory, target.filesystem, parsing, target.schema, target.required,
-                    target.extra_fields, target.partition, entries=entries, processors=processors, target_file_size=target.target_file_size,
-                    task_bytes=self.task_bytes,
-                )
-
-            try:
-                done = _short_way(append, entries)
-            except BaseException:
-                undo()
-                raise
-            if done is None:
-                undo()
-                return JobResult(direct="failed")
-            (counts, _refused, _rejected, nulled), entries = done
-            if counts is None:
-                undo()
-                return JobResult(direct="refused", bodies="shipped" if entries is None else "redis")
-            written.append(target)
+        for target, (counts, nulled) in zip(targets, answers):
             good = {receipt: n for receipt, n in counts.items() if n}
-            if not good:
-                continue
-            output = tables.setdefault(target.name, Output(target.directory, {}, nulled_by_receipt={}))
-            if target.directory not in output.directories:  # two sinks into one table
-                output.more_directories.append(target.directory)
-            for receipt, rows in good.items():
-                output.rows_by_receipt[receipt] = output.rows_by_receipt.get(receipt, 0) + rows
-            output.nulled_by_receipt.update(nulled)
-        return JobResult(tables=tables, direct="written", bodies="shipped" if entries is None else "redis")
+            if good:  # (two sinks into one table: one Output)
+                tables.setdefault(target.name, Output(target.directory)).add(target.directory, good, nulled)
+        return JobResult(tables=tables, direct="written", bodies=way)
 
     def _run(self, receipts: list[str], bodies: list[bytes]) -> JobResult:
         bodies = [as_lines(body) for body in bodies]  # an OTLP export's columns as their lines (otlp_rows.py)
@@ -509,8 +485,8 @@ class PipelineJob:
                 write_parquet(changes, target.directory, target.filesystem)
             elif good:
                 self._write_table(converted.where(F.col(REASON).isNull()), target)
-            if good and name in result.tables:  # a second sink into the table: its files beside the first's
-                result.tables[name].more_directories.append(target.directory)
+            if good and name in result.tables:  # a second sink into the table: its files beside the first's (its rows counted by table)
+                result.tables[name].add(target.directory)
             elif good:
                 result.tables[name] = Output(target.directory, good, target.changes, self.dropped.get(name, {}), self.nulled.get(name, {}))
             if any(bad for _n, bad in by_receipt.values()):

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import importlib
 import json
 import math
 import os
 import pkgutil
 import random
+from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
 
@@ -438,7 +440,19 @@ def test_a_fast_way_job_asks_the_server_only_for_the_settings_it_needs_and_to_ru
     def resolve(name, sink, rows):  # noqa: ANN001, ANN202
         return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / "files").as_uri(), extra_fields="_extra")
 
-    client, calls = fresh_spark.client, collections.Counter()
+    pipeline_job._direct_off_until = 0.0
+    with counted_calls(fresh_spark) as calls:
+        result = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
+                             known_schema=TABLE).run(receipts, bodies)
+    assert result.direct == "written" and result.tables["events"].rows_by_receipt == dict.fromkeys(receipts, 2)
+    assert (calls["AnalyzePlan"], calls["Config"], calls["ExecutePlan"]) == (0, 1, 1), calls
+
+
+@contextlib.contextmanager
+def counted_calls(spark) -> Iterator[collections.Counter]:  # noqa: ANN001
+    """The Spark Connect client's calls to the server while the block runs, by name, counted on
+    their way through its gRPC stub (the real server answers them)."""
+    client, calls = spark.client, collections.Counter()
     stub = client._stub  # the gRPC stub every call to the server goes through
 
     class Counted:
@@ -450,15 +464,11 @@ def test_a_fast_way_job_asks_the_server_only_for_the_settings_it_needs_and_to_ru
                 return method(*args, **kwargs)
             return call
 
-    pipeline_job._direct_off_until = 0.0
     client._stub = Counted()
     try:
-        result = PipelineJob(fresh_spark, "events", 1, DEFINITION, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
-                             known_schema=TABLE).run(receipts, bodies)
+        yield calls
     finally:
         client._stub = stub
-    assert result.direct == "written" and result.tables["events"].rows_by_receipt == dict.fromkeys(receipts, 2)
-    assert (calls["AnalyzePlan"], calls["Config"], calls["ExecutePlan"]) == (0, 1, 1), calls
 
 
 # A boolean as text: Spark's words in any case, now and then text its conversion reads as NULL or may read otherwise.
@@ -892,6 +902,39 @@ def test_two_sinks_into_one_table_hand_off_both_sinks_rows_either_way(fresh_spar
             assert sorted(row["id"] for row in written(result)) == [1, 2, 2] and result.tables["events"].rows_by_receipt == {"r0": 3}
     finally:
         pipeline_job._direct_off_until = 0.0
+
+
+def test_a_routed_batch_is_one_spark_job_whatever_its_sinks(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """Three sinks (two tables, one of them twice, by routes) are written by one short-way job,
+    each task reading a request once for all of them, not by a job per sink; each table gets the
+    rows its routes take, counted per request, and a request one sink's reading refuses leaves
+    no sink's files behind (the Spark job writes the batch)."""
+    definition = PipelineDefinition.model_validate({
+        "name": "events", "source": {"http": {"path": "/events"}}, "routes": {"big": "n > 10", "odd": "n % 2 = 1"},
+        "processors": [{"where": "id > 0"}],
+        "sinks": [{"table": "events", "extra_fields": "_extra"}, {"table": "big", "extra_fields": "_extra", "routes": ["big"]},
+                  {"table": "events", "extra_fields": "_extra", "routes": ["odd"]}],
+    })
+    directories = iter(range(100))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=TABLE, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields="_extra")
+
+    bodies = [b'{"id": 1, "n": 5}\n{"id": 2, "n": 50}\n{"id": 0, "n": 51}', b'{"id": 3, "n": 12}', b'{"id": 4, "n": 8}']
+    pipeline_job._direct_off_until = 0.0
+    with counted_calls(fresh_spark) as calls:
+        result = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(),
+                             routed_tables=True).run(["r0", "r1", "r2"], bodies)
+    assert result.direct == "written" and calls["ExecutePlan"] == 1, calls
+    assert {name: [row["id"] for row in written(result, name)] for name in result.tables} == {"events": [1, 1, 2, 3, 4], "big": [2, 3]}
+    assert result.tables["events"].rows_by_receipt == {"r0": 3, "r1": 1, "r2": 1} and result.tables["big"].rows_by_receipt == {"r0": 1, "r1": 1}
+    refused = PipelineJob(fresh_spark, "events", 1, definition, resolve=resolve, dlq_directory=(tmp_path / "dlq2").as_uri(),
+                          routed_tables=True).run(["r0", "r1"], [bodies[0], b'{"id": 5, "n": "many"}'])
+    assert refused.direct == "refused"  # text for a number in a routed batch: the Spark job's
+    assert [row["id"] for row in written(refused, "big")] == [2]
+    short_way_files = [path for index in range(3, 6) for path in (tmp_path / f"b{index}").rglob("*.parquet")]  # (the Spark job's from b6)
+    assert not short_way_files, short_way_files
 
 
 @differential

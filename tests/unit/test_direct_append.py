@@ -152,14 +152,14 @@ def test_a_fault_of_the_reader_on_one_request_leaves_that_request_to_the_spark_j
     value, is fixed: test_values_in_a_text_column_...): the fault is injected, as no real part can
     be made to produce one. By request, the others are written; all or nothing (row changes), the
     task refuses the batch. Neither fails the task, which would turn the short way off for all."""
-    rows_of = BodyReader.rows_of
+    read_rows = BodyReader.read_rows
 
     def faulty(self, body: bytes) -> tuple[pa.Table, int]:  # noqa: ANN001
         if b"boom" in body:
             raise AttributeError("'NoneType' object has no attribute 'end'")
-        return rows_of(self, body)
+        return read_rows(self, body)
 
-    monkeypatch.setattr(BodyReader, "rows_of", faulty)
+    monkeypatch.setattr(BodyReader, "read_rows", faulty)
     parsing = parse_schema(TABLE, "_extra", [])
     append = _appender(str(tmp_path / "batch"), pafs.LocalFileSystem(), parsing, TABLE, frozenset({"id"}), "_extra", [], by_request=by_request)
     bodies = [b'{"id": 7, "msg": "fine"}', b'{"id": 1, "msg": "boom"}', b'{"id": 8}']
@@ -1489,3 +1489,36 @@ def test_text_in_number_columns_spread_over_a_body_leaves_it_to_the_spark_job_pa
     (answer,) = [row for out in append(iter([batch])) for row in out.to_pylist()]
     assert json.loads(answer["counts"]) == {"late": 100} and json.loads(answer["rejected"]) == [LINE_SLOTS]
     assert [row["x"] for row in pq.read_table(answer["path"]).to_pylist() if row["id"] in (79, 80, 90)] == [1.5, None, None]
+
+
+def test_a_task_for_several_sinks_reads_each_body_once_for_the_sinks_that_read_it_alike(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    # Two sinks into tables alike, their routes apart (a where each), and one into a table of its
+    # own: a body is read twice, not three times, and each sink gets the rows its where keeps,
+    # its files and counts answered under its place among the sinks. A request one sink's
+    # reading refuses refuses the task (all or nothing: the job deletes every sink's files).
+    from service.pipelines.spec import Processor
+    from spark_jobs.direct_append import BodyReader, _append, sink_arguments
+    from spark_jobs.plain_processors import plan
+
+    narrow = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("n", pa.int32())])
+    sinks = [sink_arguments(str(tmp_path / name), pafs.LocalFileSystem(), parse_schema(schema, extra), schema, frozenset({"id"}), extra,
+                            processors=plan([Processor(where=where)], schema, extra))
+             for name, schema, extra, where in (("all", TABLE, "_extra", "id > 0"), ("big", TABLE, "_extra", "n > 10"),
+                                                ("narrow", narrow, None, "n IS NOT NULL"))]
+    reads = []
+    read_rows = BodyReader.read_rows
+    monkeypatch.setattr(BodyReader, "read_rows", lambda self, body: reads.append(body) or read_rows(self, body))
+    bodies = [b'{"id": 1, "n": 5}\n{"id": 2, "n": 50}', b'{"id": 3}']
+
+    def run(bodies: list[bytes]) -> list[dict]:
+        batch = pa.record_batch({"receipt": [f"r{i}" for i in range(len(bodies))], "body": pa.array(bodies, pa.large_binary()),
+                                 "seq": pa.array([i * LINE_SLOTS for i in range(len(bodies))], pa.int64())})
+        return [row for out in _append(sinks, None, False, iter([batch])) for row in out.to_pylist()]
+
+    answers = run(bodies)
+    assert len(reads) == 2 * len(bodies)
+    assert [(row["sink"], json.loads(row["counts"])) for row in answers] == [(0, {"r0": 2, "r1": 1}), (1, {"r0": 1, "r1": 0}), (2, {"r0": 2, "r1": 0})]
+    assert [sorted(pq.read_table(row["path"]).column("id").to_pylist()) for row in answers] == [[1, 2, 3], [2], [1, 2]]
+    assert pq.read_table(answers[2]["path"]).schema == narrow
+    (refused,) = run([bodies[0], b'{"id": 4, "msg": "m"}'])  # a field the narrow table lacks, and no extra_fields there
+    assert "unexpected field" in refused["refused"] and refused["path"] is None
