@@ -187,7 +187,8 @@ class Committer:
             log.exception("committer: feeding the pipelines of %s/%s failed; will retry", tenant, table_name)
 
     def lease(self, member: str) -> TableLease | None:
-        """This committer's lease on the table, renewed, or None when another committer leads."""
+        """This committer's lease on the table, renewed once a fifth of it has passed, or None when
+        another committer leads (tried again ACQUIRE_EVERY_S later)."""
         lease = self.leases.get(member)
         now = time.monotonic()
         if lease is not None:
