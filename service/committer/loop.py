@@ -104,7 +104,7 @@ class Committer:
         and tick for its lease and one for its commit stream kept a committer at 22% of a core."""
         asked = {text(m) for m in self.client.smembers(keys.MAINTENANCE)}
         members = sorted(text(m) for m in self.client.smembers(keys.TABLES))
-        pending = self._pending(members)
+        pending = self._pending([member for member in members if member in self.leases])  # (one taken this tick: the next tick's)
         for member in members:
             lease = self.lease(member)
             if lease is None:
