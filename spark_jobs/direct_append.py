@@ -786,8 +786,7 @@ def _run_tasks(spark: SparkSession, receipts: list[str], bodies: list[bytes], si
         "body": pa.array(bodies, pa.large_binary()) if entries is None else pa.array(entries.ids, pa.string()),
         "seq": pa.array([index * LINE_SLOTS for index in range(len(bodies))], pa.int64()),
     })).to(_REQUESTS[entries is None])
-    where = None if entries is None else (entries.url, entries.cluster, entries.stream)
-    append = bound(_append, sinks, where, by_request)
+    append = _task(sinks, entries, by_request)
     if task_bytes is not None:
         # coalesce, not repartition: adjacent requests share a task, with no shuffle.
         frame = frame.coalesce(tasks_for(bodies, task_bytes))
@@ -1676,13 +1675,18 @@ def _appender(directory: str, filesystem, parsing: pa.Schema, file_schema: pa.Sc
               extra_fields: str | None = None, partition: list[tuple[str, str]] | None = None, changes: bool = False,
               entries: StreamEntries | None = None, by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None,
               target_file_size: int | None = None, text_nulls: bool = False) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The short way's task for one sink: `_append` with the job's arguments, its code pickled once
-    per process (task_code.py). Where the bodies are goes as plain data (StreamEntries' class would
-    be pickled by value again), without the ids, which the job's rows hold."""
-    where = None if entries is None else (entries.url, entries.cluster, entries.stream)
+    """The short way's task for one sink, from append_directly's arguments (the tests build one so)."""
     sink = sink_arguments(directory, filesystem, parsing, file_schema, required, extra_fields, partition or (), changes, processors,
                           target_file_size, text_nulls)
-    return bound(_append, [sink], where, by_request)
+    return _task([sink], entries, by_request)
+
+
+def _task(sinks: list[tuple], entries: StreamEntries | None, by_request: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`_append` for `sinks` (sink_arguments each), its code pickled once per process (task_code.py).
+    Where the bodies are goes as plain data (StreamEntries' class would be pickled by value again),
+    without the ids, which the job's rows hold."""
+    where = None if entries is None else (entries.url, entries.cluster, entries.stream)
+    return bound(_append, sinks, where, by_request)
 
 
 class BodyReader:

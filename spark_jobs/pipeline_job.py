@@ -155,6 +155,17 @@ def _short_way(append: Callable[[StreamEntries | None], _Reply], entries: Stream
     return answer, entries
 
 
+def _short_way_ran(append: Callable[[StreamEntries | None], _Reply], entries: StreamEntries | None) -> tuple[_Reply, str] | JobResult:
+    """_short_way's answer and where its tasks got the bodies ("redis", or "shipped"), or the
+    result saying that it failed or refused the batch (an answer without counts: its reason)."""
+    done = _short_way(append, entries)
+    if done is None:
+        return JobResult(direct="failed")
+    answer, entries = done
+    way = "shipped" if entries is None else "redis"
+    return JobResult(direct="refused", bodies=way) if answer[0] is None else (answer, way)
+
+
 @dataclass(frozen=True)
 class _Where:
     """A where step (spark_jobs/definition.py's Processor): a sink's routes' condition."""
@@ -273,13 +284,10 @@ class PipelineJob:
                 text_nulls=processors is None and target.changes is None and not self.evolving_table,
             )
 
-        done = _short_way(append, entries)
-        if done is None:
-            return JobResult(direct="failed")
-        (counts, refused, rejected, nulled), entries = done
-        way = "shipped" if entries is None else "redis"
-        if counts is None:
-            return JobResult(direct="refused", bodies=way)
+        done = _short_way_ran(append, entries)
+        if isinstance(done, JobResult):
+            return done
+        (counts, _refused, rejected, nulled), way = done
         good = {receipt: n for receipt, n in counts.items() if n}
         tables = {target.name: Output(target.directory, good, target.changes, nulled_by_receipt=nulled)} if good else {}
         if len(rejected) == len(bodies):  # none written: the Spark job writes the batch
@@ -313,13 +321,10 @@ class PipelineJob:
                                         target.partition, processors=processors, target_file_size=target.target_file_size))
         if time.monotonic() < _pointers_off_until:
             entries = None
-        done = _short_way(lambda entries: append_routed(self.spark, receipts, bodies, sinks, entries, self.task_bytes), entries)
-        if done is None:
-            return JobResult(direct="failed")
-        (answers, _refused, _rejected, _nulled), entries = done
-        way = "shipped" if entries is None else "redis"
-        if answers is None:
-            return JobResult(direct="refused", bodies=way)
+        done = _short_way_ran(lambda entries: append_routed(self.spark, receipts, bodies, sinks, entries, self.task_bytes), entries)
+        if isinstance(done, JobResult):
+            return done
+        (answers, _refused, _rejected, _nulled), way = done
         tables: dict[str, Output] = {}
         for target, (counts, nulled) in zip(targets, answers):
             good = {receipt: n for receipt, n in counts.items() if n}
