@@ -60,6 +60,8 @@ its schedule whatever the answers before it. The capacity is the highest rate he
 2 s and a backlog that grows by at most half a second of arrivals over the step's second half. BENCH_OPEN_RATES= skips it.
 
 Knobs (environment): BENCH_SECONDS (default 60), BENCH_PRODUCERS (150), BENCH_WARMUP_S (60);
+BENCH_EVENTS_PER_REQUEST (1000: a producer of small requests is 20, with more producers, say 600;
+the baseline is still of 1,000-event bodies);
 BENCH_WAREHOUSE=seaweedfs starts SeaweedFS and runs the stack on its REST catalog with the
 warehouse in its S3 (the baseline stays on local files). Any CALVE_* setting reaches the stack
 (CALVE_SPARK_WORKERS=2: a 2-worker Spark cluster).
@@ -91,7 +93,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from service.cli.processes import free_port
 from tests.bench.profile import Sample, breakdown, committed_between, sample, table
 
-EVENTS_PER_REQUEST = 1000
+BASELINE_EVENTS = 1000
+EVENTS_PER_REQUEST = int(os.environ.get("BENCH_EVENTS_PER_REQUEST", str(BASELINE_EVENTS)))
 OPEN_LOOP_P99_S = 2.0
 TOKEN = "calve_bench-token-0123456789abcdefghijklmnopqrstuv"
 LEVELS = ["debug", "info", "info", "info", "warn", "error"]
@@ -374,8 +377,8 @@ def _encode(shape: str, events: list[dict]) -> bytes:
     return b"\n".join(orjson.dumps(event) for event in events)
 
 
-def make_bodies(count: int, shape: str = "plain") -> list[bytes]:
-    return [_encode(shape, [SHAPES[shape](b * EVENTS_PER_REQUEST + i) for i in range(EVENTS_PER_REQUEST)]) for b in range(count)]
+def make_bodies(count: int, shape: str = "plain", per_request: int = EVENTS_PER_REQUEST) -> list[bytes]:
+    return [_encode(shape, [SHAPES[shape](b * per_request + i) for i in range(per_request)]) for b in range(count)]
 
 
 # The protocols' endpoints: (path, Content-Type, whether it can answer once committed). Loki's push
@@ -748,7 +751,8 @@ def main() -> None:
             if seaweed is not None:
                 seaweed.stop()
         say("baseline: pyarrow parse + Parquet + pyiceberg append, one process ...")
-        base = baseline(bodies.get("plain") or make_bodies(200), work, batches=20)
+        # (Always of 1,000-event bodies: the baseline is the machine's speed, not the shape's.)
+        base = baseline(bodies.get("plain") if EVENTS_PER_REQUEST == BASELINE_EVENTS else make_bodies(200, per_request=BASELINE_EVENTS), work, batches=20)
         say(f"baseline: {base:,.0f} events/s")
     first = results[shapes[0]]
     reference = results.get("plain", first)["events_per_s"]
