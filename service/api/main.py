@@ -20,6 +20,7 @@ from service.api.bodies import BodyGuard
 from service.api.buffer import RequestBuffer
 from service.api.deps import authenticated
 from service.api.errors import install_error_handlers
+from service.api.fast_ingest import FastIngest
 from service.api.footers import FooterReaders
 from service.api.routes import (
     changes,
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     install_error_handlers(app)
     app.openapi = lambda: _openapi_with_definitions(app)
+    app.add_middleware(FastIngest)  # (inside BodyGuard: added before it)
     # Every body bounded by the largest any route takes; each route applies its own limit too.
     app.add_middleware(
         BodyGuard, max_bytes=max(settings.max_body_bytes, pipelines.MAX_DEFINITION_BYTES, 1024 * 1024), timeout_s=settings.body_timeout_s

@@ -57,6 +57,10 @@ DIRECT_BODIES = Counter(
     "there themselves) or shipped (with the job, through Spark's JVM: CALVE_SPARK_READS_REDIS=false, or Redis unreachable from them)",
     ["tenant", "pipeline", "way"],
 )
+INGEST_WAYS = Counter(
+    "calve_ingest_requests", "POSTs to a pipeline's path by the way the api took them: known (its token and pipeline in the api's "
+    "caches: answered without FastAPI's routing, service/api/fast_ingest.py) or routed (looked up on the way)", ["way"],
+)
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),

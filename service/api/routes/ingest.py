@@ -62,6 +62,7 @@ class PipelinePath(Convertor):
 
 
 register_url_convertor("pipeline_path", PipelinePath())
+ROUTED = metrics.INGEST_WAYS.labels("routed")  # (the known ones: service/api/fast_ingest.py)
 MAX_IDEMPOTENCY_KEY = 255
 EVENTS_BODY = {
     "requestBody": {
@@ -103,6 +104,7 @@ async def ingest(
     wait: bool = Query(False, description="answer only after the events are committed"),
     timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait with wait=true (default 30)"),
 ) -> JSONResponse:
+    ROUTED.inc()
     refuse_while_draining(request)
     pipeline = await _pipeline_at(request, principal.tenant, "/" + path)
     # The app's parts from its state, not as dependencies: FastAPI's solving of each costs every

@@ -1,0 +1,101 @@
+"""Ingest POSTs whose token and pipeline the api already knows, answered without FastAPI's routing.
+
+A request of a few events cost the api ~0.6-0.8 ms of CPU, most of it FastAPI's and Starlette's
+layers (routing, its dependencies solved, middlewares, exception wrappers), not its events. A POST
+to a pipeline's path whose token's principal and whose pipeline are both in the api's caches, with
+no query but `wait` and `timeout` in their plain spellings, is handled here by the same code the
+route runs (routes/ingest.py `_ingest`), its errors answered by the app's own exception handlers.
+Anything else (an unknown or uncached token, a pipeline not looked up yet, a draining api, any
+other query) goes to the app untouched, before its body is read: the route then answers as it
+always did, and its lookups fill the caches for the next request.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from urllib.parse import parse_qsl
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.deps import token_from
+from service.api.routes.ingest import PipelinePath, _ingest, in_flight
+from service.core import metrics
+from service.pipelines.store import MISSING
+from service.tenancy.tenants import Principal
+
+_PATH = re.compile("/" + PipelinePath.regex)
+_WAIT = {"true": True, "false": False}
+_TIMEOUT = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,6})?")
+MAX_TIMEOUT_S = 86400  # the route's own bound on timeout (le=86400)
+KNOWN = metrics.INGEST_WAYS.labels("known")
+
+
+def _query(raw: bytes) -> tuple[bool, float | None] | None:
+    """(wait, timeout) of a query of only those two, each once and spelled plainly; None for any
+    other query (the route parses it, and refuses what it must)."""
+    if not raw:
+        return False, None
+    try:
+        pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    asked = dict(pairs)
+    if len(asked) != len(pairs) or not asked.keys() <= {"wait", "timeout"}:
+        return None
+    wait = _WAIT.get(asked.get("wait", "false"))
+    timeout = asked.get("timeout")
+    if wait is None or (timeout is not None and not (_TIMEOUT.fullmatch(timeout) and 0 < float(timeout) <= MAX_TIMEOUT_S)):
+        return None
+    return wait, float(timeout) if timeout is not None else None
+
+
+class FastIngest:
+    """ASGI middleware: the known ingest POSTs by `_ingest` at once (see the module's docstring).
+    Sits inside BodyGuard (the body's limits and deadline apply) and outside FastAPI's exception
+    middleware, so it answers its errors with the app's handlers itself."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        known = self._known(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if known is None:
+            await self.app(scope, receive, send)
+            return
+        principal, pipeline, (wait, timeout) = known
+        KNOWN.inc()
+        request = Request(scope, receive)
+        state = scope["app"].state
+        try:
+            with in_flight(request):
+                response = await _ingest(request, principal, pipeline, state.buffer, state.waiter, state.limits, state.settings, wait, timeout)
+        except Exception as exc:  # answered as the app answers it, or raised on to its server error handler
+            handler = next((scope["app"].exception_handlers[kind] for kind in type(exc).__mro__ if kind in scope["app"].exception_handlers), None)
+            if handler is None:
+                raise
+            response = await handler(request, exc) if inspect.iscoroutinefunction(handler) else await run_in_threadpool(handler, request, exc)
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _known(scope: Scope) -> tuple[Principal, str, tuple[bool, float | None]] | None:
+        """(the principal, its pipeline's name, wait and timeout) where the request is one the
+        route would take and the api's caches know its token and pipeline; else None."""
+        path = scope["path"]
+        app = scope.get("app")
+        if app is None or scope.get("root_path") or not _PATH.fullmatch(path) or app.state.draining:
+            return None
+        if (query := _query(scope.get("query_string", b""))) is None:
+            return None
+        authorization = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        if authorization is None or (token := token_from(authorization.decode("latin-1"))) is None:
+            return None
+        principal = app.state.principals.get(token)
+        if principal is None or principal.is_operator or "ingest" not in principal.scopes:
+            return None
+        record = app.state.pipelines.cached((principal.tenant, path))
+        if record is MISSING or record is None or not principal.may_ingest_into(record.name):
+            return None
+        return principal, record.name, query
