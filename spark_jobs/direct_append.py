@@ -2388,6 +2388,11 @@ def _together(bodies: list[bytes]) -> Iterator[tuple[int, list[bytes]]]:
         yield first, run
 
 
+def _rows_read(readers: list[BodyReader], reads_with: list[int], body: bytes) -> list[tuple[pa.Table, int] | None]:
+    """`body` read once by each reader other sinks read alike with (reads_with), before the processors; None for the others."""
+    return [readers[index].read_rows(body) if index == mine else None for mine, index in enumerate(reads_with)]
+
+
 def _read_together(readers: list[BodyReader], reads_with: list[int], bodies: list[bytes]) -> list[list[tuple[tuple[pa.Table, int], dict]]] | None:
     """Each body's reading by each sink (as _append reads a body alone: its rows and how many a
     where kept, and the rows a conversion made NULL by column), the bodies read as one body and
@@ -2396,7 +2401,7 @@ def _read_together(readers: list[BodyReader], reads_with: list[int], bodies: lis
     joined = b"\n".join(bodies)
     counts = _line_counts(joined, bodies)
     try:
-        rows = [readers[index].read_rows(joined) if index == mine else None for mine, index in enumerate(reads_with)]
+        rows = _rows_read(readers, reads_with, joined)
         if any(read is not None and read[1] != sum(counts) for read in rows):
             return None
         parts = [reader.processed_parts(rows[index][0], counts) for reader, index in zip(readers, reads_with)]
@@ -2469,7 +2474,7 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
         for place, (receipt, body, seq) in enumerate(requests):
             if (read := together.pop(place, None)) is None:
                 try:
-                    rows = [readers[index].read_rows(body) if index == mine else None for mine, index in enumerate(reads_with)]
+                    rows = _rows_read(readers, reads_with, body)
                     read = [(reader.processed(*rows[index]), readers[index].nulled_rows) for reader, index in zip(readers, reads_with)]
                 except Exception as exc:  # noqa: BLE001 - Refused, or a fault of this reader on the request's bytes
                     reason = str(exc) if isinstance(exc, Refused) else reader_fault(exc)
