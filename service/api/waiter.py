@@ -42,7 +42,11 @@ class ReceiptWaiter:
     """The api's side: one pub/sub subscription per process, fanned out to waiting requests.
 
     Pub/sub loses messages across reconnects, so each waiter also re-reads its receipt every
-    POLL_S; the channel makes the common case fast.
+    POLL_S; the channel makes the common case fast. The committer's announcement carries each
+    settled receipt's fields (a JSON object of ids to fields); a waiter answers from them without
+    reading the receipt again (a Redis round trip: ~10% of the api's CPU for 20-event requests).
+    A list of ids (the writer's receipts settled without a table, failures, a committer of an
+    earlier version) wakes its waiters to read their receipts.
     """
 
     POLL_S = 2.0
@@ -50,6 +54,7 @@ class ReceiptWaiter:
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._settled: dict[str, dict[str, str]] = {}  # announced fields of receipts waited on here
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -66,9 +71,20 @@ class ReceiptWaiter:
         await follow_channel(self._client, COMMITTED_CHANNEL, self._wake)
 
     def _wake(self, data: bytes) -> None:
-        for receipt_id in orjson.loads(data):
-            for waiter in self._waiting.get(receipt_id, ()):
-                waiter.set()
+        settled = orjson.loads(data)
+        for receipt_id in settled:
+            waiters = self._waiting.get(receipt_id)
+            if waiters:
+                if type(settled) is dict:
+                    self._settled[receipt_id] = settled[receipt_id]
+                for waiter in waiters:
+                    waiter.set()
+
+    async def _read(self, tenant: str, receipt_id: str) -> Receipt | None:
+        fields = self._settled.get(receipt_id)
+        if fields is not None:
+            return parse_receipt(receipt_id, fields)
+        return parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))
 
     async def wait(self, tenant: str, receipt_id: str, timeout_s: float, fresh: bool = False) -> Receipt | None:
         """The receipt once committed (or failed), or its latest state when `timeout_s` passes.
@@ -84,7 +100,7 @@ class ReceiptWaiter:
                 event.clear()
             while True:
                 try:
-                    receipt = parse_receipt(receipt_id, await self._client.hgetall(receipt_key(tenant, receipt_id)))
+                    receipt = await self._read(tenant, receipt_id)
                 except aioredis.RedisError as exc:
                     # The request is already durable: a Redis outage now must not turn its answer
                     # into an error, or the producer would send it again. Keep waiting; at the
@@ -105,3 +121,4 @@ class ReceiptWaiter:
                 waiters.discard(event)
                 if not waiters:
                     del self._waiting[receipt_id]
+                    self._settled.pop(receipt_id, None)

@@ -44,16 +44,14 @@ class ReceiptPublisher:
             pipe.execute()
         marked = self._mark(
             keys=[backlog_key(tenant), *(receipt_key(tenant, r) for r in ids)],
-            args=[table, now, *(f"{snapshot_id}:{rows_by_receipt[r]}" for r in ids)],
-        ) if ids else []
+            args=[table, now, COMMITTED_CHANNEL, *(f"{snapshot_id}:{rows_by_receipt[r]}" for r in ids), *ids],
+        ) if ids else []  # (it announces those it completed)
         completed = []
         for receipt_id, done in zip(ids, marked):
             if done:  # its created_at: the request's acceptance
                 completed.append(receipt_id)
                 if float(done) > 0:
                     metrics.ACCEPT_TO_COMMIT_SECONDS.labels(tenant).observe(max(0.0, float(now) - float(done)))
-        if completed:
-            self._client.publish(COMMITTED_CHANNEL, orjson.dumps(completed))
         return completed
 
     def dead_letter(self, tenant: str, table: str, entry_id: str, fields: dict[bytes, bytes], reason: str) -> list[str]:

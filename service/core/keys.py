@@ -14,7 +14,7 @@ PREFIX = "calve"
 # Registries the writer and committer scan to find work.
 INPUT_STREAMS = f"{PREFIX}:input-streams"  # set of "tenant/pipeline"
 TABLES = f"{PREFIX}:tables"  # set of "tenant/table"
-COMMITTED_CHANNEL = f"{PREFIX}:committed"  # pub/sub: JSON list of receipt ids now committed
+COMMITTED_CHANNEL = f"{PREFIX}:committed"  # pub/sub: receipts now settled, JSON: a list of ids, or ids to their fields
 AUTH_CHANNEL = f"{PREFIX}:auth-changed"  # pub/sub: a token was revoked or a tenant disabled
 PIPELINES_CHANNEL = f"{PREFIX}:pipelines-changed"  # pub/sub: a pipeline was created, replaced or deleted
 

@@ -136,16 +136,20 @@ return taken
 """
 
 # The committer marks one table of receipts committed (KEYS[2..]); each receipt all of whose tables
-# are committed is marked committed and its events leave the tenant's backlog (KEYS[1]). For each
-# receipt, returns its created_at only for the call that completed it, so that it is announced, and
-# the backlog lowered, once (else 0). One call for many receipts: a Redis Cluster runs no script
-# inside a pipeline. ARGV: table, committed_at, then "<snapshot id>:<rows>" per receipt.
+# are committed is marked committed and its events leave the tenant's backlog (KEYS[1]). The
+# receipts this call completed are announced once, on the channel ARGV[3], with their fields (a
+# JSON object of ids to fields: a request waiting on one answers without reading it again, and
+# the committer's Python spends nothing per receipt on it). For each receipt, returns its
+# created_at only when this call completed it (else 0). One call for many receipts: a Redis
+# Cluster runs no script inside a pipeline. ARGV: table, committed_at, channel, then
+# "<snapshot id>:<rows>" per receipt, then each receipt's id.
 MARK_COMMITTED = _lua("""
-local done_at = {}
+local done_at, settled, any = {}, {}, false
+local receipts = #KEYS - 1
 for i = 2, #KEYS do
   local key, result = KEYS[i], 0
   if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, '$committed_prefix' .. ARGV[1], ARGV[i + 1])
+    redis.call('HSET', key, '$committed_prefix' .. ARGV[1], ARGV[i + 2])
     local status = redis.call('HGET', key, '$status')
     if status ~= '$committed' and status ~= '$failed' then
       local expected = tonumber(redis.call('HGET', key, '$tables') or '0')
@@ -156,12 +160,16 @@ for i = 2, #KEYS do
       if done >= expected then
         redis.call('HSET', key, '$status', '$committed', '$committed_at', ARGV[2])
         redis.call('DECRBY', KEYS[1], tonumber(redis.call('HGET', key, '$events') or '0'))
-        result = redis.call('HGET', key, '$created_at') or '0'
+        local fields, receipt = redis.call('HGETALL', key), {}
+        for j = 1, #fields, 2 do receipt[fields[j]] = fields[j + 1] end
+        settled[ARGV[receipts + i + 2]], any = receipt, true
+        result = receipt['$created_at'] or '0'
       end
     end
   end
   done_at[i - 1] = result
 end
+if any then redis.call('PUBLISH', ARGV[3], cjson.encode(settled)) end
 return done_at
 """)
 

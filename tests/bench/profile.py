@@ -19,6 +19,10 @@ ROLE_ORDER = ("api", "writer", "committer", "spark", "spark python", "spark exec
 METRIC = re.compile(r"^(calve_(?:spark_job_duration|commit_duration|accept_to_commit)_seconds)_(sum|count)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 COMMITTED = re.compile(r"^calve_events_committed_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 RECEIVED = re.compile(r"^calve_events_received_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+# What compactions committed (the small files they merged, and their bytes): a shape's window holds
+# its table's compaction or not, which moves its CPU per event (the Spark time is the writer's jobs').
+COMPACTED_FILES = re.compile(r'^calve_compaction_files_total\{[^}]*direction="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
+COMPACTED_BYTES = re.compile(r"^calve_compaction_bytes_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 DIRECT = re.compile(r'^calve_direct_batches_total\{[^}]*outcome="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
 
 
@@ -53,6 +57,7 @@ class Sample:
     committed: float = 0.0  # events committed, every table
     received: float = 0.0  # events accepted into Redis, every pipeline
     direct: dict[str, float] = field(default_factory=dict)  # the short way's batches by outcome (written, partial, refused, failed)
+    compacted: dict[str, float] = field(default_factory=dict)  # files removed, files added and bytes removed by committed compactions
 
     @property
     def backlog(self) -> float:
@@ -80,6 +85,9 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
         taken.metrics[(name, kind)] = taken.metrics.get((name, kind), 0.0) + float(value)
     taken.committed = sum(float(value) for value in COMMITTED.findall(text))
     taken.received = sum(float(value) for value in RECEIVED.findall(text))
+    for direction, value in COMPACTED_FILES.findall(text):
+        taken.compacted[f"files_{direction}"] = taken.compacted.get(f"files_{direction}", 0.0) + float(value)
+    taken.compacted["bytes_removed"] = sum(float(value) for value in COMPACTED_BYTES.findall(text))
     for outcome, value in DIRECT.findall(text):
         taken.direct[outcome] = taken.direct.get(outcome, 0.0) + float(value)
     return taken
@@ -115,6 +123,8 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
         # Batches the short way ran, by outcome: refused or partial ones went (wholly or in part) to the full Spark job.
         "short_way": {outcome: round(count - start.direct.get(outcome, 0.0)) for outcome, count in sorted(end.direct.items())
                       if count > start.direct.get(outcome, 0.0)},
+        # Compactions committed in the window (their Spark jobs' CPU is in the window's too).
+        "compacted": {name: round(count - start.compacted.get(name, 0.0)) for name, count in sorted(end.compacted.items())},
         # Resident memory per role as the window opened and as it closed (MiB): the api's should stay flat.
         "rss_mib": {role: [round(start.rss.get(role, 0) / 2**20), round(end.rss.get(role, 0) / 2**20)]
                     for role in sorted(end.rss, key=order.get)},
@@ -132,4 +142,10 @@ def table(profile: dict) -> str:
         lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
     if profile.get("short_way"):
         lines.append("  short way's batches: " + ", ".join(f"{count} {outcome}" for outcome, count in profile["short_way"].items()))
+    compacted = profile.get("compacted") or {}
+    if compacted.get("files_removed"):
+        lines.append(f"  compactions: {compacted['files_removed']} small files ({compacted.get('bytes_removed', 0) / 2**20:.1f} MiB) merged into "
+                     f"{compacted.get('files_added', 0)} in the window")
+    else:
+        lines.append("  compactions: none committed in the window")
     return "\n".join(lines)

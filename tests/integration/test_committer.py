@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
+from service.api.waiter import ReceiptWaiter
 from service.committer.leases import RENEW_SHARE, TableLease
 from service.committer.loop import ACQUIRE_EVERY_S, Committer
 from service.core import keys
 from service.core.exceptions import LeadershipLost
+from service.protocol.receipts import Receipt, parse_receipt
 from tests.conftest import (
     Stack,
     all_committed,
@@ -117,6 +121,42 @@ def test_stale_leader_past_its_lease_check_is_stopped_by_the_watermark(stack_fac
     assert stale.commits.apply("demo", "logs", table, plan, stale_lease) is False
     assert_exactly_once(stack, expected=30)
     assert len(stack.catalog().load_table(("demo", "logs")).snapshots()) == 1
+
+
+def test_a_waiting_request_is_answered_from_the_commit_announcement_without_reading_its_receipt(stack_factory) -> None:  # noqa: ANN001
+    """The committer's announcement carries each settled receipt's fields. The waiter here follows
+    the channel as a Redis user allowed nothing else: had it read the receipt again (HGETALL) it
+    would be refused and wait out its timeout."""
+    stack, receipts = written_but_uncommitted(stack_factory, batches=2)
+    stack.redis.execute_command("ACL", "SETUSER", "listener", "reset", "on", "nopass", "&*", "+subscribe", "+unsubscribe", "+ping", "+client")
+    committer = Committer(stack.settings, stack.redis, stack.catalog(), name="announcer")
+    lease = TableLease(stack.redis, "demo", "logs", "announcer", lease_ms=60_000)
+    assert lease.acquire()
+
+    async def wait_and_commit() -> list[Receipt | None]:
+        client = aioredis.Redis.from_url(stack.settings.redis_url, username="listener", password="any")
+        waiter = ReceiptWaiter(client)
+        await waiter.start()
+        try:
+            await asyncio.sleep(0.5)  # subscribed
+            waits = [asyncio.create_task(waiter.wait("demo", receipt, timeout_s=20, fresh=True)) for receipt in receipts]
+            await asyncio.sleep(0.1)
+            assert await asyncio.to_thread(committer.commits.commit_table, "demo", "logs", lease)
+            return await asyncio.wait_for(asyncio.gather(*waits), timeout=10)
+        finally:
+            await waiter.stop()
+            await client.aclose()
+
+    try:
+        answers = asyncio.run(wait_and_commit())
+    finally:
+        stack.redis.execute_command("ACL", "DELUSER", "listener")
+    snapshot = stack.catalog().load_table(("demo", "logs")).current_snapshot().snapshot_id
+    for receipt, answer in zip(receipts, answers):
+        assert answer is not None and answer.status == "committed", answer
+        stored = parse_receipt(receipt, stack.redis.hgetall(keys.receipt_key("demo", receipt)))
+        assert answer == stored
+        assert answer.tables["logs"] == {"rows": 10, "snapshot_id": snapshot}
 
 
 def test_crash_between_catalog_commit_and_acknowledgement_is_recovered(stack_factory, monkeypatch) -> None:  # noqa: ANN001
