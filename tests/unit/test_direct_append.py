@@ -567,6 +567,21 @@ def test_timestamps_and_dates_as_iso_8601_or_epoch_numbers_one_file_per_partitio
     assert sorted(sorted(row["id"] for row in f.to_pylist()) for f in files) == [[1, 3], [2, 4], [5]]
 
 
+def test_times_all_in_utc_read_as_the_same_times_among_others(tmp_path) -> None:  # noqa: ANN001
+    """A body whose times all end in Z (most shippers') is cast at once; its rows are those the
+    way for mixed offsets gives the same times (each line of it read with one other line)."""
+    lines = [b'{"id": 1, "ts": "2024-05-01T23:30:00Z"}', b'{"id": 2, "ts": "2024-05-02 01:02:03.123456Z"}',
+             b'{"id": 3, "ts": null}', b'{"id": 4, "ts": "1999-12-31T23:59:59.5Z"}', b'{"id": 5, "ts": "2024-05-01T10:11:12.123456789Z"}']
+    mixed = b'{"id": 9, "ts": "2024-05-01T10:00:00+02:00"}'
+    rows = {}
+    for name, body in {"utc": b"\n".join(lines), **{f"mixed{n}": line + b"\n" + mixed for n, line in enumerate(lines)}}.items():
+        answers = run_timed(tmp_path / name, {name: body}, [])
+        assert all(answer["refused"] is None for answer in answers)
+        rows[name] = {row["id"]: row["ts"] for answer in answers for row in pq.read_table(answer["path"]).to_pylist()}
+    assert rows["utc"] == {key: value for n in range(len(lines)) for key, value in rows[f"mixed{n}"].items() if key != 9}
+    assert rows["utc"][1] == utc(2024, 5, 1, 23, 30) and rows["utc"][3] is None and rows["utc"][5] == utc(2024, 5, 1, 10, 11, 12, 123456)
+
+
 def test_digits_past_microseconds_are_dropped_as_sparks_cast_drops_them(tmp_path) -> None:  # noqa: ANN001
     """Nanoseconds (Go's RFC 3339, Docker's logs): the digits past the sixth are dropped, not
     rounded, before 1970 too (Spark 4's cast, seen: .999999999 is .999999 in 1950)."""
