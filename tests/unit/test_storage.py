@@ -9,7 +9,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from service.iceberg.files import list_data_files, locate, spark_filesystem
-from spark_jobs.files import conform, runs
+from spark_jobs.files import DICTIONARY_PAGE_BYTES, conform, runs, write_runs
 
 
 def test_runs_split_a_batch_where_any_key_changes_nulls_included() -> None:
@@ -26,6 +26,29 @@ def test_conform_orders_casts_and_fills_missing_columns_with_nulls() -> None:
     got = conform(batch, schema)
     assert got.schema == schema
     assert got.to_pylist() == [{"id": 7, "n": 1, "added": None}, {"id": 8, "n": 2, "added": None}]
+
+
+def test_written_files_keep_a_dictionary_only_for_columns_of_few_values(tmp_path) -> None:  # noqa: ANN001
+    """A column of a value per row stops its dictionary at DICTIONARY_PAGE_BYTES and is written
+    plain past it (pyarrow's default hashes all of it into a dictionary of up to 1 MiB); a column
+    of a few values keeps its whole dictionary. The rows and their statistics are the same."""
+    import pyarrow.parquet as pq
+
+    rows = 20_000
+    table = pa.table({"ts": pa.array(range(rows), pa.int64()), "msg": [f"request {n} served in {n % 977} ms" for n in range(rows)],
+                      "level": ["info", "warn", "error", "debug"] * (rows // 4)})
+    [(path, written, _key)] = write_runs(table.to_batches(), str(tmp_path / "limited"), pafs.LocalFileSystem(), table.schema, [])
+    pq.write_table(table, tmp_path / "default.parquet", compression="zstd")
+
+    def dictionary_bytes(file: str) -> dict[str, int]:
+        group = pq.ParquetFile(file).metadata.row_group(0)
+        return {(c := group.column(i)).path_in_schema: c.data_page_offset - c.dictionary_page_offset for i in range(group.num_columns)}
+
+    limited, default = dictionary_bytes(path), dictionary_bytes(str(tmp_path / "default.parquet"))
+    assert limited["ts"] <= DICTIONARY_PAGE_BYTES < default["ts"] and limited["msg"] <= DICTIONARY_PAGE_BYTES < default["msg"]
+    assert limited["level"] == default["level"]
+    assert written == rows and pq.read_table(path).equals(table)
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).statistics.max == rows - 1
 
 
 def test_spark_writes_local_and_hdfs_itself_and_object_stores_through_the_catalogs_fileio(tmp_path) -> None:  # noqa: ANN001
