@@ -247,8 +247,9 @@ class RedisSentinelServers:
 # servers' ~530 CPU-s (half, on a 2-core machine) compiling Catalyst code that never ran long
 # enough to repay it; with C1 only the suite took 9:47 instead of 11:05. C1 alone sizes the code
 # cache at 48 MB, which it then spent 75 CPU-s sweeping: 256 MB as under tiered compilation.
-# Production keeps the JVM's defaults (`make bench`'s large batches want C2).
-TEST_SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+# Production keeps the JVM's compilers (`make bench`'s large batches want C2); the tests take its
+# collector (Settings.spark_java_options).
+TEST_SPARK_JAVA_OPTIONS = f"{Settings.model_fields['spark_java_options'].default} -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 
 
 class SeaweedServer:

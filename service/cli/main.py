@@ -99,14 +99,14 @@ def start_spark(settings: Settings, logs) -> tuple[list, Callable]:  # noqa: ANN
     work_dir = settings.data_path / "spark"
     port = settings.spark_port or processes.free_port()
     cluster_processes = []
-    connect = {}
+    connect: dict = {"java_options": settings.spark_java_options}
     if settings.spark_workers:
         print(f"starting a Spark standalone cluster: a master and {settings.spark_workers} workers "
               f"({settings.spark_worker_cores} cores, {settings.spark_worker_memory} each; logs: {logs / 'spark-*.log'})", flush=True)
         cluster = processes.start_spark_cluster(settings.spark_workers, settings.spark_worker_cores, settings.spark_worker_memory, work_dir, logs)
         cluster_processes = cluster.processes[::-1]
         ui_port = settings.spark_ui_port or processes.free_port()
-        connect = {"master": cluster.master_url, "executor_memory": settings.spark_worker_memory, "ui_port": ui_port}
+        connect |= {"master": cluster.master_url, "executor_memory": settings.spark_worker_memory, "ui_port": ui_port}
         print(f"Spark master UI: {cluster.master_ui}   Spark Connect application UI: http://127.0.0.1:{ui_port}", flush=True)
     print(f"starting Spark Connect on 127.0.0.1:{port} (log: {logs / 'spark-connect.log'}); this takes ~20 s", flush=True)
     settings.spark_remote = f"sc://127.0.0.1:{port}"

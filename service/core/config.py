@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     # spark_worker_memory to one executor), and the jobs run on their executors instead of in
     # the Connect server's own JVM.
     spark_driver_memory: str = "4g"
+    # The embedded Spark JVMs' options (the Connect server's driver, and a cluster's executors):
+    # the parallel collector, whose pauses stop the JVM briefly but which spends less CPU than
+    # G1's concurrent threads (the JVM's choice on a machine of two cores or more) on the short
+    # way's many small jobs (README, "The Spark JVM's collector").
+    spark_java_options: str = "-XX:+UseParallelGC"
     spark_port: int = 0  # 0: pick a free port
     spark_workers: int = Field(default=0, ge=0)
     spark_worker_cores: int = Field(default=1, ge=1)
