@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from service.api.buffer import RequestBuffer
@@ -114,6 +116,14 @@ def token_from(header: str | None) -> str | None:
     return (value or None) if scheme == "apikey" else None
 
 
+def lookup_principal(engine: Engine, token: str) -> Principal | None:
+    """The token's principal as the metadata DB says (None: unknown, revoked, expired or its
+    tenant disabled). A session of its own, closed at once: a session dependency would stay open
+    until the response, and a wait=true request holds its response for up to minutes."""
+    with Session(engine) as session:
+        return authenticate(session, token)
+
+
 async def _principal(request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
     # `_bearer` documents the scheme in the OpenAPI document; the header is read here, in any form.
     token = token_from(request.headers.get("authorization"))
@@ -127,15 +137,7 @@ async def _principal(request: Request, _credentials: HTTPAuthorizationCredential
     principals = request.app.state.principals
     principal = principals.get(token)
     if principal is None:
-        engine = request.app.state.engine
-
-        def lookup(token: str) -> Principal | None:
-            # A session of its own, closed at once: a session dependency would stay open until
-            # the response, and a wait=true request holds its response for up to minutes.
-            with Session(engine) as session:
-                return authenticate(session, token)
-
-        principal = await run_in_threadpool(principals.load, token, lookup)
+        principal = await run_in_threadpool(principals.load, token, functools.partial(lookup_principal, request.app.state.engine))
     if principal is None:
         metrics.AUTH_FAILURES.labels("unknown").inc()  # unknown, revoked, expired or its tenant disabled
         raise HTTPException(

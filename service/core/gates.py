@@ -1,10 +1,13 @@
-"""One load per key at a time, for the api's caches of what the metadata DB holds."""
+"""One load per key at a time, and entries looked up again before they expire, for the api's
+caches of what the metadata DB holds."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Hashable, Iterator
+
+from cachetools import TTLCache
 
 
 class LoadGates:
@@ -28,3 +31,36 @@ class LoadGates:
             with self._lock:
                 if self._gates.get(key) is gate:  # (a waiter after it finds another's gate, or none)
                     del self._gates[key]
+
+
+class RefreshAhead:
+    """Which of a cache's entries are due to be looked up again while they still serve: those
+    past half their time (`ttl_s`), one lookup per key at a time. An entry that expires sends
+    the requests that miss it to the DB (the api's routed way, every request in flight then
+    waiting on the one lookup); looked up in time, it never expires while in use. Not
+    thread-safe: its cache calls it under its own lock."""
+
+    def __init__(self, ttl_s: float, maxsize: int) -> None:
+        self._fresh: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s / 2)
+        self._running: set[Hashable] = set()
+        self.generation = 0  # moved on by clear(): a lookup begun before it does not store its answer
+
+    def loaded(self, key: Hashable) -> None:
+        self._fresh[key] = True
+
+    def due(self, key: Hashable) -> bool:
+        """True once for a key past half its time, until its lookup is done()."""
+        if key in self._fresh or key in self._running:
+            return False
+        self._running.add(key)
+        return True
+
+    def done(self, key: Hashable) -> None:
+        self._running.discard(key)
+
+    def forget(self, key: Hashable) -> None:
+        self._fresh.pop(key, None)
+
+    def clear(self) -> None:
+        self._fresh.clear()
+        self.generation += 1

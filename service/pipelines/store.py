@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
 
 from service.core.exceptions import AlreadyExists, DefinitionInvalid, NotFound, SpecError
-from service.core.gates import LoadGates
+from service.core.gates import LoadGates, RefreshAhead
 from service.core.keys import (
     DEFAULT_PIPELINE,
     DEFAULT_PIPELINE_PATH,
@@ -313,6 +313,7 @@ class PipelineCache:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
         self._gates = LoadGates()
+        self._ahead = RefreshAhead(ttl_s, maxsize)
 
     def cached(self, key: tuple[str, str]) -> PipelineRecord | None | object:
         """The kept record (None: no pipeline there), or MISSING when it is not kept."""
@@ -332,12 +333,34 @@ class PipelineCache:
                 record = load()
                 with self._lock:
                     self._cache[key] = record
+                    self._ahead.loaded(key)
         return record
+
+    def due(self, key: tuple[str, str]) -> bool:
+        """Whether the kept record is past half its time and not being looked up again: the
+        caller then calls refresh(), once (RefreshAhead)."""
+        with self._lock:
+            return key in self._cache and self._ahead.due(key)
+
+    def refresh(self, key: tuple[str, str], load: Callable[[], PipelineRecord | None]) -> None:
+        """`load()`'s record kept anew for the key (unless the cache was cleared meanwhile)."""
+        generation = self._ahead.generation
+        try:
+            record = load()
+            with self._lock:
+                if generation == self._ahead.generation:
+                    self._cache[key] = record
+                    self._ahead.loaded(key)
+        finally:
+            with self._lock:
+                self._ahead.done(key)
 
     def forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._cache.pop(key, None)
+            self._ahead.forget(key)
 
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._ahead.clear()

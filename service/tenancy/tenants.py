@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from service.core.exceptions import AlreadyExists, NotFound
-from service.core.gates import LoadGates
+from service.core.gates import LoadGates, RefreshAhead
 from service.core.keys import DEFAULT_TENANT
 from service.core.models import Tenant, Token, utcnow
 from service.core.security import hash_token, new_token
@@ -68,6 +68,7 @@ class PrincipalCache:
         self._cache: TTLCache = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
         self._gates = LoadGates()
+        self._ahead = RefreshAhead(ttl_s, maxsize)
 
     def get(self, token: str) -> Principal | None:
         """The cached principal, if it is there and its token has not expired since."""
@@ -87,11 +88,39 @@ class PrincipalCache:
             if principal is not None:
                 with self._lock:
                     self._cache[key] = principal
+                    self._ahead.loaded(key)
             return principal
+
+    def due(self, token: str) -> bool:
+        """Whether the token's cached principal is past half its time and not being looked up
+        again: the caller then calls refresh(), once (RefreshAhead)."""
+        key = hash_token(token)
+        with self._lock:
+            return key in self._cache and self._ahead.due(key)
+
+    def refresh(self, token: str, lookup: Callable[[str], Principal | None]) -> None:
+        """The token looked up again: its principal kept anew, or dropped where the lookup finds
+        none (revoked, expired, its tenant disabled). A clear() meanwhile (an announced
+        revocation) wins: the answer of a lookup begun before it is not kept."""
+        key = hash_token(token)
+        generation = self._ahead.generation
+        try:
+            principal = lookup(token)
+            with self._lock:
+                if generation == self._ahead.generation:
+                    if principal is None:
+                        self._cache.pop(key, None)
+                    else:
+                        self._cache[key] = principal
+                        self._ahead.loaded(key)
+        finally:
+            with self._lock:
+                self._ahead.done(key)
 
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._ahead.clear()
 
 
 def parse_scopes(scopes: str | list[str], allowed: frozenset[str] = TENANT_SCOPES) -> str:

@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from service.core import keys
 from service.core.db import get_engine
-from service.tenancy.tenants import issue_token
+from service.tenancy.tenants import get_tenant, issue_token, revoke_token
 from tests.conftest import TEST_TOKEN, Stack
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -238,3 +238,36 @@ def test_an_ingest_post_whose_token_and_pipeline_the_api_knows_is_answered_as_th
         slow = sock.recv(65536)
     assert slow.startswith(b"HTTP/1.1 408") and b"did not arrive within" in slow, slow[:300]
     assert _ways(stack, operator)["known"] == after["known"] + 1
+
+
+def test_a_token_and_a_pipeline_in_use_are_looked_up_again_before_they_expire_and_a_revocation_still_ends_the_token(stack_factory) -> None:  # noqa: ANN001
+    """fast_ingest.py with RefreshAhead: a token and a pipeline the api keeps are looked up again
+    in the background past half their time, so requests sent steadily never find them expired
+    and none takes the route's way (which waits on the lookup); a token revoked where no api hears
+    of it (straight in the DB) is still refused within its cache's time, the lookup ahead finding
+    it gone."""
+    stack = stack_factory(roles=("api",), CALVE_AUTH_CACHE_S="1", CALVE_PIPELINE_CACHE_S="0.6")
+    engine = get_engine(stack.settings.resolved_database_url())
+    with Session(engine) as session:
+        _row, operator = issue_token(session, None, label="metrics")
+        row, other = issue_token(session, get_tenant(session, "demo"), "ingest", label="revoked unheard")
+    ndjson = {"Content-Type": "application/x-ndjson"}
+    with stack.client() as http:
+        assert http.post("/logs", content=b'{"a": 1}', headers=ndjson).status_code == 202  # the token and the pipeline looked up
+        before = _ways(stack, operator)
+        deadline = time.monotonic() + 4  # past six of the pipeline's times and four of the token's
+        sent = 0
+        while time.monotonic() < deadline:
+            assert http.post("/logs", content=b'{"a": 1}', headers=ndjson).status_code == 202
+            sent += 1
+            time.sleep(0.05)
+    after = _ways(stack, operator)
+    assert after["known"] - before.get("known", 0) == sent and after["routed"] == before["routed"], (before, after)
+    with stack.client(other) as http:
+        assert http.post("/logs", content=b'{"a": 1}', headers=ndjson).status_code == 202
+        with Session(engine) as session:
+            revoke_token(session, get_tenant(session, "demo"), row.id)  # (not announced: no api clears its cache)
+        deadline = time.monotonic() + 1.5  # the token's time, and its lookup
+        while (status := http.post("/logs", content=b'{"a": 1}', headers=ndjson).status_code) == 202 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 401

@@ -23,6 +23,7 @@ RECEIVED = re.compile(r"^calve_events_received_total\{[^}]*\} ([0-9.e+-]+)$", re
 # its table's compaction or not, which moves its CPU per event (the Spark time is the writer's jobs').
 COMPACTED_FILES = re.compile(r'^calve_compaction_files_total\{[^}]*direction="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
 COMPACTED_BYTES = re.compile(r"^calve_compaction_bytes_total\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+WAYS = re.compile(r'^calve_ingest_requests_total\{[^}]*way="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
 DIRECT = re.compile(r'^calve_direct_batches_total\{[^}]*outcome="([a-z]+)"[^}]*\} ([0-9.e+-]+)$', re.MULTILINE)
 
 
@@ -58,6 +59,7 @@ class Sample:
     received: float = 0.0  # events accepted into Redis, every pipeline
     direct: dict[str, float] = field(default_factory=dict)  # the short way's batches by outcome (written, partial, refused, failed)
     compacted: dict[str, float] = field(default_factory=dict)  # files removed, files added and bytes removed by committed compactions
+    ways: dict[str, float] = field(default_factory=dict)  # ingest requests by way: known (fast_ingest.py) or routed
 
     @property
     def backlog(self) -> float:
@@ -90,6 +92,8 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
     taken.compacted["bytes_removed"] = sum(float(value) for value in COMPACTED_BYTES.findall(text))
     for outcome, value in DIRECT.findall(text):
         taken.direct[outcome] = taken.direct.get(outcome, 0.0) + float(value)
+    for way, value in WAYS.findall(text):
+        taken.ways[way] = taken.ways.get(way, 0.0) + float(value)
     return taken
 
 
@@ -125,6 +129,8 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
                       if count > start.direct.get(outcome, 0.0)},
         # Compactions committed in the window (their Spark jobs' CPU is in the window's too).
         "compacted": {name: round(count - start.compacted.get(name, 0.0)) for name, count in sorted(end.compacted.items())},
+        # Ingest requests by way: answered by fast_ingest.py (known) or by FastAPI's route (routed: a token or pipeline not cached).
+        "ingest_ways": {way: round(count - start.ways.get(way, 0.0)) for way, count in sorted(end.ways.items())},
         # Resident memory per role as the window opened and as it closed (MiB): the api's should stay flat.
         "rss_mib": {role: [round(start.rss.get(role, 0) / 2**20), round(end.rss.get(role, 0) / 2**20)]
                     for role in sorted(end.rss, key=order.get)},
@@ -148,4 +154,8 @@ def table(profile: dict) -> str:
                      f"{compacted.get('files_added', 0)} in the window")
     else:
         lines.append("  compactions: none committed in the window")
+    ways = profile.get("ingest_ways") or {}
+    if sum(ways.values()):
+        lines.append(f"  ingest requests: {ways.get('known', 0)} answered the known way, {ways.get('routed', 0)} routed "
+                     f"({ways.get('routed', 0) / sum(ways.values()):.1%})")
     return "\n".join(lines)

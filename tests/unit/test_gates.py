@@ -1,10 +1,13 @@
-"""The api's caches of the metadata DB ask it once per key when many requests miss at once."""
+"""The api's caches of the metadata DB ask it once per key when many requests miss at once, and
+look an entry in use up again before it expires."""
 
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from service.pipelines.store import PipelineCache
 from service.tenancy.tenants import Principal, PrincipalCache
@@ -50,3 +53,56 @@ def test_requests_missing_a_token_at_once_look_it_up_once() -> None:
     calls, lookup = _slow_loader(principal)
     assert _all_at_once(lambda: cache.load("secret-token", lookup)) == [principal] * CALLERS
     assert len(calls) == 1
+
+
+def test_an_entry_past_half_its_time_is_due_once_and_kept_anew_by_its_lookup() -> None:
+    """RefreshAhead: due() says yes once for an entry past half its time (the caller then
+    refreshes it), no while that lookup runs; refresh() keeps its answer for a whole time again,
+    or drops a token whose lookup finds none (revoked unheard)."""
+    cache = PrincipalCache(ttl_s=1.0)
+    principal = Principal(tenant="demo", scopes=frozenset({"ingest"}), token_id=1)
+    cache.load("secret-token", lambda _token: principal)
+    assert not cache.due("secret-token") and not cache.due("never-seen")
+    time.sleep(0.6)
+    assert cache.due("secret-token") and not cache.due("secret-token")  # (one lookup at a time)
+    cache.refresh("secret-token", lambda _token: principal)
+    time.sleep(0.6)  # past the first load's time: kept by the refresh
+    assert cache.get("secret-token") == principal and cache.due("secret-token")
+    cache.refresh("secret-token", lambda _token: None)
+    assert cache.get("secret-token") is None and not cache.due("secret-token")
+    pipelines = PipelineCache(ttl_s=1.0)
+    pipelines.get(("demo", "/logs"), lambda: "v1")
+    time.sleep(0.6)
+    assert pipelines.due(("demo", "/logs"))
+    pipelines.refresh(("demo", "/logs"), lambda: "v2")
+    time.sleep(0.6)
+    assert pipelines.cached(("demo", "/logs")) == "v2"
+
+
+def test_a_clear_while_an_entry_is_looked_up_again_wins_over_the_lookup() -> None:
+    """An announced revocation (or pipeline change) clears the cache: a lookup begun before it
+    may have read the DB before the change, so its answer is not kept; a failed lookup leaves the
+    entry to expire and lets a later request try again."""
+    cache = PrincipalCache(ttl_s=1.0)
+    principal = Principal(tenant="demo", scopes=frozenset({"ingest"}), token_id=1)
+    cache.load("secret-token", lambda _token: principal)
+    time.sleep(0.6)
+    assert cache.due("secret-token")
+
+    def read_before_the_revocation(_token: str) -> Principal:
+        cache.clear()  # (the announcement arrives while the lookup runs)
+        return principal
+
+    cache.refresh("secret-token", read_before_the_revocation)
+    assert cache.get("secret-token") is None
+    pipelines = PipelineCache(ttl_s=1.0)
+    pipelines.get(("demo", "/logs"), lambda: "v1")
+    time.sleep(0.6)
+    assert pipelines.due(("demo", "/logs"))
+
+    def away() -> str:
+        raise ConnectionError("the metadata DB is away")
+
+    with pytest.raises(ConnectionError):
+        pipelines.refresh(("demo", "/logs"), away)
+    assert pipelines.cached(("demo", "/logs")) == "v1" and pipelines.due(("demo", "/logs"))

@@ -4,6 +4,7 @@ optionally wait for their commit."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import uuid
@@ -15,6 +16,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from starlette.convertors import Convertor, register_url_convertor
 
@@ -141,22 +143,22 @@ async def no_such_endpoint(path: str, request: Request) -> None:
     raise method_not_allowed(request) or HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: /{path[:200]}")
 
 
+def pipeline_at(engine: Engine, tenant: str, path: str) -> PipelineRecord | None:
+    """The tenant's pipeline at `path` as the metadata DB says (None: none there)."""
+    with Session(engine) as session:
+        return find_by_path(session, tenant, path)
+
+
 async def _pipeline_at(request: Request, tenant: str, path: str) -> str:
     """The name of the tenant's pipeline at `path`, or 404 saying how to find the right one."""
     if is_reserved_path(path) and (wrong_method := method_not_allowed(request)):
         raise wrong_method
     record = None
     if PATH_PATTERN.fullmatch(path) and not is_reserved_path(path):
-        engine = request.app.state.engine
-
-        def load() -> PipelineRecord | None:
-            with Session(engine) as session:
-                return find_by_path(session, tenant, path)
-
         pipelines = request.app.state.pipelines
         record = pipelines.cached((tenant, path))
         if record is MISSING:  # the database is asked off the loop
-            record = await run_in_threadpool(pipelines.get, (tenant, path), load)
+            record = await run_in_threadpool(pipelines.get, (tenant, path), functools.partial(pipeline_at, request.app.state.engine, tenant, path))
     if record is None and is_reserved_path(path):
         # Calve's own prefixes (/v1, /otlp, /loki, ...) hold no pipelines: a typo of an API route.
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such endpoint: POST {path[:200]}; /docs lists the API's routes")
