@@ -330,10 +330,12 @@ class PipelineCache:
         with self._gates.one_at_a_time(key):
             record = self.cached(key)
             if record is MISSING:
+                generation = self._ahead.generation
                 record = load()
                 with self._lock:
-                    self._cache[key] = record
-                    self._ahead.loaded(key)
+                    if generation == self._ahead.generation:  # (a clear() meanwhile: a change announced while the DB was read)
+                        self._cache[key] = record
+                        self._ahead.loaded(key)
         return record
 
     def due(self, key: tuple[str, str]) -> bool:

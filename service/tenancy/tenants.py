@@ -78,17 +78,20 @@ class PrincipalCache:
 
     def load(self, token: str, lookup: Callable[[str], Principal | None]) -> Principal | None:
         """Look the token up, one lookup per token at a time (LoadGates: each lookup also writes
-        the token's last use to the DB)."""
+        the token's last use to the DB). A clear() while it ran (an announced revocation) leaves
+        its answer uncached: the DB may have been read before the revocation."""
         key = hash_token(token)
         with self._gates.one_at_a_time(key):
             cached = self.get(token)
             if cached is not None:
                 return cached
+            generation = self._ahead.generation
             principal = lookup(token)
             if principal is not None:
                 with self._lock:
-                    self._cache[key] = principal
-                    self._ahead.loaded(key)
+                    if generation == self._ahead.generation:
+                        self._cache[key] = principal
+                        self._ahead.loaded(key)
             return principal
 
     def due(self, token: str) -> bool:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.pipelines.store import PipelineCache
+from service.pipelines.store import MISSING, PipelineCache
 from service.tenancy.tenants import Principal, PrincipalCache
 
 CALLERS = 16
@@ -106,3 +106,28 @@ def test_a_clear_while_an_entry_is_looked_up_again_wins_over_the_lookup() -> Non
     with pytest.raises(ConnectionError):
         pipelines.refresh(("demo", "/logs"), away)
     assert pipelines.cached(("demo", "/logs")) == "v1" and pipelines.due(("demo", "/logs"))
+
+
+def test_a_token_looked_up_while_its_revocation_is_announced_is_answered_but_not_kept() -> None:
+    """PrincipalCache.load (the route's way): the request whose lookup raced the announcement
+    gets its answer, but the cache keeps nothing the DB may have said before the revocation;
+    the next request looks the token up again. The same for a pipeline changed meanwhile."""
+    cache = PrincipalCache(ttl_s=60)
+    principal = Principal(tenant="demo", scopes=frozenset({"ingest"}), token_id=1)
+
+    def read_before_the_revocation(_token: str) -> Principal:
+        cache.clear()  # (the announcement arrives while the lookup runs)
+        return principal
+
+    assert cache.load("secret-token", read_before_the_revocation) == principal
+    assert cache.get("secret-token") is None
+    assert cache.load("secret-token", lambda _token: None) is None
+    pipelines = PipelineCache(ttl_s=60)
+
+    def read_before_the_change() -> str:
+        pipelines.clear()
+        return "v1"
+
+    assert pipelines.get(("demo", "/logs"), read_before_the_change) == "v1"
+    assert pipelines.cached(("demo", "/logs")) is MISSING
+    assert pipelines.get(("demo", "/logs"), lambda: "v2") == "v2" and pipelines.cached(("demo", "/logs")) == "v2"
