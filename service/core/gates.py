@@ -45,8 +45,13 @@ class RefreshAhead:
         self._running: set[Hashable] = set()
         self.generation = 0  # moved on by clear(): a lookup begun before it does not store its answer
 
-    def loaded(self, key: Hashable) -> None:
-        self._fresh[key] = True
+    def keep(self, cache: TTLCache, key: Hashable, value: object, since: int) -> None:
+        """`value` kept in `cache` for `key`, its time begun again, unless a clear() came after
+        the lookup that read it began (`since`: the generation then): the DB may have been read
+        before the change that clear() announced. Under the cache's lock."""
+        if since == self.generation:
+            cache[key] = value
+            self._fresh[key] = True
 
     def due(self, key: Hashable) -> bool:
         """True once for a key past half its time, until its lookup is done()."""

@@ -333,9 +333,7 @@ class PipelineCache:
                 generation = self._ahead.generation
                 record = load()
                 with self._lock:
-                    if generation == self._ahead.generation:  # (a clear() meanwhile: a change announced while the DB was read)
-                        self._cache[key] = record
-                        self._ahead.loaded(key)
+                    self._ahead.keep(self._cache, key, record, generation)
         return record
 
     def due(self, key: tuple[str, str]) -> bool:
@@ -350,9 +348,7 @@ class PipelineCache:
         try:
             record = load()
             with self._lock:
-                if generation == self._ahead.generation:
-                    self._cache[key] = record
-                    self._ahead.loaded(key)
+                self._ahead.keep(self._cache, key, record, generation)
         finally:
             with self._lock:
                 self._ahead.done(key)

@@ -89,9 +89,7 @@ class PrincipalCache:
             principal = lookup(token)
             if principal is not None:
                 with self._lock:
-                    if generation == self._ahead.generation:
-                        self._cache[key] = principal
-                        self._ahead.loaded(key)
+                    self._ahead.keep(self._cache, key, principal, generation)
             return principal
 
     def due(self, token: str) -> bool:
@@ -110,12 +108,10 @@ class PrincipalCache:
         try:
             principal = lookup(token)
             with self._lock:
-                if generation == self._ahead.generation:
-                    if principal is None:
-                        self._cache.pop(key, None)
-                    else:
-                        self._cache[key] = principal
-                        self._ahead.loaded(key)
+                if principal is not None:
+                    self._ahead.keep(self._cache, key, principal, generation)
+                elif generation == self._ahead.generation:
+                    self._cache.pop(key, None)
         finally:
             with self._lock:
                 self._ahead.done(key)
