@@ -21,6 +21,12 @@ ENTRY_BODY = "body"
 # SET_ASIDE_MARK + {"reason": ..., "event": <the event's original text>}
 SET_ASIDE_MARK = "!"
 
+# A data file's Parquet key-value metadata naming the bucket partition values its task wrote it
+# for: a JSON list of [source column, transform, value] (the short way's files, one bucket each;
+# files.write_runs). The committer takes a file's bucket from it instead of reading the source
+# column back and hashing every value (service/iceberg/appends.py); a file without it is read.
+BUCKETS_METADATA = "calve.buckets"
+
 # Each tenant's dead-letter table: its name, its key column and its schema.
 DLQ_TABLE = f"{INTERNAL_PREFIX}_dlq"
 DLQ_ID = "dlq_id"

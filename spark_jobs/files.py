@@ -295,11 +295,13 @@ DICTIONARY_PAGE_BYTES = 16 << 10
 
 
 def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, schema: pa.Schema, keys: list[str],  # noqa: ANN001
-               max_records: int | None = None, prefix: str = "part") -> list[tuple[str, int, tuple]]:
+               max_records: int | None = None, prefix: str = "part",
+               described: Callable[[tuple], dict[str, str]] | None = None) -> list[tuple[str, int, tuple]]:
     """Write `batches` as zstd Parquet files in `schema` (other columns left out) under
     `directory` (as `filesystem` names it): a file per run of consecutive rows with the same
     `keys` values (rows sorted by them: one file per value), `max_records` rows per file at most.
-    Returns each file's (path, rows, keys' values). Makes `directory` on a local file system."""
+    described: a file's key-value metadata from its keys' values. Returns each file's (path, rows,
+    keys' values). Makes `directory` on a local file system."""
     import pyarrow.parquet as pq
     from pyarrow.fs import LocalFileSystem
 
@@ -322,8 +324,9 @@ def write_runs(batches: Iterable[pa.RecordBatch], directory: str, filesystem, sc
                     if not written and isinstance(filesystem, LocalFileSystem):  # an object store has no directories to make
                         filesystem.create_dir(directory, recursive=True)
                     path = f"{directory}/{prefix}-{task}-{len(written):05d}.zstd.parquet"
+                    file_schema = schema.with_metadata({**(schema.metadata or {}), **described(key)}) if described else schema
                     current.update(key=key, path=path, rows=0, writer=pq.ParquetWriter(
-                        path, schema, filesystem=filesystem, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES))
+                        path, file_schema, filesystem=filesystem, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES))
                 take = data.num_rows if not max_records else min(data.num_rows, max_records - current["rows"])
                 current["writer"].write_batch(data.slice(0, take))
                 current["rows"] += take

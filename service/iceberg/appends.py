@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,7 @@ from pyiceberg.typedef import Record
 from service.core.keys import SUMMARY_REGISTERED
 from service.iceberg import private
 from service.iceberg.registration import committed_data_file, partition_values
+from spark_jobs.contract import BUCKETS_METADATA
 
 # The committer reads a registered file's footer again: the api refused larger ones already.
 MAX_FOOTER_BYTES = 64 * 1024 * 1024
@@ -76,7 +78,9 @@ def ensure_name_mapping(transaction: Transaction) -> None:
 
 def data_file(transaction: Transaction, path: str) -> DataFile:
     """The table's DataFile for a Parquet file: statistics from its footer, partition from its
-    statistics (order-preserving transforms) or its values (bucket)."""
+    statistics (order-preserving transforms), or for a bucket from the file's metadata
+    (BUCKETS_METADATA, where its task wrote it for the table's transform and source column as they
+    are now) or its values."""
     metadata = transaction.table_metadata
     schema = metadata.schema()
     input_file = private.table_io(transaction).new_input(path)
@@ -88,9 +92,12 @@ def data_file(transaction: Transaction, path: str) -> DataFile:
         parquet_column_mapping=parquet_path_to_id_mapping(schema),
     )
     values = []
+    described = _described_buckets(parquet_metadata.metadata)
     for field in metadata.spec().fields:
         if field.transform.preserves_order:
             values.append(private.partition_value(statistics, field, schema))
+        elif (key := (schema.find_column_name(field.source_id), str(field.transform))) in described:
+            values.append(described[key])
         else:
             values.append(_partition_from_values(transaction, path, field, schema))
     return DataFile.from_args(
@@ -105,6 +112,14 @@ def data_file(transaction: Transaction, path: str) -> DataFile:
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
+
+
+def _described_buckets(footer_metadata: dict[bytes, bytes] | None) -> dict[tuple[str, str], int | None]:
+    """(source column, transform) -> bucket, as a file's BUCKETS_METADATA names them (none if it has none)."""
+    text = (footer_metadata or {}).get(BUCKETS_METADATA.encode())
+    if text is None:
+        return {}
+    return {(source, transform): value for source, transform, value in json.loads(text)}
 
 
 def _partition_from_values(transaction: Transaction, path: str, field, schema):  # noqa: ANN001, ANN202

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import BucketTransform
+from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -531,13 +531,14 @@ def test_only_tables_of_columns_and_partitions_it_reads_take_the_short_way() -> 
     assert parse_schema(timed_inside, None) is None
 
 
-TIMED = Schema(
+TIMED_ICEBERG = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "ts", TimestamptzType()),
     NestedField(3, "local", TimestampType()),
     NestedField(4, "d", DateType()),
     NestedField(5, "msg", StringType()),
-).as_arrow()
+)
+TIMED = TIMED_ICEBERG.as_arrow()
 
 
 def run_timed(tmp_path, bodies: dict[str, bytes], partition: list[tuple[str, str]]) -> list[dict]:  # noqa: ANN001
@@ -1020,6 +1021,46 @@ def test_bucket_and_integer_truncate_partitions_write_one_file_per_value(tmp_pat
         (key,) = {(bucket_of(row["msg"]), row["id"] - row["id"] % 10) for row in rows}  # Python's % rounds down, as Iceberg's truncate
         keys.append(key)
     assert len(keys) == len(set(keys)) and sum(pq.read_metadata(a["path"]).num_rows for a in answers_) == 60
+
+
+def test_a_bucket_file_names_its_bucket_and_the_committer_takes_it_without_reading_the_column(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The short way's files of a bucket[3] table name their bucket in their metadata; the
+    committer's DataFile takes it from there (no column read: `partition_values` is made to fail),
+    and reads the values for a transform the file does not name (the table's bucket[5] now)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+
+    from service.iceberg import appends
+
+    body = "\n".join(json.dumps({"id": i, "msg": f"user-{i % 7}", "d": "2026-12-0" + str(1 + i % 2)}) for i in range(60)).encode()
+    files = [answer["path"] for answer in run_timed(tmp_path, {"r": body}, [("d", "day"), ("msg", "bucket[3]")])]
+    bucket_of = BucketTransform(3).transform(StringType())
+    expected = {}
+    for path in files:
+        (bucket,) = {bucket_of(row["msg"]) for row in pq.read_table(path).to_pylist()}
+        assert json.loads(pq.read_metadata(path).metadata[b"calve.buckets"]) == [["msg", "bucket[3]", bucket]]
+        expected[path] = bucket
+    assert len(files) > 3
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("n")
+    schema = Schema(*(f for f in TIMED_ICEBERG.fields))
+    three = catalog.create_table(("n", "three"), schema, partition_spec=PartitionSpec(
+        PartitionField(4, 1000, DayTransform(), "d_day"), PartitionField(5, 1001, BucketTransform(3), "msg_bucket")))
+    five = catalog.create_table(("n", "five"), schema, partition_spec=PartitionSpec(PartitionField(5, 1000, BucketTransform(5), "msg_bucket")))
+    read_back = appends.partition_values
+    monkeypatch.setattr(appends, "partition_values", lambda *args: pytest.fail("read a column whose bucket the file names"))
+    for path in files:
+        assert appends.data_file(three.transaction(), path).partition[1] == expected[path]
+    monkeypatch.setattr(appends, "partition_values", read_back)
+    bucket_of_five = BucketTransform(5).transform(StringType())
+    for path in files:
+        found = {bucket_of_five(row["msg"]) for row in pq.read_table(path).to_pylist()}
+        if len(found) == 1:
+            assert appends.data_file(five.transaction(), path).partition[0] == found.pop()
+        else:
+            with pytest.raises(ValueError, match="values of partition msg_bucket"):
+                appends.data_file(five.transaction(), path)
 
 
 def test_a_jobs_task_pickles_its_code_once_per_process_and_runs_the_same_once_unpickled(tmp_path, monkeypatch) -> None:  # noqa: ANN001
