@@ -63,6 +63,37 @@ def may_hold_long_integers(text: bytes) -> bool:
     return _TWENTY_DIGITS in digits or _NEGATIVE_19 in digits
 
 
+# A number orjson's reading does not keep: an integer beyond 64 bits (above), or one of more
+# significant digits than a double keeps (16 or more: 1234567890123456.123456 became
+# 1234567890123456.0, and a decimal column got that). Either is a run of at least 17 digits and
+# points, looked for as above, at memory speed; a run inside a string (an IP address, a version)
+# only makes its event read again.
+_AS_NUMERALS = _table(b"0123456789.", b"00000000000")
+_SEVENTEEN_NUMERALS = b"0" * 17
+
+
+def may_hold_long_numbers(text: bytes) -> bool:
+    """Whether `text` may hold a number orjson's reading changes (exact_event then reads it)."""
+    return _SEVENTEEN_NUMERALS in text.translate(_AS_NUMERALS)
+
+
+def _exact_integer(text: str) -> int | orjson.Fragment:
+    return int(text) if len(text) < 19 else orjson.Fragment(text)
+
+
+# Built once: json.loads builds a decoder per call when given hooks (twice exact_event's cost).
+_EXACT = json.JSONDecoder(parse_float=orjson.Fragment)
+_EXACT_INTEGERS = json.JSONDecoder(parse_float=orjson.Fragment, parse_int=_exact_integer)
+
+
+def exact_event(text: bytes) -> object:
+    """The JSON `text` as read with each number of a fraction or an exponent, and each integer of 19
+    digits or more, kept as it is spelled (orjson.Fragment: orjson writes it back as it came).
+    orjson read the text first, so it is valid UTF-8 JSON without infinities or lone surrogates,
+    which the standard library would let through."""
+    return (_EXACT_INTEGERS if may_hold_long_integers(text) else _EXACT).decode(text.decode())
+
+
 # orjson keeps integers from -2**63 to 2**64 - 1; one beyond it is a float at least this large.
 _LONG_AS_FLOAT = 2.0**63
 
@@ -188,9 +219,13 @@ def dumps_exact(value: dict) -> bytes | None:
     except orjson.JSONEncodeError:  # an integer beyond 64 bits, or nested beyond orjson's 254 levels
         pass
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_fragment_value).encode()
     except (RecursionError, ValueError):  # too deep by far
         return None
+
+
+def _fragment_value(fragment: orjson.Fragment) -> object:
+    raise ValueError("a number kept as spelled (exact_event), in an event nested beyond orjson's 254 levels")
 
 
 def event_lines(value: dict, text: bytes | None = None, shallow: bool = False) -> list[bytes]:
@@ -268,8 +303,8 @@ def _original_text(value: dict, text: bytes | None) -> str:
         return orjson.dumps(value).decode()
     except orjson.JSONEncodeError:  # orjson stops at 254 levels; the standard library goes deeper
         try:
-            return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        except RecursionError:
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_fragment_value)
+        except (RecursionError, ValueError):
             return "(the event was too deeply nested to keep its text)"
 
 
@@ -289,7 +324,7 @@ def _parsed_at_once(body: bytes, texts: list[bytes], max_events: int) -> ParsedB
     if not events or len(events) > max_events:
         return None
     shallow = shallow_body(body, len(events)) or shallow_lines(body)  # (its events are its lines)
-    long_numbers: bool | None = None  # whether the body may hold one, looked at once a line is encoded again
+    long_numbers: bool | None = None  # whether the body may hold a number orjson changes, looked at once a line is encoded again
     lines = []
     for text in events:
         try:
@@ -304,16 +339,16 @@ def _parsed_at_once(body: bytes, texts: list[bytes], max_events: int) -> ParsedB
         if len(text) > MAX_FIELD_NAME and _has_long_name(value):
             return None
         line = orjson.dumps(value)
-        # An integer beyond 64 bits, which orjson reads as a float, is written back with a point or
-        # an exponent: a line spelled as its encoding holds none (looking at every body first cost
-        # the api a tenth of its CPU). Once a line is not, the whole body is looked at once (looking
-        # at each such line alone made a body written with spaces 75% dearer to read), and then
-        # only where it may hold one, each such line.
+        # A number orjson changes (an integer beyond 64 bits, digits a double cannot keep) is
+        # written back otherwise: a line spelled as its encoding holds none (looking at every body
+        # first cost the api a tenth of its CPU). Once a line is not, the whole body is looked at
+        # once (looking at each such line alone made a body written with spaces 75% dearer to
+        # read), and then only where it may hold one, each such line is read again exactly.
         if line != text:
             if long_numbers is None:
-                long_numbers = may_hold_long_integers(body)
-            if long_numbers and may_hold_long_integers(text) and holds_long_float(value):
-                return None
+                long_numbers = may_hold_long_numbers(body)
+            if long_numbers and may_hold_long_numbers(text):
+                line = orjson.dumps(exact_event(text))
         # Each event is let go at once: holding a body's nested events all together cost the
         # api more in garbage collection than the per-event work saved (measured).
         lines.append(text if line == text else line)
@@ -325,7 +360,7 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
     than JSON parsing allows is set aside, anything else that is not a JSON object refuses the
     request, saying where (`where` formatted with the text's number, counted from `first`)."""
     lines: list[bytes] = []
-    long_numbers = may_hold_long_integers(body)  # once per body: only then is each event's text looked at
+    long_numbers = may_hold_long_numbers(body)  # once per body: only then is each event's text looked at
     shallow = shallow_body(body, sum(1 for text in texts if text))
     for number, text in enumerate(texts, start=first):
         if not text:
@@ -340,7 +375,7 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
         else:
             if not isinstance(value, dict):
                 raise BadRequestBody(f"{where.format(number)}: expected a JSON object, got {type(value).__name__}")
-            event = event_lines(loads_exact(text, value) if long_numbers else value, text, shallow)
+            event = event_lines(exact_event(text) if long_numbers and may_hold_long_numbers(text) else value, text, shallow)
         lines.extend(event)
         if len(lines) > max_events:
             raise too_many_events(max_events)
@@ -383,7 +418,8 @@ def _parse_json(body: bytes, max_events: int) -> ParsedBody:
                 return _parse_texts(body, elements, where, 0, max_events)
         hint = " (for one object per line, send Content-Type: application/x-ndjson)" if b"\n" in body.strip() else ""
         raise BadRequestBody(f"{_malformed(body, exc)}{hint}") from exc
-    value = loads_exact(body, value)
+    if may_hold_long_numbers(body):
+        value = exact_event(body)
     events = [value] if isinstance(value, dict) else value
     if not isinstance(events, list):
         raise BadRequestBody(f"expected a JSON object or an array of objects, got {type(value).__name__}")
@@ -462,7 +498,7 @@ def normalize_events(lines: list[bytes]) -> ParsedBody:
         if not isinstance(value, dict):
             out.append(set_aside_line(f"expected a JSON object, got {type(value).__name__}", text.decode(errors="replace")))
             continue
-        out.extend(event_lines(loads_exact(text, value), text))
+        out.extend(event_lines(exact_event(text) if may_hold_long_numbers(text) else value, text))
     return parsed_body(out)
 
 

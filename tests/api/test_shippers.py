@@ -251,7 +251,8 @@ def test_a_bulk_document_too_deep_to_encode_goes_to_the_dlq_and_the_rest_is_kept
 
 
 def test_a_bulk_id_beyond_64_bits_is_an_integer_and_keeps_its_digits(app_client, redis_url: str) -> None:  # noqa: ANN001
-    """orjson reads 2**64 as a float: the action was refused as '_id a string or an integer'."""
+    """orjson reads 2**64 as a float: the action was refused as '_id a string or an integer'. A
+    document's numbers keep their digits too (a decimal a double would round)."""
     ids = {
         "name": "big_ids", "source": {"http": {"path": "/big_ids"}},
         "sinks": [{"table": "big_ids", "auto_create": True, "operation": "op", "identifier_columns": ["id"],
@@ -259,14 +260,14 @@ def test_a_bulk_id_beyond_64_bits_is_an_integer_and_keeps_its_digits(app_client,
     }
     assert app_client.post("/v1/pipelines", json=ids).status_code in (201, 409)
     client = redis.Redis.from_url(redis_url)
-    body = (b'{"index":{"_index":"big_ids","_id":18446744073709551616}}\n{"n":123456789012345678901234567890}\n'
+    body = (b'{"index":{"_index":"big_ids","_id":18446744073709551616}}\n{"n":123456789012345678901234567890, "m": 1234567890123456.123456}\n'
             b'{"delete":{"_index":"big_ids","_id":-99999999999999999999}}\n')
     answer = post_bulk(app_client, body)
     assert answer.status_code == 200 and not answer.json()["errors"], answer.text
     assert [next(iter(i.values()))["_id"] for i in answer.json()["items"]] == ["18446744073709551616", "-99999999999999999999"]
     (entry,) = client.xrevrange(keys.input_stream_key("demo", "big_ids"), count=1)
     assert InputEntry.from_fields(*entry).body.split(b"\n") == [
-        b'{"n":123456789012345678901234567890,"id":"18446744073709551616","op":"insert"}',
+        b'{"n":123456789012345678901234567890,"m":1234567890123456.123456,"id":"18446744073709551616","op":"insert"}',
         b'{"id":"-99999999999999999999","op":"delete"}',
     ]
 

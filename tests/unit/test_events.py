@@ -10,7 +10,7 @@ import tracemalloc
 import orjson
 import pytest
 
-from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, parse_events
+from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, normalize_events, parse_events
 from service.core.exceptions import BadRequestBody, BodyTooLarge
 
 
@@ -200,6 +200,24 @@ def test_an_event_is_read_again_exactly_only_where_orjson_lost_an_integer_beyond
         assert json.dumps(exact, separators=(",", ":")).encode() == text
 
 
+@pytest.mark.parametrize("content_type", ["application/x-ndjson", "application/json"])
+def test_a_number_keeps_every_digit_a_double_would_lose_and_the_rest_is_encoded_as_before(content_type: str) -> None:
+    """A decimal of 22 digits (a ledger's balance, for a decimal(38,6) column) reached the writer
+    as orjson's double, 1234567890123456.0, once its line was not byte for byte orjson's own
+    encoding; now each number of such a line comes as spelled, and the rest as orjson writes it."""
+    events = [b'{"id": 1, "balance": 1234567890123456.123456, "rate": 0.12345678901234567890}',
+              b'{"id":2,"balance":-98765432109876543210.5,"n":1.50,"big":18446744073709551616,"x":{"y":[1e3,1.0000000000000000001]}}',
+              b'{"id": 3, "ip": "192.168.100.200.1", "a": 1, "a": 2}']
+    body = b"\n".join(events) if content_type == "application/x-ndjson" else b"[" + b",".join(events) + b"]"
+    lines = parse_events(body, content_type, 100).ndjson.split(b"\n")
+    assert lines == [
+        b'{"id":1,"balance":1234567890123456.123456,"rate":0.12345678901234567890}',
+        b'{"id":2,"balance":-98765432109876543210.5,"n":1.50,"big":18446744073709551616,"x":{"y":[1e3,1.0000000000000000001]}}',
+        b'{"id":3,"ip":"192.168.100.200.1","a":2}',
+    ]
+    assert normalize_events(events).ndjson.split(b"\n") == lines  # a DLQ replay alike
+
+
 CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":{"status":200},"ok":true,"x":null}'
 
 
@@ -212,14 +230,15 @@ CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":
     (b'{"a":[{"x":1}\n{"y":2}]}\n{"b":1}', "line by line"),  # an event over two lines (refused line by line)
     (b'{"a":"}\n{","b":1}\n{"c":1},{"d":1}', "line by line"),  # a string that only the joining would close
     (b'{"a":1}\n[1]', "line by line"),
-    (b'{"big":18446744073709551616}\n' + CANONICAL, "line by line"),
-    (b'{"x":[1,{"big":-9223372036854775809}]}\n' + CANONICAL, "line by line"),
+    (b'{"big":18446744073709551616}\n' + CANONICAL, "encoded again"),
+    (b'{"x":[1,{"big":-9223372036854775809}]}\n' + CANONICAL, "encoded again"),
+    (b'{"balance":1234567890123456.123456, "n": 1.50}\n' + CANONICAL, "encoded again"),  # digits a double does not keep
     # Runs of 20 digits in strings, and integers of 19 digits that orjson keeps: no integer it lost.
     (b'{"iccid":"89310410106543789301","trace":"00000000000000000000000000001eef","n":-1234567890123456789}\n' + CANONICAL, "as sent"),
     # A float past 2**63 spelled as orjson spells it is no lost integer, whatever digits the body holds;
     # a lost integer in a line spelled otherwise (spaces) is still found in that line.
     (b'{"n":1e+19,"id":"12345678901234567890123"}\n' + CANONICAL, "as sent"),
-    (b'{"n": 1e19, "big": 18446744073709551616}\n' + CANONICAL, "line by line"),
+    (b'{"n": 1e19, "big": 18446744073709551616}\n' + CANONICAL, "encoded again"),
     (b'{"d":' + b'{"e":' * 9 + b"1" + b"}" * 10 + b"\n" + CANONICAL, "line by line"),  # set aside: too deep
     (b'{"' + b"n" * 1100 + b'":1,"k":2}\n' + CANONICAL, "line by line"),  # a name too long for a column
 ])

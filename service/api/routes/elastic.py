@@ -46,8 +46,9 @@ from service.api.events import (
     decode_body,
     dumps_exact,
     event_lines,
+    exact_event,
     loads_exact,
-    may_hold_long_integers,
+    may_hold_long_numbers,
     parse_events,
     parsed_body,
     too_many_events,
@@ -179,7 +180,7 @@ def _plan(body: bytes, default_index: str | None, load) -> tuple[Items, dict[str
     if not lines:
         raise BadRequestBody("the bulk body is empty: send an action line, then the document, per item")
     ids = os.urandom(12).hex()  # documents without an _id: this, then the item's place (unique across requests)
-    return _plan_alike(lines, default_index, load, ids) or _plan_each(lines, default_index, load, ids, may_hold_long_integers(body))
+    return _plan_alike(lines, default_index, load, ids) or _plan_each(lines, default_index, load, ids, may_hold_long_numbers(body))
 
 
 def _plan_alike(lines: list[bytes], default_index: str | None, load, ids: str) -> tuple[_Created, dict[str, _Target]] | None:  # noqa: ANN001
@@ -227,8 +228,8 @@ def _plan_each(lines: list[bytes], default_index: str | None, load, ids: str, lo
                 raise BadRequestBody(f"bulk line {position}: the {action} action has no document line after it")
             try:
                 document = orjson.loads(lines[position])
-                if long_numbers:
-                    document = loads_exact(lines[position], document)
+                if long_numbers and may_hold_long_numbers(lines[position]):
+                    document = exact_event(lines[position])
             except orjson.JSONDecodeError:
                 document = None
             position += 1
