@@ -233,6 +233,8 @@ CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":
     (b'{"big":18446744073709551616}\n' + CANONICAL, "encoded again"),
     (b'{"x":[1,{"big":-9223372036854775809}]}\n' + CANONICAL, "encoded again"),
     (b'{"balance":1234567890123456.123456, "n": 1.50}\n' + CANONICAL, "encoded again"),  # digits a double does not keep
+    (b'{"balance":1234567890123456.123456,"n":1.50}\n' + CANONICAL, "as sent"),  # ... in a line otherwise its encoding
+    (b'{"b":1234567890123456.123456,"b":1}\n{"s":"\\u0031","b":1234567890123456.123456}\n' + CANONICAL, "encoded again"),
     # Runs of 20 digits in strings, and integers of 19 digits that orjson keeps: no integer it lost.
     (b'{"iccid":"89310410106543789301","trace":"00000000000000000000000000001eef","n":-1234567890123456789}\n' + CANONICAL, "as sent"),
     # A float past 2**63 spelled as orjson spells it is no lost integer, whatever digits the body holds;
