@@ -58,8 +58,8 @@ DIRECT_BODIES = Counter(
     ["tenant", "pipeline", "way"],
 )
 INGEST_WAYS = Counter(
-    "calve_ingest_requests", "POSTs to a pipeline's path by the way the api took them: known (its token and pipeline in the api's "
-    "caches: answered without FastAPI's routing, service/api/fast_ingest.py) or routed (looked up on the way)", ["way"],
+    "calve_ingest_requests", "POSTs to a pipeline's path or a shipper's endpoint by the way the api took them: known (its token and "
+    "pipeline in the api's caches: answered without FastAPI's routing, service/api/fast_ingest.py) or routed (looked up on the way)", ["way"],
 )
 SPARK_JOB_SECONDS = Histogram(
     "calve_spark_job_duration_seconds", "Duration of one writer Spark job", ["tenant", "pipeline"],

@@ -231,6 +231,10 @@ def _objects(value: Any) -> list[dict]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+def record_count(request: ExportLogsServiceRequest) -> int:
+    return sum(len(scope_logs.log_records) for resource_logs in request.resource_logs for scope_logs in resource_logs.scope_logs)
+
+
 def events(request: ExportLogsServiceRequest, received_ns: int, refused: list[str]) -> Iterator[dict]:
     """One event per LogRecord, with its resource's and scope's facts; a record whose times are
     out of range is left out, and why is added to `refused`."""

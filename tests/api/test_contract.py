@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
+from google.protobuf import json_format
 from sqlmodel import Session
 
 from service.core import keys
@@ -238,6 +240,54 @@ def test_an_ingest_post_whose_token_and_pipeline_the_api_knows_is_answered_as_th
         slow = sock.recv(65536)
     assert slow.startswith(b"HTTP/1.1 408") and b"did not arrive within" in slow, slow[:300]
     assert _ways(stack, operator)["known"] == after["known"] + 1
+
+
+def test_a_shippers_post_whose_token_the_api_knows_is_answered_as_the_route_answers_it(stack_factory) -> None:  # noqa: ANN001
+    """fast_ingest.py SHIPPERS: an OTLP export or a Loki push whose token the api has looked up
+    skips FastAPI's routing, taken by the route's own function. Each request below is sent that
+    way and routed (a query parameter the fast way does not read sends it to the route, which
+    ignores it): the same status, answer and content type, bad input and a token that may not
+    ingest there included; and the metrics count each way."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    stack = stack_factory(roles=("api",))
+    with Session(get_engine(stack.settings.resolved_database_url())) as session:
+        _row, operator = issue_token(session, None, label="metrics")
+        _row, only_logs = issue_token(session, get_tenant(session, "demo"), "ingest", pipelines=["logs"], label="logs only")
+    export = {"resourceLogs": [{"scopeLogs": [{"logRecords": [{"timeUnixNano": "1764000000000000000", "body": {"stringValue": "hi"}}]}]}]}
+    json_kind, protobuf_kind = {"Content-Type": "application/json"}, {"Content-Type": "application/x-protobuf"}
+    push = {"streams": [{"stream": {"job": "web"}, "values": [["1764000000000000000", "a line"]]}]}
+    cases = {
+        "otlp json": ("/otlp/v1/logs", orjson.dumps(export), json_kind),
+        "otlp protobuf": ("/otlp/v1/logs", json_format.ParseDict(export, ExportLogsServiceRequest()).SerializeToString(), protobuf_kind),
+        "otlp not json": ("/otlp/v1/logs", b'{"resourceLogs": [', json_kind),
+        "otlp not protobuf": ("/otlp/v1/logs", b"\xff\xff\xff", protobuf_kind),
+        "otlp no such type": ("/otlp/v1/logs", b"{}", {"Content-Type": "text/csv"}),
+        "otlp not gzip": ("/otlp/v1/logs", b"not gzip", {**json_kind, "Content-Encoding": "gzip"}),
+        "otlp no records": ("/otlp/v1/logs", b'{"resourceLogs": []}', json_kind),
+        "loki push": ("/loki/api/v1/push", orjson.dumps(push), json_kind),
+        "loki not a push": ("/loki/api/v1/push", b'{"streams": 5}', json_kind),
+    }
+
+    def answer(response) -> tuple:  # noqa: ANN001
+        return response.status_code, response.content, response.headers.get("content-type")
+
+    with stack.client() as http:
+        assert http.post("/logs", content=b'{"a": 1}', headers={"Content-Type": "application/x-ndjson"}).status_code == 202  # the token looked up
+        before = _ways(stack, operator)
+        for name, (path, body, headers) in cases.items():
+            known, routed = http.post(path, content=body, headers=headers), http.post(f"{path}?by=route", content=body, headers=headers)
+            assert answer(known) == answer(routed), name
+            assert known.status_code == {"otlp json": 200, "otlp protobuf": 200, "otlp no records": 200, "loki push": 204}.get(name, 400), (name, known.text)
+        waited = http.post("/otlp/v1/logs?wait=true", content=orjson.dumps(export), headers=json_kind)  # no writer here: buffered only
+        assert waited.status_code == 200 and "not yet committed" in waited.json()["partialSuccess"]["errorMessage"], waited.text
+    with stack.client(only_logs) as http:
+        assert http.post("/logs", content=b'{"a": 1}', headers={"Content-Type": "application/x-ndjson"}).status_code == 202  # looked up
+        known, routed = (http.post(f"/otlp/v1/logs{query}", content=orjson.dumps(export), headers=json_kind) for query in ("", "?by=route"))
+        assert answer(known) == answer(routed) and known.status_code == 403, known.text
+    after = _ways(stack, operator)
+    # (the last token's first POST to /logs was routed: looked up)
+    assert after["known"] - before.get("known", 0) == len(cases) + 2 and after["routed"] - before["routed"] == len(cases) + 2, (before, after)
 
 
 def test_a_token_and_a_pipeline_in_use_are_looked_up_again_before_they_expire_and_a_revocation_still_ends_the_token(stack_factory) -> None:  # noqa: ANN001

@@ -134,24 +134,27 @@ def test_python_logging_loki_pushes_with_basic_auth_into_the_loki_logs_table(sta
 
 
 def test_otlp_exports_buffered_as_columns_are_written_by_the_short_way_as_their_lines_by_the_spark_job(stack: Stack) -> None:
-    """An export as exporters write it is buffered as its rows' columns (spark_jobs/otlp_rows.py).
-    The first creates `otel_logs` through the Spark job, from the columns' lines; the next ones,
-    in JSON and in protobuf, are written by the short way's tasks straight from the columns, which
-    they read from Redis. The rows come out the same either way."""
+    """An export as exporters write it, of COLUMNS_FROM_RECORDS records (fewer are read record by
+    record), is buffered as its rows' columns (spark_jobs/otlp_rows.py). The first creates
+    `otel_logs` through the Spark job, from the columns' lines; the next ones, in JSON and in
+    protobuf, are written by the short way's tasks straight from the columns, which they read from
+    Redis. The rows come out the same either way."""
     import base64
 
     from google.protobuf import json_format
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+    from service.api.routes.otlp import COLUMNS_FROM_RECORDS
+
     def export(batch: int, trace_id: str = "5B8EFFF798038103D269B633813FC60C") -> dict:
         return {"resourceLogs": [{
             "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "checkout"}}, {"key": "host", "value": {"stringValue": "web-1"}}]},
             "scopeLogs": [{"scope": {"name": "app", "version": "1.0"}, "logRecords": [
-                {"timeUnixNano": str(1764000000123456789 + record * 86_400_000_000_000), "severityNumber": 9, "severityText": "INFO",
+                {"timeUnixNano": str(1764000000123456789 + record % 3 * 86_400_000_000_000 + record * 1000), "severityNumber": 9, "severityText": "INFO",
                  "body": {"stringValue": f"record {record} \"quoted\"\nsecond line"}, "traceId": trace_id,
                  "attributes": [{"key": "z", "value": {"intValue": str(record)}}, {"key": "a", "value": {"doubleValue": 0.5}},
                                 {"key": "batch", "value": {"intValue": str(batch)}}]}
-                for record in range(3)
+                for record in range(COLUMNS_FROM_RECORDS)
             ]}],
         }]}
 

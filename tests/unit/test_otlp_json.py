@@ -11,6 +11,7 @@ import json
 import orjson
 import pyarrow as pa
 import pytest
+from google.protobuf import json_format
 from google.protobuf.internal.encoder import _VarintBytes
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -337,3 +338,37 @@ def test_a_protobuf_export_ptars_cannot_read_is_read_field_by_field(monkeypatch)
         monkeypatch.setattr(otlp_columns, "_export_wire", Failing)
         assert otlp_columns._wire_records(wire, request, RECEIVED_NS) is otlp_columns._NOT_READ
         assert same_lines(otlp_columns.protobuf_body(request, RECEIVED_NS, 10, wire), expected)
+
+
+def test_a_small_export_is_read_record_by_record_and_a_large_one_column_by_column() -> None:
+    """routes/otlp.py `_events`: an export of fewer than COLUMNS_FROM_RECORDS records (JSON:
+    its objects counted) is read record by record (column by column it cost the api ~100 times
+    as much for one record), a larger one column by column; in JSON and in protobuf, each gives
+    the per-record way's events."""
+    from service.api.routes.otlp import COLUMNS_FROM_RECORDS, _events
+
+    def export(records: int) -> dict:
+        return {"resourceLogs": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "api"}}]}, "scopeLogs": [{
+            "scope": {"name": "app"}, "logRecords": [{
+                "timeUnixNano": str(1_764_000_000_000_000_000 + k), "severityNumber": 9, "body": {"stringValue": f"record {k}"},
+                "attributes": [{"key": "n", "value": {"intValue": str(k)}}, {"key": "host", "value": {"stringValue": "web-1"}},
+                               {"key": "ms", "value": {"doubleValue": k / 4}}],
+            } for k in range(records)]}]}]}
+
+    def events_of(read: list[dict] | ParsedBody) -> list[dict]:  # each map in key order (the columns' lines have them so)
+        lines = made_events(read, 10_000).ndjson if isinstance(read, list) else read.ndjson
+        lines = otlp_rows.lines(otlp_rows.from_ipc(lines)) if otlp_rows.is_rows(lines) else lines
+        return [{name: dict(sorted(value.items())) if isinstance(value, dict) else value for name, value in orjson.loads(line).items()}
+                for line in lines.split(b"\n")]
+
+    for records, by_columns in ((1, False), (COLUMNS_FROM_RECORDS // 2, False), (COLUMNS_FROM_RECORDS, True)):
+        document = export(records)
+        text = orjson.dumps(document)
+        wire = json_format.ParseDict(document, ExportLogsServiceRequest())
+        expected = events_of(otel.json_events(orjson.loads(text), RECEIVED_NS))
+        assert len(expected) == records
+        for body, is_json in ((text, True), (wire.SerializeToString(), False)):
+            read = _events(body, is_json, RECEIVED_NS, [], 10_000)
+            columns = isinstance(read, ParsedBody) and otlp_rows.is_rows(read.ndjson)
+            assert columns == by_columns and (columns or isinstance(read, list)), (records, is_json)
+            assert events_of(read) == expected, (records, is_json)

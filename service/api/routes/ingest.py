@@ -194,12 +194,14 @@ async def _ingest(
 
 async def accept_converted(
     request: Request, principal: Principal, buffer: RequestBuffer, limits: TenantLimits, settings: Settings, pipeline: str,
-    convert: Callable[[bytes], Iterable[dict] | ParsedBody | None],
+    convert: Callable[[bytes], Iterable[dict] | ParsedBody | None], inline_below: int = 0,
 ) -> str | None:
     """A shipper's protocol request: its body (within the limits, gunzipped) turned into events by
-    `convert` (off the event loop; BadRequestBody when it cannot; or into the writer's lines, which
-    it checked as made_events does; None for no event), then buffered as one request of `pipeline`
-    like a POST to its path. Its receipt; None if it held no event."""
+    `convert` (off the event loop, but for a body of fewer than `inline_below` bytes, whose
+    conversion is cheaper than the trip to the parsing thread; BadRequestBody when it cannot; or
+    into the writer's lines, which it checked as made_events does; None for no event), then
+    buffered as one request of `pipeline` like a POST to its path. Its receipt; None if it held
+    no event."""
     refuse_while_draining(request)
     tenant = principal.tenant
     if not principal.may_ingest_into(pipeline):
@@ -212,7 +214,10 @@ async def accept_converted(
         # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
         # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
         # export (make bench-api: 23 against 10 ms per 1,000 records).
-        parsed = await in_parsing_thread(tenant, lambda: _made(convert(body), settings.max_events_per_request))
+        if len(body) < inline_below:
+            parsed = _made(convert(body), settings.max_events_per_request)
+        else:
+            parsed = await in_parsing_thread(tenant, lambda: _made(convert(body), settings.max_events_per_request))
         if parsed is None:
             return None
     except Exception as exc:
