@@ -6,9 +6,9 @@ to a pipeline's path whose token's principal and whose pipeline are both in the 
 no query but `wait` and `timeout` in their plain spellings, is handled here by the same code the
 route runs (routes/ingest.py `_ingest`), its errors answered by the app's own exception handlers.
 So is a POST to a shipper's endpoint (OTLP's logs, Loki's push: SHIPPERS) whose token is cached,
-by its route's own function. Anything else (an unknown or uncached token, a pipeline not looked up yet, a draining api, any
-other query) goes to the app untouched, before its body is read: the route then answers as it
-always did, and its lookups fill the caches for the next request. A cached token or pipeline past
+by its route's own function. Anything else (an unknown or uncached token, a pipeline not looked
+up yet, a draining api, any other query) goes to the app untouched, before its body is read: the
+route then answers as it always did, and its lookups fill the caches for the next request. A cached token or pipeline past
 half its time is looked up again in the background (RefreshAhead) by the first request that finds
 it so, while the requests go on with it: an entry in use does not expire, which sent every
 request in flight the route's way, each waiting on the one lookup (15-18% of `make bench`'s plain
