@@ -66,6 +66,7 @@ import io
 import itertools
 import json
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -73,6 +74,7 @@ from decimal import Decimal
 from functools import cache, lru_cache, reduce
 from typing import NamedTuple
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -1164,20 +1166,13 @@ def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_
     inferred = [(name, table.column(name)) for name in table.column_names if name not in known]
     named = [(name, column) for name, column in inferred if column.null_count < len(column)]
     held = [column for _name, column in named]
-    layouts: list[_JsonLayout] = []  # the body's, made once where one is needed
-
-    def layout_of(data: np.ndarray) -> _JsonLayout:
-        if not layouts:
-            layouts.append(_JsonLayout(data))
-        return layouts[0]
-
-    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines), layout_of)) is not None:
+    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines))) is not None:
         return by_column
     if every_line or len(held) > MANY_INFERRED or any(column.null_count == 0 for column in held):
         # Each event has some, or the columns are too many to ask one by one (wide events), or
         # pyarrow could not infer them: read from where the body's keys and values are, where sure.
         if body is not None and (memory is None or memory.worth_trying()):
-            if (by_layout := layout_of(np.frombuffer(body, np.uint8)).unknown_fields(known, table.num_rows)) is not None:
+            if (by_layout := _JsonLayout(body).unknown_fields(known, table.num_rows)) is not None:
                 return by_layout
             if memory is not None:
                 memory.gave_up()
@@ -1200,14 +1195,13 @@ def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
 
 
-def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
-                      layout_of: Callable[[np.ndarray], "_JsonLayout"] = lambda data: _JsonLayout(data)) -> pa.Array | None:
+def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> pa.Array | None:
     """extra_maps's answer from the columns pyarrow inferred for the fields the table lacks,
     without reading a line again, where it is sure to be the same; None elsewhere. Sure where every
     such column holds strings, numbers or booleans (kept as extra_text spells them: a string as it
     is, an integer's digits, a double as _extra_double_texts says, true or false; pyarrow refuses a key
     twice in an event and a string that is no Unicode) or objects and lists whose text is their
-    copy (_JsonLayout.copies), its name is plain ASCII, and where an
+    copy (_value_copies), its name is plain ASCII, and where an
     event holds two or more of them, a double column a whole number, or an object or a list, each
     key is spelled without escapes, once in its line (where it is gives the map's order, the event's, and the
     whole number's text). A traced service's events (a trace and a span id each) cost a task
@@ -1223,6 +1217,10 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
             return None
     data = np.frombuffer(body, np.uint8)
     found: dict[str, np.ndarray | None] = {}
+    rows = len(held[0][1])
+    objects = [name for name, column in held if _is_nested(column.type)]
+    if objects and (values := _raw_values(body, tuple(objects), rows)) is None:
+        return None
 
     def keys_at(name: str, count: int) -> np.ndarray | None:
         """Where the key `name` is in the body, once for each of the `count` events holding it;
@@ -1243,12 +1241,12 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
                 return None
             texts.append(spelled)
         elif _is_nested(column.type):
-            if (copied := layout_of(data).copies(column.combine_chunks(), name, keys_at)) is None:
+            if (copied := _value_copies(values[objects.index(name)], column.combine_chunks())) is None:
                 return None
             texts.append(copied)
         else:
             texts.append(pc.cast(column, pa.string()).combine_chunks())
-    rows, width = len(texts[0]), len(texts)
+    width = len(texts)
     valid = np.stack([text.is_valid().to_numpy(zero_copy_only=False) for text in texts])  # width x rows
     counts, counts_by_column = valid.sum(axis=0), valid.sum(axis=1)
     # Entry (row, j) is the columns' concatenation's j * rows + row: in each row, the columns' order.
@@ -1265,6 +1263,53 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes,
     keys = pa.array([name for name, _column in held], pa.string()).take(pa.array(entries // rows))
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     return pa.MapArray.from_arrays(offsets, keys, values, type=TEXT_MAP, mask=pa.array(counts == 0))
+
+
+def _raw_values(body: bytes, names: tuple[str, ...], rows: int) -> list[list[msgspec.Raw | None]] | None:
+    """Each of the body's `rows` events' value of each of `names` (top-level fields), as its JSON
+    text (msgspec's Raw: the value's bytes in the body, found by msgspec's parser without making
+    the value), None where the event lacks the field; None where msgspec reads the body as other
+    than that many JSON objects (pyarrow read it: never so, but then not sure)."""
+    try:
+        events = _fields_decoder(names).decode_lines(body)
+    except msgspec.DecodeError:
+        return None
+    if len(events) != rows:
+        return None
+    return [list(map(operator.attrgetter(f"f{index}"), events)) for index in range(len(names))]
+
+
+@lru_cache(maxsize=64)
+def _fields_decoder(names: tuple[str, ...]) -> msgspec.json.Decoder:
+    """A decoder of NDJSON lines keeping only `names`' values, each as its text (msgspec.Raw); the
+    other fields are parsed past, not made."""
+    fields = msgspec.defstruct("Fields", [(f"f{index}", msgspec.Raw, None) for index in range(len(names))],
+                               rename={f"f{index}": name for index, name in enumerate(names)}, gc=False)
+    return msgspec.json.Decoder(fields)
+
+
+def _value_copies(raws: list[msgspec.Raw | None], column: pa.Array) -> pa.Array | None:
+    """Each event's object or list (`column`, as pyarrow read it; `raws`, its text in the body) as
+    its copy in the extra_fields map: the text without the whitespace between its tokens, where
+    that copy is sure to be Jackson's (_JsonLayout.span_texts, over the values' texts alone,
+    joined); None where most are not. A thousand events' pods (four keys and their labels) cost
+    ~0.5 ms this way against ~1.6 finding each in the whole body by numpy (_JsonLayout's passes
+    over all of its bytes) and ~20 reading each line again by Python's json."""
+    every = column.null_count == 0
+    valid = None if every else column.is_valid().to_numpy(zero_copy_only=False)
+    taken = raws if valid is None else [raws[row] for row in np.flatnonzero(valid).tolist()]
+    if None in taken:
+        return None  # (pyarrow read a value there: never so)
+    lengths = np.fromiter(map(len, taken), np.int64, count=len(taken))
+    ends = np.cumsum(lengths)
+    layout = _JsonLayout(b"".join(taken))
+    decode = json.JSONDecoder(object_pairs_hook=tuple).decode
+    texts = layout.span_texts(ends - lengths, ends, lambda index: extra_text(decode(bytes(taken[index]).decode())))
+    if texts is None or valid is None:
+        return texts
+    at = np.full(len(valid), -1)
+    at[valid] = np.arange(len(taken))
+    return texts.take(pa.array(at, mask=~valid))
 
 
 class Lines(Sequence):
@@ -1320,16 +1365,14 @@ class _JsonLayout:
     """Where a body's JSON strings and brackets are, found by numpy's searches for single bytes
     (no step per byte in Python, and no pass over the whole body but those searches): each quote
     not escaped (by an odd run of backslashes) opens or closes a string, and each bracket outside
-    strings has a depth. copies() takes the objects and lists pyarrow inferred for a field the
-    table lacks (a Kubernetes shipper's pod, say) as the very text of each event's value, as
-    Spark's JSON functions copy it into the extra_fields map (Jackson's compact copy,
-    extra_text's): the value's bytes without the whitespace between tokens, where that copy is
-    sure to be those bytes. Measured on 1,000 events each with a pod of four keys and a map of
-    labels in it, one process: the body's rows in 6.5 against 26 ms reading each line again by
-    Python's json (pyarrow's read, inferring the objects, 4.8 of it)."""
+    strings has a depth. Its data is a body (unknown_fields: each event's keys and values) or
+    values' texts joined (_value_copies). span_texts takes values as Spark's JSON functions copy
+    them into the extra_fields map (Jackson's compact copy, extra_text's): their bytes without
+    the whitespace between tokens, where that copy is sure to be those bytes."""
 
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+        self.data = data = np.frombuffer(text, np.uint8)
         quotes = np.flatnonzero(data == ord('"'))
         self.backslashes = np.flatnonzero(data == ord("\\"))
         if len(self.backslashes) and len(quotes):
@@ -1340,32 +1383,39 @@ class _JsonLayout:
             run = np.where(quotes > 0, before - last_other[before], 0)
             quotes = quotes[run % 2 == 0]
         self.quotes = quotes
-        brackets = np.flatnonzero((data == ord("{")) | (data == ord("}")) | (data == ord("[")) | (data == ord("]")))
-        self.brackets = brackets[self.outside(brackets)]
-        self.step = np.where((data[self.brackets] == ord("{")) | (data[self.brackets] == ord("[")), 1, -1)
-        self.depth = np.cumsum(self.step)  # after each bracket
+        self.nesting: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the brackets, each one's step and the depth after it
         self.newlines: np.ndarray | None = None  # found once a line is read again
         self.spaces: np.ndarray | None = None  # the whitespace between tokens, found once a copy needs it
         self.lines_read: dict[int, tuple] = {}  # each line read again, by its number in the body
 
+    @property
+    def brackets(self) -> np.ndarray:
+        """Where each bracket outside strings is (found once asked: copying values does not ask)."""
+        return self._nesting()[0]
+
+    @property
+    def step(self) -> np.ndarray:
+        """Each bracket's step in depth: 1 opening, -1 closing."""
+        return self._nesting()[1]
+
+    @property
+    def depth(self) -> np.ndarray:
+        """The depth after each bracket."""
+        return self._nesting()[2]
+
+    def _nesting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # (Not functools.cached_property: Python 3.11's holds a lock, which the task's code, pickled by value, cannot.)
+        if self.nesting is None:
+            data = self.data
+            brackets = np.flatnonzero((data == ord("{")) | (data == ord("}")) | (data == ord("[")) | (data == ord("]")))
+            brackets = brackets[self.outside(brackets)]
+            step = np.where((data[brackets] == ord("{")) | (data[brackets] == ord("[")), 1, -1)
+            self.nesting = (brackets, step, np.cumsum(step))
+        return self.nesting
+
     def outside(self, places: np.ndarray) -> np.ndarray:
         """Whether each place is outside strings (a closing quote is; an opening one is not)."""
         return np.searchsorted(self.quotes, places, side="right") % 2 == 0
-
-    def copies(self, column: pa.Array, name: str, keys_at: Callable[[str, int], np.ndarray | None]) -> pa.Array | None:
-        """Each event's value of `name` (an object or a list where `column` is valid) as its copy
-        in the extra_fields map; None where not sure."""
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
-        if (at := keys_at(name, int(valid.sum()))) is None:
-            return None
-        starts = self._after_colon(at + len(name) + 2)
-        if starts is None or (ends := self._closings(starts)) is None:
-            return None
-        if (texts := self._span_texts(starts, ends, [name] * len(starts))) is None:
-            return None
-        where = np.full(len(valid), -1)
-        where[valid] = np.arange(len(starts))
-        return texts.take(pa.array(where, mask=~valid))
 
     def unknown_fields(self, known: list[str], rows: int) -> pa.MapArray | None:
         """extra_maps's answer read from the layout alone, for events whose fields the table lacks
@@ -1421,7 +1471,8 @@ class _JsonLayout:
             if (closed := self._closings(starts[nested])) is None:
                 return None
             ends[nested] = closed
-        texts = self._span_texts(starts, ends, names.to_pylist(), strings)
+        named = names.to_pylist()
+        texts = self.span_texts(starts, ends, lambda index: self._read_again(int(starts[index]), named[index]), strings)
         if texts is None:
             return None
         counts = np.bincount(row, minlength=rows)
@@ -1460,11 +1511,11 @@ class _JsonLayout:
             ends = ends + more
         return None
 
-    def _span_texts(self, starts: np.ndarray, ends: np.ndarray, names: list[str], strings: np.ndarray | None = None) -> pa.Array | None:
+    def span_texts(self, starts: np.ndarray, ends: np.ndarray, again: Callable[[int], str], strings: np.ndarray | None = None) -> pa.Array | None:
         """The text of each value [start, end) (in ascending order, apart), as extra_text spells
         it: a copy without the whitespace between tokens, a string's (`strings`) without its
-        quotes; read again from its line (names: each value's field) where that is not sure, and
-        None where most are."""
+        quotes; read again (`again`, given the value's index) where that is not sure, and None
+        where most are."""
         import pyarrow.compute as pc
 
         data = self.data
@@ -1480,8 +1531,12 @@ class _JsonLayout:
         if unsure.sum() * 4 > len(unsure):
             return None  # most of them: reading every line again costs no more
         if self.spaces is None:  # the whitespace between tokens, dropped: Jackson's copy has none
-            space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
-            self.spaces = space[self.outside(space)]
+            text = self.text
+            if b" " in text or b"\t" in text or b"\r" in text:  # (memchr's speed: compact JSON has none but in its strings)
+                space = np.flatnonzero((data == ord(" ")) | (data == ord("\t")) | (data == ord("\r")))
+                self.spaces = space[self.outside(space)]
+            else:
+                self.spaces = np.empty(0, np.int64)
         sure = ~unsure
         texts = _spans(data, np.where(sure, starts, 0), np.where(sure, ends, 0), self.spaces)  # the unsure empty, for now
         if texts is None:
@@ -1490,8 +1545,8 @@ class _JsonLayout:
             return texts
         # The few values whose copy is not sure (a fraction Java spells in another way, say): their
         # lines read again, as every line would be.
-        again = [self._read_again(int(start), names[index]) for index, start in zip(np.flatnonzero(unsure).tolist(), starts[unsure].tolist())]
-        return pc.replace_with_mask(texts, pa.array(unsure), pa.array(again, pa.string()))
+        read = [again(index) for index in np.flatnonzero(unsure).tolist()]
+        return pc.replace_with_mask(texts, pa.array(unsure), pa.array(read, pa.string()))
 
     def _read_again(self, start: int, name: str) -> str:
         """The text of the value of `name` (which begins at `start`) read from its line by
@@ -1630,15 +1685,18 @@ def _spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, dropped: np.n
     (ascending); None where one is no UTF-8."""
     lengths = ends - starts
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    taken = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)  # each span's bytes, span after span
-    if dropped is not None and len(dropped) and len(taken):
+    if (dropped is None or not len(dropped)) and len(starts) and starts[0] == 0 and ends[-1] == len(data) and (starts[1:] == ends[:-1]).all():
+        taken = None  # the spans are the data, one after another: their texts are its bytes
+    else:
+        taken = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)  # each span's bytes, span after span
+    if taken is not None and dropped is not None and len(dropped) and len(taken):
         marked = np.zeros(len(data), bool)
         marked[dropped] = True
         kept = ~marked[taken]
         taken = taken[kept]
         counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
         offsets = counted[offsets]
-    texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data[taken].tobytes()))
+    texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data if taken is None else data[taken].tobytes()))
     try:
         texts.validate(full=True)  # UTF-8, as json would read it
     except pa.ArrowInvalid:

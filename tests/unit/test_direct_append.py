@@ -305,6 +305,28 @@ def test_the_extra_maps_of_objects_and_lists_are_the_text_of_each_value_without_
     assert _extras_by_column([(name, table.column(name)) for name in ("pod", "tags")], other) is None
 
 
+def test_an_object_is_copied_from_its_events_own_field_wherever_else_its_name_is_spelled() -> None:
+    """An object the table lacks is copied from each event's own top-level field (msgspec's text
+    of it), not from where its name is found in the body: its key spelled with an escape, a null
+    of it in another event, its name as a value or as a key inside it, a blank line among the
+    events. Each map is the one reading every line makes (finding the key in the body could not
+    be sure of any of these, and left the whole body to that reading)."""
+    lines = [b'{"id": 1, "pod": {"ns": "prod", "pod": "web-1", "labels": {"app": "pod"}}}',
+             b'{"id": 2, "p\\u006fd": {"ns": "dev"}, "msg": "the pod"}',
+             b'{"id": 3, "pod": null}',
+             b'{"id": 4}',
+             b'{"id": 5, "pod": {"ns": "\\u00e9t\\u00e9", "took": 1.50}}',  # (read again: Jackson spells both otherwise)
+             b'{"id": 6, "pod": {"ns": "prod"}}', b'{"id": 7, "pod": {"ns": "prod"}}']
+    body = b"\n".join(lines[:3]) + b"\n\n" + b"\n".join(lines[3:])
+    parsing = parse_schema(TABLE, "_extra", [])
+    table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="infer"))
+    expected = extra_maps(table, lines, parsing.names, every_line=True).to_pylist()
+    assert expected == [[("pod", '{"ns":"prod","pod":"web-1","labels":{"app":"pod"}}')], [("pod", '{"ns":"dev"}')], None, None,
+                        [("pod", '{"ns":"\u00e9t\u00e9","took":1.5}')], [("pod", '{"ns":"prod"}')], [("pod", '{"ns":"prod"}')]]
+    copied = _extras_by_column([("pod", table.column("pod"))], body)
+    assert copied is not None and copied.to_pylist() == expected
+
+
 # Objects and lists whose copy is sure to be their text: ASCII strings (quotes, backslashes and
 # brackets in them, escaped by json.dumps as Jackson escapes them; no "p" or "t", so no value spells
 # a field's name), integers of any size, doubles from 1e-3 to 1e7, booleans and nulls, nested. Keys keep their types, so pyarrow
@@ -387,16 +409,16 @@ def test_fields_of_changing_type_are_read_from_the_layout_without_reading_each_l
     body = b"\n".join(lines)
     parsing = parse_schema(TABLE, "_extra", [])
     table = pajson.read_json(io.BytesIO(body), parse_options=pajson.ParseOptions(explicit_schema=parsing, unexpected_field_behavior="ignore"))
-    maps = _JsonLayout(np.frombuffer(body, np.uint8)).unknown_fields(parsing.names, len(lines))
+    maps = _JsonLayout(body).unknown_fields(parsing.names, len(lines))
     assert maps is not None
     assert maps.to_pylist() == extra_maps(table, lines, parsing.names, every_line=True).to_pylist() == [
         [("user", "12345"), ("took", "0.25")], [("user", "anon"), ("pod", '{"ns":"x"}')], [("user", "-7")], None,
         [("user", 'a "quoted" one'), ("took", "1000.0")], [("user", "9")], [("user", "bob")], [("code", '[1,"2"]')],
     ]
     twice = body + b'\n{"id": 6, "user": 1, "user": 2}'
-    assert _JsonLayout(np.frombuffer(twice, np.uint8)).unknown_fields(parsing.names, len(lines) + 1) is None
+    assert _JsonLayout(twice).unknown_fields(parsing.names, len(lines) + 1) is None
     not_utf8 = body + b'\n{"id": 6, "us\xffer": 1}'
-    assert _JsonLayout(np.frombuffer(not_utf8, np.uint8)).unknown_fields(parsing.names, len(lines) + 1) is None
+    assert _JsonLayout(not_utf8).unknown_fields(parsing.names, len(lines) + 1) is None
 
 
 @given(st.lists(st.sampled_from([b'{"a":1}', b'{"b":"x"}', b"", b" ", b"\r", b"\t", b" {}", b"\x0b", b"{\r"]), max_size=8),
