@@ -9,7 +9,8 @@ import time
 import pytest
 from fastapi import HTTPException
 
-from service.api.bodies import INLINE_PARSE_BYTES, BodyGuard, in_parsing_thread, parsed_off_loop
+from service.api import bodies
+from service.api.bodies import INLINE_PARSE_BYTES, SHARED_INLINE_BYTES, BodyGuard, Neighbours, in_parsing_thread, parsed_off_loop
 
 
 def run(app, body_messages: list[dict], later: list[dict]) -> list[dict]:  # noqa: ANN001
@@ -56,9 +57,10 @@ def test_a_body_that_does_not_arrive_in_time_is_refused() -> None:
     assert refused.value.status_code == 408
 
 
-def test_a_small_body_is_parsed_on_the_event_loop_and_large_ones_one_at_a_time_in_a_thread() -> None:
+def test_a_small_body_is_parsed_on_the_event_loop_and_large_ones_one_at_a_time_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread per small body cost the loop more than parsing it (each held the GIL in turn with
     the loop); a large one must not hold the loop, and two large ones never parse at once."""
+    monkeypatch.setattr(bodies, "neighbours", Neighbours())  # demo alone
     running, overlaps = [0], []
 
     def parse(_body: bytes) -> int:
@@ -80,6 +82,46 @@ def test_a_small_body_is_parsed_on_the_event_loop_and_large_ones_one_at_a_time_i
     assert on_small == loop_thread
     assert all(thread != loop_thread for thread in on_large)
     assert max(overlaps) == 1
+
+
+def test_while_another_tenant_sends_a_body_over_the_shared_limit_is_parsed_in_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant alone has its bodies up to INLINE_PARSE_BYTES parsed on the loop (cheapest); while
+    another tenant has sent within the window, its bodies over SHARED_INLINE_BYTES go to the
+    parsing thread (a flood of them on the loop queued the other's small POSTs: 3 -> 69 ms p50),
+    smaller ones stay; once the other has been quiet for the window, the loop again."""
+    now = [100.0]
+    monkeypatch.setattr(bodies, "neighbours", Neighbours(window_s=1.0, clock=lambda: now[0]))
+    large, small = b"x" * (SHARED_INLINE_BYTES + 1), b"x" * SHARED_INLINE_BYTES
+
+    async def where(tenant: str, body: bytes) -> str:
+        thread = await parsed_off_loop(tenant, len(body), lambda _body: threading.get_ident(), body)
+        return "loop" if thread == threading.get_ident() else "thread"
+
+    async def main() -> list[str]:
+        seen = [await where("demo", large)]  # alone
+        seen.append(await where("alpha", small))  # (its own: small)
+        seen += [await where("demo", large), await where("demo", small)]  # alpha sent 0 s ago
+        now[0] += 0.9
+        seen.append(await where("demo", large))  # 0.9 s ago
+        now[0] += 0.2
+        seen.append(await where("demo", large))  # 1.1 s ago: alone again
+        seen.append(await where("alpha", large))  # demo sent just now: alpha's large body is the thread's too
+        return seen
+
+    assert asyncio.run(main()) == ["loop", "loop", "thread", "loop", "thread", "loop", "thread"]
+
+
+def test_neighbours_tell_a_tenant_whether_another_sent_within_the_window() -> None:
+    now = [0.0]
+    company = Neighbours(window_s=1.0, clock=lambda: now[0])
+    assert [company.note("a"), company.note("a")] == [False, False]
+    now[0] = 0.5
+    assert company.note("b") and company.note("a") and company.note("b")
+    now[0] = 1.4
+    assert company.note("b")  # a sent at 0.5
+    now[0] = 1.6
+    assert not company.note("b") and not company.note("b")  # a quiet for 1.1 s
+    assert company.note("c") and company.note("b")
 
 
 def test_the_parsing_thread_takes_the_tenants_in_turn_so_a_flood_waits_behind_itself() -> None:

@@ -31,7 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from sqlmodel import Session
 
-from service.api.bodies import read_body
+from service.api.bodies import neighbours, read_body
 from service.api.buffer import RequestBuffer
 from service.api.deps import (
     BufferDep,
@@ -316,6 +316,7 @@ async def _accept_items(request: Request, principal: Principal, settings: Settin
             raise NotFound(f"no pipeline {name!r}")
         return record
 
+    neighbours.note(tenant)  # (company for another tenant's flood of plain bodies: bodies.parsed_off_loop)
     items, targets = await run_in_threadpool(_plan, body, index, load)
     batches: list[tuple[str, ParsedBody]] = []
     for name, target in targets.items():
