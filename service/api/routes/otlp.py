@@ -53,7 +53,8 @@ COLUMNS_FROM_OBJECTS = 8 * COLUMNS_FROM_RECORDS
 # costs less than the trip to the parsing thread (~0.2 ms at most). A larger one is converted in
 # the parsing thread, in its tenant's turn: converted on the loop, a flood of 190-record exports
 # (61 KB) took another tenant's POSTs from 2 to 41 ms (p50; p99 5 to 105 ms), as a flood of
-# 1,000-event NDJSON bodies, parsed on the loop, does (45 ms).
+# 1,000-event NDJSON bodies on the loop did until those too went to the thread while another
+# tenant sends (bodies.parsed_off_loop).
 INLINE_BELOW = {JSON: 8 << 10, PROTOBUF: 4 << 10}
 
 OTLP_BODY = {
