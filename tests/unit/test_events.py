@@ -6,11 +6,15 @@ import gzip
 import json
 import re
 import tracemalloc
+from unittest import mock
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from service.api.events import _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, normalize_events, parse_events
+from service.api import events
+from service.api.events import ParsedBody, _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, normalize_events, parse_events
 from service.core.exceptions import BadRequestBody, BodyTooLarge
 
 
@@ -260,3 +264,66 @@ def test_a_body_read_at_once_gives_exactly_what_reading_it_line_by_line_gives(bo
     if at_once == "as sent":
         assert fast.ndjson == b"\n".join(text for text in texts if text)
     assert parse_events(body, "application/x-ndjson", 1000) == slow
+
+
+_JSON_LEAVES = (st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.sampled_from([2**63 - 1, -(2**63), 2**64 - 1, 2**64])
+                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5) | st.sampled_from(["é", "\u2028", "😀", "\x00", "/", '"', "\\"]))
+_JSON_VALUES = st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+# How producers write a line: orjson's encoding, the standard library's (compact; with spaces; non-ASCII escaped or not).
+def _encoded(value: object) -> bytes:
+    """orjson's encoding, or the standard library's compact one where orjson has none (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_ENCODERS = [_encoded, lambda value: json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(),
+             lambda value: json.dumps(value).encode(), lambda value: json.dumps(value, separators=(",", ":")).encode()]
+
+
+@st.composite
+def ndjson_bodies(draw) -> bytes:  # noqa: ANN001
+    """Bodies most of whose lines are their events' encodings, with now and then a line spelled
+    otherwise, a key twice, a number past 64 bits, two events on one line, an event over two
+    lines, a line that is no object, blank lines and CRLF."""
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        event = draw(st.dictionaries(st.text(max_size=4), _JSON_VALUES, max_size=4))
+        line = (_ENCODERS[draw(st.integers(0, 3))] if draw(st.integers(0, 3)) == 0 else _encoded)(event) if draw(st.integers(0, 9)) else b""
+        kind = draw(st.integers(0, 24))
+        if kind == 1 and event:
+            line = line[:-1] + b"," + line[1:]  # every key twice
+        elif kind == 2:
+            line += line  # two events on one line
+        elif kind == 3 and len(line) > 2:
+            cut = draw(st.integers(1, len(line) - 1))
+            line = line[:cut] + b"\n" + line[cut:]  # one event over two lines
+        elif kind == 4:
+            line = draw(st.sampled_from([b"[1]", b'"x"', b"{", b"{}", b'{"a":NaN}', b'{"a":1e400}', b'{"a":"\\ud800"}', b"\xff"]))
+        elif kind == 5:
+            line += b"\r"
+        lines.append(line)
+    return b"\n".join(lines)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ndjson_bodies())
+def test_random_bodies_read_at_once_give_what_reading_every_line_gives(body: bytes) -> None:
+    """Reading a body at once (msgspec's reading of the whole body, then line by line only where
+    a line is not its event's encoding) gives the lines, counts and errors of reading every line
+    alone."""
+    texts = [raw.strip() for raw in body.split(b"\n")]
+    try:
+        slow: ParsedBody | str = _parse_texts(body, texts, "line {}", 1, 1000)
+    except BadRequestBody as exc:
+        slow = str(exc)
+    try:
+        answer: ParsedBody | str = parse_events(body, "application/x-ndjson", 1000)
+    except BadRequestBody as exc:
+        answer = str(exc)
+    assert answer == slow
+    for parts in [(16, 64), (1, 1), (2, 3)]:  # as run, and in parts of a few lines (the bodies are short)
+        with mock.patch.object(events, "_FIRST_TOGETHER", parts[0]), mock.patch.object(events, "_TOGETHER", parts[1]):
+            fast = _parsed_at_once(body, texts, 1000)
+        assert fast is None or fast == slow
