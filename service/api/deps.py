@@ -6,10 +6,12 @@ CPU (and every ingest request one hop per such dependency)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import functools
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 import redis
@@ -31,6 +33,24 @@ from service.iceberg.catalog import load_table, open_catalog
 from service.tenancy.limits import TenantLimits
 from service.tenancy.names import NAME_PATTERN, RULE
 from service.tenancy.tenants import OPERATOR_SCOPE, Principal, authenticate
+
+log = logging.getLogger(__name__)
+_REFRESHING: set[asyncio.Task] = set()  # (the loop keeps only weak references to its tasks)
+
+
+def looked_up_again(refresh: Callable[..., None], *args: object) -> None:
+    """`refresh(*args)` in the threadpool, off the request: its failure (the DB away) is logged
+    and the entry then expires as it would have."""
+    task = asyncio.get_running_loop().create_task(run_in_threadpool(refresh, *args))
+    _REFRESHING.add(task)
+
+    def finished(task: asyncio.Task) -> None:
+        _REFRESHING.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("looking up a cached token or pipeline again failed (%s); it expires as it would have", type(exc).__name__)
+
+    task.add_done_callback(finished)
+
 
 _bearer = HTTPBearer(auto_error=False)
 

@@ -5,8 +5,8 @@ layers (routing, its dependencies solved, middlewares, exception wrappers), not 
 to a pipeline's path whose token's principal and whose pipeline are both in the api's caches, with
 no query but `wait` and `timeout` in their plain spellings, is handled here by the same code the
 route runs (routes/ingest.py `_ingest`), its errors answered by the app's own exception handlers.
-So is a POST to a shipper's endpoint (OTLP's logs, Loki's push: SHIPPERS) whose token is cached,
-by its route's own function. Anything else (an unknown or uncached token, a pipeline not looked
+So is a POST to a shipper's endpoint (OTLP's logs, Loki's push, Elasticsearch's `/_bulk`:
+SHIPPERS) whose token is cached, by its route's own function. Anything else (an unknown or uncached token, a pipeline not looked
 up yet, a draining api, any other query) goes to the app untouched, before its body is read: the
 route then answers as it always did, and its lookups fill the caches for the next request. A cached token or pipeline past
 half its time is looked up again in the background (RefreshAhead) by the first request that finds
@@ -17,10 +17,8 @@ requests: the 2 s pipeline cache expired every 2 s; 0-0.4% so).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
@@ -30,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.deps import lookup_principal, token_from
-from service.api.routes import loki, otlp
+from service.api.deps import looked_up_again, lookup_principal, token_from
+from service.api.routes import elastic, loki, otlp
 from service.api.routes.ingest import PipelinePath, _ingest, in_flight, pipeline_at
 from service.core import metrics
 from service.pipelines.store import MISSING
@@ -42,24 +40,6 @@ _WAIT = {"true": True, "false": False}
 _TIMEOUT = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,6})?")
 MAX_TIMEOUT_S = 86400  # the route's own bound on timeout (le=86400)
 KNOWN = metrics.INGEST_WAYS.labels("known")
-log = logging.getLogger(__name__)
-_REFRESHING: set[asyncio.Task] = set()  # (the loop keeps only weak references to its tasks)
-
-
-def _looked_up_again(refresh: Callable[..., None], *args: object) -> None:
-    """`refresh(*args)` in the threadpool, off the request: its failure (the DB away) is logged
-    and the entry then expires as it would have."""
-    task = asyncio.get_running_loop().create_task(run_in_threadpool(refresh, *args))
-    _REFRESHING.add(task)
-
-    def finished(task: asyncio.Task) -> None:
-        _REFRESHING.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.warning("looking up a cached token or pipeline again failed (%s); it expires as it would have", type(exc).__name__)
-
-    task.add_done_callback(finished)
-
-
 def _query(raw: bytes, known: frozenset[str] = frozenset({"wait", "timeout"})) -> tuple[bool, float | None] | None:
     """(wait, timeout) of a query of only those two (or of `known` of them), each once and spelled
     plainly; None for any other query (the route parses it, and refuses what it must)."""
@@ -89,6 +69,8 @@ SHIPPERS: dict[str, tuple[Take, frozenset[str]]] = {
         request, principal, state.buffer, state.waiter, state.limits, state.settings, wait), frozenset({"wait", "timeout"})),
     "/loki/api/v1/push": (lambda request, principal, state, _wait, _timeout: loki.take_push(
         request, principal, state.buffer, state.limits, state.settings), frozenset()),
+    "/_bulk": (lambda request, principal, state, _wait, _timeout: elastic.bulk(
+        request, principal, state.settings, state.buffer, state.limits, None), frozenset()),
 }
 
 
@@ -138,14 +120,14 @@ class FastIngest:
         if principal is None or principal.is_operator or "ingest" not in principal.scopes:
             return None
         if state.principals.due(token):
-            _looked_up_again(state.principals.refresh, token, functools.partial(lookup_principal, state.engine))
+            looked_up_again(state.principals.refresh, token, functools.partial(lookup_principal, state.engine))
         if shipper:
             return principal, shipper[0], query
         record = state.pipelines.cached((principal.tenant, path))
         if record is MISSING or record is None or not principal.may_ingest_into(record.name):
             return None
         if state.pipelines.due((principal.tenant, path)):
-            _looked_up_again(state.pipelines.refresh, (principal.tenant, path), functools.partial(pipeline_at, state.engine, principal.tenant, path))
+            looked_up_again(state.pipelines.refresh, (principal.tenant, path), functools.partial(pipeline_at, state.engine, principal.tenant, path))
         return principal, functools.partial(_pipeline_request, record.name), query
 
 

@@ -5,6 +5,7 @@ fuzz reaches only by chance, each on its own."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -243,8 +244,8 @@ def test_an_ingest_post_whose_token_and_pipeline_the_api_knows_is_answered_as_th
 
 
 def test_a_shippers_post_whose_token_the_api_knows_is_answered_as_the_route_answers_it(stack_factory) -> None:  # noqa: ANN001
-    """fast_ingest.py SHIPPERS: an OTLP export or a Loki push whose token the api has looked up
-    skips FastAPI's routing, taken by the route's own function. Each request below is sent that
+    """fast_ingest.py SHIPPERS: an OTLP export, a Loki push or a `_bulk` body whose token the api
+    has looked up skips FastAPI's routing, taken by the route's own function. Each request below is sent that
     way and routed (a query parameter the fast way does not read sends it to the route, which
     ignores it): the same status, answer and content type, bad input and a token that may not
     ingest there included; and the metrics count each way."""
@@ -256,6 +257,7 @@ def test_a_shippers_post_whose_token_the_api_knows_is_answered_as_the_route_answ
         _row, only_logs = issue_token(session, get_tenant(session, "demo"), "ingest", pipelines=["logs"], label="logs only")
     export = {"resourceLogs": [{"scopeLogs": [{"logRecords": [{"timeUnixNano": "1764000000000000000", "body": {"stringValue": "hi"}}]}]}]}
     json_kind, protobuf_kind = {"Content-Type": "application/json"}, {"Content-Type": "application/x-protobuf"}
+    ndjson_kind = {"Content-Type": "application/x-ndjson"}
     push = {"streams": [{"stream": {"job": "web"}, "values": [["1764000000000000000", "a line"]]}]}
     cases = {
         "otlp json": ("/otlp/v1/logs", orjson.dumps(export), json_kind),
@@ -267,10 +269,22 @@ def test_a_shippers_post_whose_token_the_api_knows_is_answered_as_the_route_answ
         "otlp no records": ("/otlp/v1/logs", b'{"resourceLogs": []}', json_kind),
         "loki push": ("/loki/api/v1/push", orjson.dumps(push), json_kind),
         "loki not a push": ("/loki/api/v1/push", b'{"streams": 5}', json_kind),
+        # (the first POST of each names a pipeline the api does not keep yet: planned where the DB is read)
+        "bulk": ("/_bulk", b'{"index":{"_index":"logs"}}\n{"a":1}\n{"index":{"_index":"logs"}}\n{"b":"x"}\n', ndjson_kind),
+        "bulk no such index": ("/_bulk", b'{"create":{"_index":"nope","_id":"7"}}\n{"a":1}\n', ndjson_kind),
+        "bulk items each": ("/_bulk", b'{"index":{"_index":"logs","_id":"1"}}\n{"a":1}\n{"delete":{"_index":"logs","_id":"2"}}\n', ndjson_kind),
+        "bulk not json": ("/_bulk", b'{"index":\n{"a":1}\n', ndjson_kind),
     }
 
     def answer(response) -> tuple:  # noqa: ANN001
-        return response.status_code, response.content, response.headers.get("content-type")
+        content = response.content
+        if response.request.url.path == "/_bulk" and response.status_code == 200:  # its time taken and made-up _ids aside
+            content = orjson.loads(content) | {"took": 0}
+            for item in content["items"]:
+                made = next(iter(item.values()))
+                if re.fullmatch("[0-9a-f]{32}", made["_id"]):  # (an _id the request gave is compared)
+                    made["_id"] = "made up"
+        return response.status_code, content, response.headers.get("content-type")
 
     with stack.client() as http:
         assert http.post("/logs", content=b'{"a": 1}', headers={"Content-Type": "application/x-ndjson"}).status_code == 202  # the token looked up
@@ -278,7 +292,11 @@ def test_a_shippers_post_whose_token_the_api_knows_is_answered_as_the_route_answ
         for name, (path, body, headers) in cases.items():
             known, routed = http.post(path, content=body, headers=headers), http.post(f"{path}?by=route", content=body, headers=headers)
             assert answer(known) == answer(routed), name
-            assert known.status_code == {"otlp json": 200, "otlp protobuf": 200, "otlp no records": 200, "loki push": 204}.get(name, 400), (name, known.text)
+            if name.startswith("bulk") and known.status_code == 200:
+                assert [next(iter(item.values()))["status"] for item in known.json()["items"]] == {
+                    "bulk": [201, 201], "bulk no such index": [404], "bulk items each": [201, 400]}[name], known.text
+            assert known.status_code == {"otlp json": 200, "otlp protobuf": 200, "otlp no records": 200, "loki push": 204,
+                                         "bulk": 200, "bulk no such index": 200, "bulk items each": 200}.get(name, 400), (name, known.text)
         for query in ("?wait=true", "?wait=true&timeout=60"):  # no writer here: buffered only (the route has no timeout)
             waited = http.post(f"/otlp/v1/logs{query}", content=orjson.dumps(export), headers=json_kind)
             assert waited.status_code == 200 and "not yet committed" in waited.json()["partialSuccess"]["errorMessage"], waited.text

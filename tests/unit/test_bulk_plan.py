@@ -68,8 +68,8 @@ def test_a_bulk_body_planned_all_at_once_is_planned_as_item_by_item(items: list[
     created, targets_at_once = at_once
     assert created.items() == each_items
     assert orjson.loads(orjson.dumps(created.encoded())) == each_items, "the answer's items written straight to JSON"
-    assert {name: (target.lines, target.items) for name, target in targets_at_once.items()} == {
-        name: (target.lines, target.items) for name, target in each_targets.items()}
+    assert {name: (target.events(), target.items) for name, target in targets_at_once.items()} == {
+        name: (target.events(), target.items) for name, target in each_targets.items()}
 
 
 def test_the_shippers_bodies_are_planned_all_at_once() -> None:
@@ -80,6 +80,6 @@ def test_the_shippers_bodies_are_planned_all_at_once() -> None:
     planned = elastic._plan_alike(lines, None, load, IDS)
     assert planned is not None
     created, targets = planned
-    assert [orjson.loads(line) for line in targets["logs"].lines] == events
+    assert [orjson.loads(line) for line in targets["logs"].events().ndjson.split(b"\n")] == events
     assert created.items() == elastic._plan_each(lines, None, load, IDS, False)[0]
     assert elastic._plan_alike(lines[:-1], None, load, IDS) is None, "an action without its document: item by item, which says so"
