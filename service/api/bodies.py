@@ -122,13 +122,15 @@ _turns: FairTurns | None = None
 neighbours = Neighbours()
 
 
-async def parsed_off_loop(tenant: str, size: int, parse: Callable[..., _T], *args: object) -> _T:
+async def parsed_off_loop(tenant: str, size: int, parse: Callable[..., _T], *args: object,
+                          alone_upto: int = INLINE_PARSE_BYTES, shared_upto: int = SHARED_INLINE_BYTES) -> _T:
     """`parse(*args)`, the CPU work of reading a body of `size` bytes: on the event loop when the
-    body is small (and, while other tenants send, smaller), else in the api's parsing thread
-    (in_parsing_thread), so that however many large bodies arrive at once, the loop shares the
-    interpreter with one of them only."""
+    body is small (up to `alone_upto` bytes; while other tenants send, up to `shared_upto`), else
+    in the api's parsing thread (in_parsing_thread), so that however many large bodies arrive at
+    once, the loop shares the interpreter with one of them only. The limits are a plain body's
+    (NDJSON, JSON, `_bulk`); a shipper's body costs more per byte and has its own (accept_converted)."""
     shared = neighbours.note(tenant)
-    if size <= SHARED_INLINE_BYTES or (size <= INLINE_PARSE_BYTES and not shared):
+    if size <= shared_upto or (size <= alone_upto and not shared):
         return parse(*args)
     return await in_parsing_thread(tenant, parse, *args)
 

@@ -111,6 +111,26 @@ def test_while_another_tenant_sends_a_body_over_the_shared_limit_is_parsed_in_th
     assert asyncio.run(main()) == ["loop", "loop", "thread", "loop", "thread", "loop", "thread"]
 
 
+def test_a_shippers_limit_holds_alone_and_with_company_and_its_tenant_is_company_for_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shipper's body (accept_converted) has one limit whatever the company: over it, the thread
+    even for a tenant alone; up to it, the loop even while another sends. Its tenant is company
+    for another tenant's plain bodies all the same."""
+    monkeypatch.setattr(bodies, "neighbours", Neighbours(window_s=1.0, clock=lambda: 100.0))
+
+    async def where(tenant: str, size: int, **limits: int) -> str:
+        thread = await parsed_off_loop(tenant, size, threading.get_ident, **limits)
+        return "loop" if thread == threading.get_ident() else "thread"
+
+    async def main() -> list[str]:
+        shipper = {"alone_upto": 8191, "shared_upto": 8191}
+        seen = [await where("demo", 8192, **shipper), await where("demo", 8191, **shipper)]  # alone
+        seen.append(await where("alpha", SHARED_INLINE_BYTES + 1))  # a plain body: demo's exports are company
+        seen.append(await where("demo", 8191, **shipper))  # with company
+        return seen
+
+    assert asyncio.run(main()) == ["thread", "loop", "thread", "loop"]
+
+
 def test_neighbours_tell_a_tenant_whether_another_sent_within_the_window() -> None:
     now = [0.0]
     company = Neighbours(window_s=1.0, clock=lambda: now[0])

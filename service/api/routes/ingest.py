@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from starlette.convertors import Convertor, register_url_convertor
 
-from service.api.bodies import in_parsing_thread, neighbours, parsed_off_loop, read_body
+from service.api.bodies import parsed_off_loop, read_body
 from service.api.buffer import RequestBuffer
 from service.api.deps import (
     IngestPrincipal,
@@ -214,11 +214,10 @@ async def accept_converted(
         # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
         # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
         # export (make bench-api: 23 against 10 ms per 1,000 records).
-        neighbours.note(tenant)  # (a tenant converting its exports is company for a flood of plain bodies)
-        if len(body) < inline_below:
-            parsed = _made(convert(body), settings.max_events_per_request)
-        else:
-            parsed = await in_parsing_thread(tenant, lambda: _made(convert(body), settings.max_events_per_request))
+        # Below `inline_below` whatever the company (a tenant converting its exports is company
+        # for another's flood of plain bodies all the same).
+        parsed = await parsed_off_loop(tenant, len(body), lambda: _made(convert(body), settings.max_events_per_request),
+                                       alone_upto=inline_below - 1, shared_upto=inline_below - 1)
         if parsed is None:
             return None
     except Exception as exc:
