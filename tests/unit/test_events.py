@@ -247,6 +247,8 @@ CANONICAL = b'{"ts":1700000000.123,"level":"info","n":1,"tags":["a","b"],"http":
     (b'{"n": 1e19, "big": 18446744073709551616}\n' + CANONICAL, "encoded again"),
     (b'{"d":' + b'{"e":' * 9 + b"1" + b"}" * 10 + b"\n" + CANONICAL, "line by line"),  # set aside: too deep
     (b'{"' + b"n" * 1100 + b'":1,"k":2}\n' + CANONICAL, "line by line"),  # a name too long for a column
+    (CANONICAL + b'\n{"k":{"' + b"n" * 1100 + b'":1}}', "line by line"),  # ... nested, after a line that is its encoding
+    (b'{"msg":"' + b"x" * 1100 + b'","k":{"a":1}}\n' + CANONICAL, "as sent"),  # a line longer than a name may be, without one
 ])
 def test_a_body_read_at_once_gives_exactly_what_reading_it_line_by_line_gives(body: bytes, at_once: str) -> None:
     """The NDJSON body is read in one go when no line needs the per-event work: same lines, same
