@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -126,15 +126,18 @@ def holds_long_float(value: object) -> bool:
     return False
 
 
-def _has_long_name(value: dict) -> bool:
-    """Whether a field of `value`, at any depth through objects, is named longer than MAX_FIELD_NAME."""
+def _objects(value: dict) -> Iterator[dict]:
+    """`value` and every object in it, at any depth through objects."""
     pending = [value]
     while pending:
         node = pending.pop()
-        if max(map(len, node), default=0) > MAX_FIELD_NAME:
-            return True
-        pending.extend(child for child in node.values() if isinstance(child, dict))
-    return False
+        yield node
+        pending.extend(child for child in node.values() if type(child) is dict)
+
+
+def _has_long_name(value: dict) -> bool:
+    """Whether a field of `value`, at any depth through objects, is named longer than MAX_FIELD_NAME."""
+    return any(max(map(len, node), default=0) > MAX_FIELD_NAME for node in _objects(value))
 
 
 def too_many_events(max_events: int) -> BodyTooLarge:
@@ -180,6 +183,15 @@ def decode_body(data: bytes, content_encoding: str, limit: int) -> bytes:
     if encoding in ("gzip", "x-gzip"):
         return gunzip_bounded(data, limit)
     raise BadRequestBody(f"unsupported Content-Encoding {content_encoding!r}; use gzip or none")
+
+
+def events_at_least(body: bytes, content_type: str) -> int:
+    """The fewest events a body that is accepted holds, counted without reading it: in NDJSON, a
+    line ending an object (`}` then a newline; no JSON text holds a raw newline) is an event or
+    refuses the body; any other body holds one at least or is refused."""
+    if media_type(content_type) not in NDJSON_TYPES:
+        return 1
+    return max(1, body.count(b"}\n") + body.endswith(b"}"))
 
 
 def media_type(content_type: str) -> str:
@@ -392,12 +404,7 @@ def _kept_together(events: list[bytes]) -> int:
 
 def _fields(value: dict) -> int:
     """How many fields `value` has, at any depth through objects."""
-    count, pending = 0, [value]
-    while pending:
-        node = pending.pop()
-        count += len(node)
-        pending.extend(child for child in node.values() if type(child) is dict)
-    return count
+    return sum(map(len, _objects(value)))
 
 
 def _named_too_long(text: bytes, value: dict) -> bool:

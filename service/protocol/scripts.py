@@ -30,7 +30,7 @@ def _lua(source: str) -> str:
 # of traffic, checked and charged together (tenancy/limits.py). Returns 0, 0 (charged) | 1, ms until
 # enough has refilled | 2, the index of the bucket too small for the cost.
 TAKE_TOKENS = """
-local function take_tokens(bucket_keys, now, burst, rates, costs)
+local function take_tokens(bucket_keys, now, burst, rates, costs, only_look)
   local level = {}
   for i = 1, 2 do
     local capacity = rates[i] * burst
@@ -45,6 +45,7 @@ local function take_tokens(bucket_keys, now, burst, rates, costs)
     if costs[i] > level[i] then wait = math.max(wait, (costs[i] - level[i]) / rates[i] * 1000) end
   end
   if wait > 0 then return 1, math.ceil(wait) end
+  if only_look then return 0, 0 end
   for i = 1, 2 do
     redis.call('HSET', bucket_keys[i], 'tokens', tostring(level[i] - costs[i]), 'ts', tostring(now))
     redis.call('PEXPIRE', bucket_keys[i], math.ceil(burst * 1000) + 60000)
@@ -82,6 +83,21 @@ else
 end
 redis.call('INCRBY', KEYS[4], ARGV[2])
 return false
+""")
+
+
+# What BUFFER would answer about a tenant's limits, charging nothing: {0, 0} when it would let the
+# request through, else its refusal. For a request not read yet (api/routes/ingest.py
+# refuse_early), so costs are the least the request holds; a retry holding an idempotency key
+# already taken is let through (BUFFER answers it with the first request's receipt).
+# KEYS: idempotency key, backlog, the two rate buckets. ARGV: idempotent?, backlog cap, now (ms),
+# burst (s), events/s, bytes/s, events, bytes.
+LOOK = TAKE_TOKENS + _lua("""
+if ARGV[1] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return {0, 0} end
+if (tonumber(redis.call('GET', KEYS[2])) or 0) >= tonumber(ARGV[2]) then return {$backlog_full, 0} end
+local verdict, detail = take_tokens({KEYS[3], KEYS[4]}, tonumber(ARGV[3]), tonumber(ARGV[4]),
+  {tonumber(ARGV[5]), tonumber(ARGV[6])}, {tonumber(ARGV[7]), tonumber(ARGV[8])}, true)
+return {verdict, detail}
 """)
 
 

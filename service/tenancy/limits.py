@@ -6,6 +6,10 @@ Backlog: a counter of events accepted but not yet committed (raised in the api's
 when the committer completes a receipt or the writer gives a batch up), compared with the tenant's
 cap before accepting. Counting to the commit, not to the write, makes a catalog outage push back
 on producers as a Spark outage does.
+
+A tenant refused moments ago (`note_refused`) has its next requests looked at before their bodies
+are read (`refused_early`): a tenant over its limits would otherwise have the api parse every body
+it refuses, CPU the other tenants share.
 """
 
 from __future__ import annotations
@@ -64,6 +68,39 @@ class TenantLimits:
         self._client = client
         self._burst_s = burst_s
         self._take = client.register_script(_TAKE)
+        self._look = client.register_script(scripts.LOOK)
+        self._refused: dict[str, float] = {}  # tenant -> until when (monotonic) its requests are looked at first
+
+    def note_refused(self, tenant: str, for_s: float) -> None:
+        """The tenant was just refused (over its backlog cap or rate): for `for_s` seconds, what it
+        sends is looked at before it is read."""
+        self._refused[tenant] = time.monotonic() + for_s
+
+    def refused_lately(self, tenant: str) -> bool:
+        """Whether the tenant's requests are looked at before they are read (note_refused)."""
+        until = self._refused.get(tenant)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        self._refused.pop(tenant, None)
+        return False
+
+    async def refused_early(self, charge: Charge, idempotency: str | None) -> tuple[int, int] | None:
+        """For a tenant refused lately, a request's refusal before its body is read, from the
+        least it holds (`charge`: its events and bytes at least): the verdict and detail the
+        buffering step would give, or None when it may get through (then it is read and checked as
+        usual). The answer it would get once read: the backlog cap is checked as buffering checks it,
+        and a request whose least is over the rate is over it with all it holds (its Retry-After,
+        from the least, may be sooner). A retry of an accepted request (its idempotency key taken)
+        is let through to its receipt."""
+        buckets = self.bucket_keys(charge.tenant)
+        verdict, detail = await self._look(
+            keys=[keys.idempotency_key(charge.tenant, idempotency or "-"), keys.backlog_key(charge.tenant), *buckets],
+            args=["1" if idempotency else "0", charge.backlog_cap, int(time.time() * 1000), self._burst_s,
+                  charge.events_per_s, charge.bytes_per_s, charge.events, charge.size],
+        )
+        return None if verdict == ALLOWED else (verdict, detail)
 
     async def take(self, charge: Charge) -> tuple[int, int]:
         """Charge the tenant's rate: take_tokens' verdict and detail (refusal() reads them)."""

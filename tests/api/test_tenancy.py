@@ -253,6 +253,43 @@ def test_a_request_over_its_limits_buffers_and_charges_nothing_and_a_retry_of_an
 
 
 @SQLITE_ONLY
+def test_a_tenant_refused_moments_ago_is_refused_before_its_bodies_are_read_but_only_when_reading_them_would_refuse(api: Stack) -> None:
+    """After a refusal, the tenant's requests are looked at before they are parsed. A body over the
+    limits is refused unread: 15 malformed lines each ending an object are 15 events at least, so a
+    429 (or the backlog's 503), where reading would have found them malformed (400). A body that
+    fits, and a retry of an accepted request, get what they got before; other tenants' bodies are
+    read as ever."""
+    with api.client(api.operator) as http:
+        tight = http.post("/v1/tenants", json={"name": "tight", "max_events_per_s": 10}).json()["admin_token"]  # burst: 20
+        full = http.post("/v1/tenants", json={"name": "full", "max_backlog_events": 20}).json()["admin_token"]
+    lines = b"".join(b'{"n":%d}\n' % i for i in range(15))
+    malformed = b"".join(b'{"n":%d,}\n' % i for i in range(15))
+
+    def post(token: str, body: bytes, key: str | None = None) -> httpx.Response:
+        headers = {"Content-Type": "application/x-ndjson", **({"Idempotency-Key": key} if key else {})}
+        with api.client(token) as http:
+            return http.post("/logs", content=body, headers=headers)
+
+    first = post(tight, lines, "a")
+    assert first.status_code == 202, first.text
+    assert post(tight, lines, "b").status_code == 429  # 5 tokens left
+    replay = post(tight, lines, "a")
+    assert replay.status_code == 202 and replay.json()["receipt"] == first.json()["receipt"], replay.text
+    unread = post(tight, malformed)
+    assert unread.status_code == 429 and int(unread.headers["Retry-After"]) >= 1, unread.text
+    assert "10 events/s" in unread.json()["detail"]
+    assert post(tight, b'{"n":1}\n{"n":2}\n').status_code == 202, "a body within the tokens left gets through"
+    assert post(TEST_TOKEN, malformed).status_code == 400, "another tenant's body is read"
+
+    assert post(full, lines).status_code == 202 and post(full, lines).status_code == 202  # 30 waiting
+    assert post(full, lines).status_code == 503
+    unread = post(full, malformed)
+    assert unread.status_code == 503 and unread.headers["Retry-After"] == "5", unread.text
+    assert api.redis.xlen(keys.input_stream_key("tight", "logs")) == 2
+    assert int(api.redis.get(keys.backlog_key("full"))) == 30
+
+
+@SQLITE_ONLY
 def test_an_operator_changes_a_tenants_limits_and_sees_its_backlog(api: Stack) -> None:
     """A tighter backlog cap applies to the next request, null sets it back to the default; the
     tenants list shows each tenant's backlog (no writer runs here: nothing is committed)."""

@@ -14,7 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.api import events
-from service.api.events import ParsedBody, _parse_texts, _parsed_at_once, decode_body, gunzip_bounded, loads_exact, normalize_events, parse_events
+from service.api.events import (
+    ParsedBody,
+    _parse_texts,
+    _parsed_at_once,
+    decode_body,
+    events_at_least,
+    gunzip_bounded,
+    loads_exact,
+    normalize_events,
+    parse_events,
+)
 from service.core.exceptions import BadRequestBody, BodyTooLarge
 
 
@@ -307,6 +317,19 @@ def ndjson_bodies(draw) -> bytes:  # noqa: ANN001
             line += b"\r"
         lines.append(line)
     return b"\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ndjson_bodies())
+def test_the_events_a_body_holds_at_least_counted_unread_are_never_more_than_reading_it_finds(body: bytes) -> None:
+    """A tenant refused moments ago is refused unread on this count (api/routes/ingest.py
+    refuse_early): more would refuse a body its limits let through."""
+    try:
+        parsed = parse_events(body, "application/x-ndjson", 1000)
+    except BadRequestBody:
+        return
+    assert 1 <= events_at_least(body, "application/x-ndjson") <= parsed.events
+    assert events_at_least(body, "application/json") == 1
 
 
 @settings(max_examples=500, deadline=None)
