@@ -179,7 +179,14 @@ def plan_compaction(candidates: Iterable[Candidate], policy: CompactionPolicy, s
             kept += candidate.bytes_kept
         if len(taken) < 2 and not any(candidate.deletes for candidate in taken):
             break
-        groups.append(CompactionGroup(taken, max(1, math.ceil(kept / policy.target_file_bytes))))
+        outputs = max(1, math.ceil(kept / policy.target_file_bytes))
+        if outputs >= len(taken) and not any(candidate.deletes for candidate in taken):
+            # As many files out as in: nothing merged, and as small as before, so planned again
+            # at every round. Two files of 87 MiB (small under a 128 MiB target) were copied into
+            # two of 87 MiB about once a minute per partition, for as long as the stack ran (a
+            # long `make bench`: a compaction of 175-660 MiB in nearly every shape's window).
+            continue
+        groups.append(CompactionGroup(taken, outputs))
         planned += size
         if planned >= policy.max_bytes:
             break

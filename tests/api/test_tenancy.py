@@ -285,6 +285,12 @@ def test_a_tenant_refused_moments_ago_is_refused_before_its_bodies_are_read_but_
     assert post(full, lines).status_code == 503
     unread = post(full, malformed)
     assert unread.status_code == 503 and unread.headers["Retry-After"] == "5", unread.text
+    with api.client(full) as http:  # the shippers' bodies too (read: Loki's a 400, _bulk's a 200 with its item refused)
+        loki = http.post("/loki/api/v1/push", content=b'{"streams": [', headers={"Content-Type": "application/json"})
+        bulk = http.post("/_bulk", content=b'{"index": {"_index": "logs"}}\n{"n": \n', headers={"Content-Type": "application/x-ndjson"})
+    assert loki.status_code == 503 and bulk.status_code == 503, (loki.text, bulk.text)
+    with api.client(TEST_TOKEN) as http:
+        assert http.post("/loki/api/v1/push", content=b'{"streams": [', headers={"Content-Type": "application/json"}).status_code == 400
     assert api.redis.xlen(keys.input_stream_key("tight", "logs")) == 2
     assert int(api.redis.get(keys.backlog_key("full"))) == 30
 

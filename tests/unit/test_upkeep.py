@@ -189,6 +189,23 @@ def test_a_cold_partition_merges_two_small_files_by_wider_tiers_and_a_warm_one_w
     assert plan_compaction(compactable(table), policy, now_ms=late + 61_000) == []
 
 
+def test_files_that_would_come_out_as_many_as_they_went_in_are_left_as_they_are(table, tmp_path: Path) -> None:  # noqa: ANN001
+    """Small files too large to share a target file are not copied into as many files as they
+    were (which would be as small, and planned again at every round), by schedule or by hand;
+    a third file makes a merge that leaves fewer."""
+    for n in (1, 2):
+        commit(table, tmp_path, n, rows=3000)
+    size = max(candidate.file.file_size_in_bytes for candidate in compactable(table))
+    policy = CompactionPolicy(target_file_bytes=size * 3 // 2, min_files=2, max_bytes=1 << 30, cold_after_s=60)
+    newest = max(snapshot.timestamp_ms for snapshot in table.metadata.snapshots)
+    assert plan_compaction(compactable(table), policy) == []
+    assert plan_compaction(compactable(table), policy, now_ms=newest + 61_000) == [], "cold"
+    assert plan_compaction(compactable(table), policy.everything()) == [], "by hand"
+    commit(table, tmp_path, 3, rows=3000)
+    (group,) = plan_compaction(compactable(table), policy)
+    assert len(group.files) == 3 and group.outputs == 2
+
+
 def test_a_file_too_small_for_a_tier_alone_joins_the_next_tier_and_never_holds_it_back(table, tmp_path: Path) -> None:  # noqa: ANN001
     for n, rows in enumerate((1, 3000, 3000), start=1):  # a backfill's one-row piece of a day, then its larger pieces
         commit(table, tmp_path, n, rows=rows)
