@@ -1,4 +1,4 @@
-"""One Spark Connect session per process, created on first use."""
+"""One Spark Connect session per process and purpose, created on first use."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ from collections.abc import Iterator
 from pyspark.sql import SparkSession
 
 _lock = threading.Lock()
-_sessions: dict[str, SparkSession] = {}
+_sessions: dict[tuple[str, str], SparkSession] = {}
 # What sets how many tasks a stage of a job runs: its shuffles' partitions, and the splits of the
 # files it reads (Spark's suggestion, which it rescales the splits to; a file is not cut finer).
 _TASKS_CONFS = ("spark.sql.shuffle.partitions", "spark.sql.files.maxPartitionNum")
 
 
-def spark_session(remote: str) -> SparkSession:
-    """The Spark Connect session for `remote` (`sc://host:port`), shared within the process."""
+# The session of a writer's compactions, which run on a thread of their own beside its batches
+# (service/writer/loop.py): tasks_at_most changes its session's settings while a compaction runs,
+# and the batches' jobs on the other thread must not run under them.
+UPKEEP = "upkeep"
+
+
+def spark_session(remote: str, purpose: str = "") -> SparkSession:
+    """The Spark Connect session for `remote` (`sc://host:port`), shared within the process by
+    the callers of one `purpose` (each thread whose jobs change session settings has its own)."""
     with _lock:
-        session = _sessions.get(remote)
+        session = _sessions.get((remote, purpose))
         if session is None:
             # create(), not getOrCreate(): the latter answers pyspark's default session whatever
             # its remote, and one a caller had closed (a test once got another's closed session).
@@ -36,7 +43,7 @@ def spark_session(remote: str) -> SparkSession:
             # A key twice in one object read as a map keeps its last value, as a field twice in an
             # event does, instead of failing the whole batch when the map is rebuilt in key order.
             session.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
-            _sessions[remote] = session
+            _sessions[remote, purpose] = session
         return session
 
 
@@ -63,11 +70,12 @@ def tasks_at_most(spark: SparkSession, tasks: int | None) -> Iterator[None]:
                     spark.conf.set(name, value)
 
 
-def reset_session(remote: str) -> None:
-    """Forget a session whose server went away, so the next call reconnects."""
+def reset_session(remote: str, purpose: str | None = None) -> None:
+    """Forget the sessions of a server that went away (`purpose`'s, None: every purpose's), so
+    the next call reconnects."""
     with _lock:
-        session = _sessions.pop(remote, None)
-    if session is not None:
+        sessions = [_sessions.pop(key) for key in list(_sessions) if key[0] == remote and purpose in (None, key[1])]
+    for session in sessions:
         _close(session)
 
 

@@ -2,8 +2,9 @@
 
 Loop: read a batch from every input stream through the `writers` consumer group, run one Spark
 job per pipeline, then in one Redis transaction record the files on the table's commit stream,
-mark the receipts written and acknowledge (and delete) the input entries. Between rounds, run a
-compaction a table's leader asked for (compaction.py). A crash anywhere before
+mark the receipts written and acknowledge (and delete) the input entries. Between rounds, run the
+row changes and feed diffs a table's leader asked for (changes.py, diffs.py); beside the rounds,
+on a thread of their own, the compactions it asked for (compaction.py). A crash anywhere before
 that transaction leaves the entries pending; another writer reclaims them after they idle.
 """
 
@@ -54,6 +55,8 @@ SET_ASIDE_POLL_MS = 250  # with batches set aside for a lane, how long a read wa
 BACKOFF_MAX_S = 5.0  # reconnecting is cheap; a long sleep only delays the drain after an outage
 
 
+COMPACTION_POLL_S = 1.0  # how often the compactions' thread looks for a request (upkeep plans them minutes apart)
+
 PROBE_PROMPT_S = 5.0  # a serving Spark Connect answers range(1).collect() well within this
 
 
@@ -81,6 +84,8 @@ class Writer:
     def run(self, stop: threading.Event) -> None:
         log.info("writer %s started", self.name)
         heartbeats = Heartbeats(self.client, "writer", self.name)
+        compactions = threading.Thread(target=self.compact, args=(stop,), name="compactions", daemon=True)
+        compactions.start()
         while not stop.is_set():
             try:
                 heartbeats.beat(**{SPARK_REACHABLE: self._spark_reachable})
@@ -93,6 +98,9 @@ class Writer:
             except Exception:
                 log.exception("writer: unexpected error; the batch stays pending and will be retried")
                 stop.wait(1.0)
+        # A compaction under way ends first, as the batch under way did; one that outlasts half the
+        # grace fails when its session closes, and its table's leader plans it again.
+        compactions.join(self.settings.shutdown_grace_s / 2)
         close_sessions()
         with contextlib.suppress(redis.RedisError):
             heartbeats.stop()
@@ -267,14 +275,25 @@ class Writer:
         deadline = time.monotonic() + retry_budget_s(spent)
         while self._retries and time.monotonic() < deadline and not stop.is_set():
             self._write(self._retries.popleft(), stop)
-        # Then the row changes leaders wait for (their tables wait too), and at most one
-        # compaction a table's leader asked for (a bounded Spark job).
+        # Then the row changes leaders wait for (their tables wait too). Compactions run beside.
         while not stop.is_set() and not self._outages and self.applier.run_one(stop):
             pass
         while not stop.is_set() and not self._outages and self.differ.run_one(stop):  # a feed reader waits for each
             pass
-        if not stop.is_set() and not self._outages:
-            self.compactor.run_one(stop)
+
+    def compact(self, stop: threading.Event) -> None:
+        """The compactions tables' leaders ask for, one at a time, on this thread beside the
+        batches: a compaction (up to compact_max_bytes, a minute or more of Spark's time) held
+        up this writer's batches while it ran between them, and with one writer every tenant's
+        ingest. Its jobs take compact_tasks of Spark's cores, its session's own setting; the
+        batches' jobs run on the cores left. None starts while the batches wait out an outage."""
+        while not stop.is_set():
+            try:
+                if self._outages or not self.compactor.run_one(stop):
+                    stop.wait(COMPACTION_POLL_S)
+            except Exception:  # Redis away or worse: the compacting key lapses and the leader plans it again; this thread goes on
+                log.exception("writer: the compactions' thread met an error; it goes on")
+                stop.wait(COMPACTION_POLL_S)
 
     def _write(self, batch: Batch, stop: threading.Event, crowded: bool = False) -> None:
         with self.lanes.lane(batch, crowded) as may_run:

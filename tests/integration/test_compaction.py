@@ -102,6 +102,39 @@ def test_a_rewrite_of_files_another_rewrite_replaced_first_is_dropped(stack_fact
     assert_exactly_once(stack, expected=175 + 30)
 
 
+def test_a_writer_goes_on_writing_batches_while_its_compaction_runs(stack_factory) -> None:  # noqa: ANN001
+    """One writer, given a compaction of twelve Spark jobs (a file each): requests posted while
+    it runs are written and committed before its rewrite is. Run between the writer's batches,
+    as compactions were, it held every one of them until it ended."""
+    stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
+    receipts = []
+    for round_ in range(12):
+        receipts += post_batches(stack, batches=1, per_batch=5, prefix=f"s{round_}")
+        wait_until(lambda: all_committed(stack, receipts), timeout_s=60, what="committed")
+    files = sorted(live_data_files(stack.catalog().load_table(("demo", "logs"))))
+    assert len(files) == 12
+    before = len(snapshot_operations(stack))
+    request = CompactionRequest("demo", "logs", uuid.uuid4().hex, [([path], 1) for path in files])
+    stack.redis.set(keys.compacting_key("demo", "logs"), request.request)
+    stack.redis.rpush(keys.COMPACTIONS, request.to_json())
+    wait_until(lambda: stack.redis.llen(keys.COMPACTIONS) == 0, timeout_s=30, interval_s=0.02, what="the writer took the compaction")
+
+    during = 0
+    with stack.client() as http:
+        while "replace" not in snapshot_operations(stack)[before:] and during < 60:
+            body = b"\n".join(orjson.dumps({"id": f"d{during}-{i}"}) for i in range(5))
+            answer = http.post("/logs?wait=true&timeout=60", content=body, headers={"Content-Type": "application/x-ndjson"})
+            assert answer.status_code == 200, answer.text
+            during += 1
+    wait_until(lambda: upkeep_record(stack).get("request") == request.request, timeout_s=90, what="the compaction settled")
+    assert upkeep_record(stack)["outcome"] == "ok", upkeep_record(stack)
+    operations = snapshot_operations(stack)[before:]
+    assert operations.count("replace") == 1
+    assert operations.index("replace") > 0, f"no request posted during the compaction was committed before it: {operations}"
+    assert not set(files) & set(live_data_files(stack.catalog().load_table(("demo", "logs"))))
+    assert_exactly_once(stack, expected=60 + 5 * during)
+
+
 def test_upkeep_by_hand_answers_what_each_task_did(stack_factory) -> None:  # noqa: ANN001
     stack = stack_factory(CALVE_UPKEEP_INTERVAL_S="3600")
     receipts = []
