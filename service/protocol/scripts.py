@@ -88,7 +88,7 @@ return false
 
 # What BUFFER would answer about a tenant's limits, charging nothing: {0, 0} when it would let the
 # request through, else its refusal. For a request not read yet (api/routes/ingest.py
-# refuse_early), so costs are the least the request holds; a retry holding an idempotency key
+# looked_at), so costs are the least the request holds; a retry holding an idempotency key
 # already taken is let through (BUFFER answers it with the first request's receipt).
 # KEYS: idempotency key, backlog, the two rate buckets. ARGV: idempotent?, backlog cap, now (ms),
 # burst (s), events/s, bytes/s, events, bytes.

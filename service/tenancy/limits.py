@@ -9,13 +9,19 @@ on producers as a Spark outage does.
 
 A tenant refused moments ago (`note_refused`) has its next requests looked at before their bodies
 are read (`refused_early`): a tenant over its limits would otherwise have the api parse every body
-it refuses, CPU the other tenants share.
+it refuses, CPU the other tenants share. Meanwhile those of its requests that pass the look go
+one at a time, each looking again, to the buffering step's answer (`one_at_a_time`): a look
+charges nothing, so when its rate refilled, every request in flight passed the look and had its
+body parsed, though only the first fitted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -70,6 +76,7 @@ class TenantLimits:
         self._take = client.register_script(_TAKE)
         self._look = client.register_script(scripts.LOOK)
         self._refused: dict[str, float] = {}  # tenant -> until when (monotonic) its requests are looked at first
+        self._in_turn: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # tenant -> its turn, and how many hold or wait for it
 
     def note_refused(self, tenant: str, for_s: float) -> None:
         """The tenant was just refused (over its backlog cap or rate): for `for_s` seconds, what it
@@ -85,6 +92,25 @@ class TenantLimits:
             return True
         self._refused.pop(tenant, None)
         return False
+
+    @contextlib.asynccontextmanager
+    async def one_at_a_time(self, tenant: str) -> AsyncIterator[None]:
+        """The tenant's requests that enter here (those of a tenant refused lately that passed a
+        look) run the body one after another, in this process: a look again, then the parse and
+        buffering of what passed it, so that the next request's look sees what this one took.
+        Kept only while held or waited for."""
+        turn = self._in_turn.get(tenant)
+        if turn is None:
+            turn = self._in_turn[tenant] = (asyncio.Lock(), [0])
+        lock, users = turn
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._in_turn[tenant]
 
     async def refused_early(self, charge: Charge, idempotency: str | None) -> tuple[int, int] | None:
         """For a tenant refused lately, a request's refusal before its body is read, from the

@@ -323,7 +323,7 @@ def ndjson_bodies(draw) -> bytes:  # noqa: ANN001
 @given(ndjson_bodies())
 def test_the_events_a_body_holds_at_least_counted_unread_are_never_more_than_reading_it_finds(body: bytes) -> None:
     """A tenant refused moments ago is refused unread on this count (api/routes/ingest.py
-    refuse_early): more would refuse a body its limits let through."""
+    looked_at): more would refuse a body its limits let through."""
     try:
         parsed = parse_events(body, "application/x-ndjson", 1000)
     except BadRequestBody:

@@ -55,7 +55,7 @@ from service.api.events import (
     parsed_body,
     too_many_events,
 )
-from service.api.routes.ingest import ROUTED, check_limits, in_flight, refuse_early, refuse_while_draining
+from service.api.routes.ingest import ROUTED, check_limits, in_flight, looked_at, refuse_while_draining
 from service.core import metrics
 from service.core.config import Settings
 from service.core.exceptions import BadRequestBody, NotFound
@@ -301,8 +301,8 @@ async def bulk(request: Request, principal: Principal, settings: Settings, buffe
     # Before planning, while the tenant was refused lately: the backlog cap, and one event at least
     # (of the documents' bytes, charged as parsed, nothing is known yet). A body that would buffer
     # nothing (every item refused) is refused with the rest then.
-    await refuse_early(limits, principal, settings, None, 1, 0)
-    items = await _accept_items(request, principal, settings, buffer, limits, body, index)
+    async with looked_at(limits, principal, settings, None, 1, 0):
+        items = await _accept_items(request, principal, settings, buffer, limits, body, index)
     if isinstance(items, _Created):
         errors, encoded = False, items.encoded()
     else:

@@ -8,7 +8,7 @@ import functools
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from http import HTTPStatus
 
 import redis.asyncio as aioredis
@@ -196,10 +196,10 @@ async def _ingest(
     with counted_refusals(tenant):
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
-    await refuse_early(limits, principal, settings, idempotency, lambda: events_at_least(body, content_type), len(body))
-    with counted_refusals(tenant):
-        parsed = await parsed_off_loop(tenant, len(body), parse_events, body, content_type, settings.max_events_per_request)
-    receipt_id, replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
+    async with looked_at(limits, principal, settings, idempotency, lambda: events_at_least(body, content_type), len(body)):
+        with counted_refusals(tenant):
+            parsed = await parsed_off_loop(tenant, len(body), parse_events, body, content_type, settings.max_events_per_request)
+        receipt_id, replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
     return await _answer(waiter, tenant, receipt_id, parsed.events, wait, timeout, settings, replay=replay)
 
 
@@ -222,21 +222,21 @@ async def accept_converted(
         raw = await read_body(request, settings.max_body_bytes)
         body = decode_body(raw, request.headers.get("content-encoding", ""), settings.max_decompressed_bytes)
     # (One event at least: an export that holds none is refused with the rest while its tenant is over.)
-    await refuse_early(limits, principal, settings, idempotency, 1, len(body))
-    with counted_refusals(tenant):
-        # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~10 ms per
-        # 1,000 records): on the loop it held every other request up (make bench's otlp: 0.40x
-        # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
-        # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
-        # export (make bench-api: 23 against 10 ms per 1,000 records).
-        # Below `inline_below` whatever the company (a tenant converting its exports is company
-        # for another's flood of plain bodies all the same).
-        parsed = await parsed_off_loop(tenant, len(body), lambda: _made(convert(body), settings.max_events_per_request),
-                                       alone_upto=inline_below - 1, shared_upto=inline_below - 1)
-    if parsed is None:
-        return None
-    with in_flight(request):
-        receipt_id, _replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
+    async with looked_at(limits, principal, settings, idempotency, 1, len(body)):
+        with counted_refusals(tenant):
+            # A shipper's body costs several times a plain one's per byte to convert (OTLP: ~10 ms per
+            # 1,000 records): on the loop it held every other request up (make bench's otlp: 0.40x
+            # plain against 0.47x in a thread). One thread, not the pool: pyarrow's compute calls let
+            # go of the GIL, and forty threads taking it back in turn doubled the api's CPU per OTLP
+            # export (make bench-api: 23 against 10 ms per 1,000 records).
+            # Below `inline_below` whatever the company (a tenant converting its exports is company
+            # for another's flood of plain bodies all the same).
+            parsed = await parsed_off_loop(tenant, len(body), lambda: _made(convert(body), settings.max_events_per_request),
+                                           alone_upto=inline_below - 1, shared_upto=inline_below - 1)
+        if parsed is None:
+            return None
+        with in_flight(request):
+            receipt_id, _replay = await accept(buffer, limits, principal, settings, pipeline, parsed, idempotency, len(body))
     return receipt_id
 
 
@@ -312,24 +312,37 @@ async def check_limits(limits: TenantLimits, principal: Principal, settings: Set
         raise refusal(limits, charge, verdict, detail)
 
 
-async def refuse_early(
+@contextlib.asynccontextmanager
+async def looked_at(
     limits: TenantLimits, principal: Principal, settings: Settings, idempotency: str | None,
     events: int | Callable[[], int], size: int,
-) -> None:
+) -> AsyncIterator[None]:
     """While its tenant was refused lately, a request refused as it would be once read, before its
     body is read: from the least it holds, `events` events (counted only then, when a callable)
     and `size` bytes (TenantLimits.refused_early). A tenant over its limits costs the api a look
-    in Redis per request, not a parse. Redis unreachable: the request goes on, to the buffering
-    step's 503."""
+    in Redis per request, not a parse. A look charges nothing: when the rate refilled for one
+    request, every request in flight passed it, each was parsed, and all but the first were
+    refused once parsed. So a request that passes looks again in its tenant's turn
+    (TenantLimits.one_at_a_time), after the requests that passed before it were read and
+    charged, and reads and buffers its body inside this block. Redis unreachable: the request
+    goes on, to the buffering step's 503."""
     if not limits.refused_lately(principal.tenant):
+        yield
         return
     charge = charge_of(principal, settings, events if isinstance(events, int) else events(), size)
-    try:
-        found = await limits.refused_early(charge, idempotency)
-    except aioredis.RedisError:
-        return
-    if found is not None:
-        raise refusal(limits, charge, *found)
+
+    async def look() -> tuple[int, int] | None:
+        try:
+            return await limits.refused_early(charge, idempotency)
+        except aioredis.RedisError:
+            return None
+
+    if (found := await look()) is None:
+        async with limits.one_at_a_time(principal.tenant):
+            if (found := await look()) is None:
+                yield
+                return
+    raise refusal(limits, charge, *found)
 
 
 def refusal(limits: TenantLimits, charge: Charge, verdict: int, detail: int) -> HTTPException:
