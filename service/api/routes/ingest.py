@@ -312,11 +312,10 @@ async def check_limits(limits: TenantLimits, principal: Principal, settings: Set
         raise refusal(limits, charge, verdict, detail)
 
 
-@contextlib.asynccontextmanager
-async def looked_at(
+def looked_at(
     limits: TenantLimits, principal: Principal, settings: Settings, idempotency: str | None,
     events: int | Callable[[], int], size: int,
-) -> AsyncIterator[None]:
+) -> contextlib.AbstractAsyncContextManager[None]:
     """While its tenant was refused lately, a request refused as it would be once read, before its
     body is read: from the least it holds, `events` events (counted only then, when a callable)
     and `size` bytes (TenantLimits.refused_early). A tenant over its limits costs the api a look
@@ -325,10 +324,21 @@ async def looked_at(
     refused once parsed. So a request that passes looks again in its tenant's turn
     (TenantLimits.one_at_a_time), after the requests that passed before it were read and
     charged, and reads and buffers its body inside this block. Redis unreachable: the request
-    goes on, to the buffering step's 503."""
+    goes on, to the buffering step's 503. A tenant not refused lately pays one dict lookup (no
+    generator made per request: ~1.5 us, on every request's path)."""
     if not limits.refused_lately(principal.tenant):
-        yield
-        return
+        return _NOT_LOOKED_AT
+    return _looked_at(limits, principal, settings, idempotency, events, size)
+
+
+_NOT_LOOKED_AT = contextlib.nullcontext()
+
+
+@contextlib.asynccontextmanager
+async def _looked_at(
+    limits: TenantLimits, principal: Principal, settings: Settings, idempotency: str | None,
+    events: int | Callable[[], int], size: int,
+) -> AsyncIterator[None]:
     charge = charge_of(principal, settings, events if isinstance(events, int) else events(), size)
 
     async def look() -> tuple[int, int] | None:
