@@ -38,7 +38,8 @@ parse and inferred the same way, within its object (`nested_text_maps`).
 Fields the table lacks go into its extra_fields map, as the Spark job puts them there: pyarrow
 infers them as columns of their own, which says which events have any (a few, typically), and
 most often what each holds (strings, numbers and flags from their columns; an object or a list
-copied from the body's bytes where that copy is sure to be Spark's: `_extras_by_column`). Where
+copied from the body's bytes where that copy is sure to be Spark's: `_extras_by_column`; where a
+task's last body held only objects there, their keys are not inferred again: `read_objects`). Where
 each event may have one (more than MANY_INFERRED such columns, one in every event, or types that
 change so pyarrow cannot infer them), numpy finds every event's keys and values in the body
 (`_JsonLayout.unknown_fields`) and each value's text is copied from it where sure; elsewhere those
@@ -1140,7 +1141,8 @@ class FallbackMemory:
 
     SKIPPED = 8
 
-    def __init__(self) -> None:
+    def __init__(self, skipped: int = SKIPPED) -> None:
+        self.skipped = skipped  # bodies that go straight to the way after it once it gave up on one
         self.skips = 0
 
     def worth_trying(self) -> bool:
@@ -1150,23 +1152,24 @@ class FallbackMemory:
         return True
 
     def gave_up(self) -> None:
-        self.skips = self.SKIPPED
+        self.skips = self.skipped
 
 
 def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_line: bool = False, body: bytes | None = None,
-               memory: FallbackMemory | None = None) -> pa.Array:
+               memory: FallbackMemory | None = None, texts: dict[str, list[msgspec.Raw | None]] | None = None) -> pa.Array:
     """The extra_fields map of each event of `table` (parsed from `lines`, the non-blank lines of `body`, fields outside `known`
     inferred as columns of their own): NULL where the event has no non-null field outside
     `known`, else those fields' text by extra_text, in the event's order. every_line: the other
     fields were not inferred (ignored), so every line is read for them (from where `body`'s keys
     and values are, where sure and where `memory` says it is worth trying; without `body`, each
-    line by Python's json). Raises Unspellable (or ValueError) where unsure."""
+    line by Python's json). texts: the body's texts of some of those fields, each event's (_raw_values's), where known.
+    Raises Unspellable (or ValueError) where unsure."""
     import pyarrow.compute as pc
 
     inferred = [(name, table.column(name)) for name in table.column_names if name not in known]
     named = [(name, column) for name, column in inferred if column.null_count < len(column)]
     held = [column for _name, column in named]
-    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines))) is not None:
+    if not every_line and held and len(held) <= MANY_INFERRED and (by_column := _extras_by_column(named, body or b"\n".join(lines), texts)) is not None:
         return by_column
     if every_line or len(held) > MANY_INFERRED or any(column.null_count == 0 for column in held):
         # Each event has some, or the columns are too many to ask one by one (wide events), or
@@ -1195,7 +1198,16 @@ def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
 
 
-def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> pa.Array | None:
+def _object_fields(table: pa.Table, known: list[str]) -> tuple[str, ...]:
+    """The columns of `table` outside `known` (inferred), where each is a struct (an object or a
+    null wherever sent) and they are at most MANY_INFERRED (BodyReader.object_fields)."""
+    unknown = [field for field in table.schema if field.name not in known]
+    if len(unknown) > MANY_INFERRED or not all(pa.types.is_struct(field.type) for field in unknown):
+        return ()
+    return tuple(field.name for field in unknown)
+
+
+def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes, texts: dict[str, list[msgspec.Raw | None]] | None = None) -> pa.Array | None:
     """extra_maps's answer from the columns pyarrow inferred for the fields the table lacks,
     without reading a line again, where it is sure to be the same; None elsewhere. Sure where every
     such column holds strings, numbers or booleans (kept as extra_text spells them: a string as it
@@ -1219,7 +1231,9 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes) -> p
     found: dict[str, np.ndarray | None] = {}
     rows = len(held[0][1])
     objects = [name for name, column in held if _is_nested(column.type)]
-    if objects and (values := _raw_values(body, tuple(objects), rows)) is None:
+    if texts is not None and all(name in texts for name in objects):
+        values = [texts[name] for name in objects]
+    elif objects and (values := _raw_values(body, tuple(objects), rows)) is None:
         return None
 
     def keys_at(name: str, count: int) -> np.ndarray | None:
@@ -1280,11 +1294,11 @@ def _raw_values(body: bytes, names: tuple[str, ...], rows: int) -> list[list[msg
 
 
 @lru_cache(maxsize=64)
-def _fields_decoder(names: tuple[str, ...]) -> msgspec.json.Decoder:
+def _fields_decoder(names: tuple[str, ...], only: bool = False) -> msgspec.json.Decoder:
     """A decoder of NDJSON lines keeping only `names`' values, each as its text (msgspec.Raw); the
-    other fields are parsed past, not made."""
+    other fields are parsed past, not made, or (`only`) refused (a ValidationError)."""
     fields = msgspec.defstruct("Fields", [(f"f{index}", msgspec.Raw, None) for index in range(len(names))],
-                               rename={f"f{index}": name for index, name in enumerate(names)}, gc=False)
+                               rename={f"f{index}": name for index, name in enumerate(names)}, forbid_unknown_fields=only, gc=False)
     return msgspec.json.Decoder(fields)
 
 
@@ -1821,6 +1835,13 @@ class BodyReader:
         self.wide_maps = False  # True once a body's maps had many keys
         self.layout_memory = FallbackMemory()  # the layout for fields the table lacks (extra_maps)
         self.infer_memory = FallbackMemory()  # inferring fields the table lacks (read_fields)
+        # The fields the table lacks that the task's last body held, where each was an object (or
+        # null) wherever sent: the next body's are read as objects without inferring their keys (read_objects).
+        self.object_fields: tuple[str, ...] = ()
+        self.object_texts: tuple[bytes, dict[str, list[msgspec.Raw | None]]] | None = None  # (the body, its object_fields' texts)
+        # Reading object_fields so (read_objects): a body that had another field cost ~0.4 ms more (msgspec's
+        # look, wasted), so a producer whose bodies now and then hold one is tried but once in 33 bodies.
+        self.objects_memory = FallbackMemory(skipped=32)
         # The columns the task's last body sent otherwise than their types (read_numbers's sets): numbers
         # as text, as doubles, as integers, booleans as text, as numbers, numbers with a fraction as text.
         self.number_texts: tuple[frozenset[str], ...] | None = None
@@ -1840,14 +1861,15 @@ class BodyReader:
         self.nulled_rows: dict[str, set[int]] = {}  # the body's rows whose value a conversion made NULL, by column (read_texts)
         self.epoch_order = (False, True)  # time columns as text first, as epoch numbers next; the way that read last goes first
 
-    def read(self, body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None) -> pa.Table:
+    def read(self, body: bytes, unexpected: str, epoch: bool, shells: bool = False, as_read: dict[str, pa.DataType] | None = None,
+             objects: tuple[str, ...] = ()) -> pa.Table:
         import pyarrow.json as pj
 
         schema = self.epoch_reading if epoch else self.reading
         if as_read:  # columns read as another type than their own (numbers as text, ...), converted after
             schema = pa.schema([f.with_type(as_read[f.name]) if f.name in as_read else f for f in schema])
-        if shells:  # the maps as empty structs: which events have an object, its keys not inferred
-            schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in self.maps)])
+        if shells or objects:  # the maps (and `objects`) as empty structs: which events have an object, its keys not inferred
+            schema = pa.schema([*schema, *(pa.field(name, pa.struct([])) for name in [*(self.maps if shells else ()), *objects])])
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
         # One block, on this thread: pyarrow's thread pool parses one block no faster, and its hand-offs cost the worker
         # CPU (measured in one process: a body's whole parse 17-35% less CPU this way over seven of make bench's shapes).
@@ -1865,6 +1887,8 @@ class BodyReader:
         plain = self.extra_fields and not self.maps and not self.nested and self.processors is None
         if whole and plain and not self.infer_memory.worth_trying():
             return self.read(body, "ignore", epoch, as_read=as_read), True
+        if whole and plain and self.object_fields and self.objects_memory.worth_trying() and (table := self.read_objects(body, epoch, as_read)) is not None:
+            return table, False
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
@@ -1878,6 +1902,33 @@ class BodyReader:
             if whole and plain:
                 self.infer_memory.gave_up()
             return self.read(body, "ignore", epoch, as_read=as_read), True
+
+    def read_objects(self, body: bytes, epoch: bool, as_read: dict[str, pa.DataType] | None) -> pa.Table | None:
+        """The body read as inferring the fields the table lacks reads it, where those are the
+        task's last body's object_fields: each such field an empty struct (which events hold an
+        object), its keys not inferred, and every other field the table lacks ignored, once
+        msgspec found none in the body (a field outside the table and object_fields, which
+        inferring would have kept); its objects' texts kept for extra_maps (object_texts). None,
+        and object_fields forgotten, where the body holds another field or such a field as other
+        than an object (pyarrow's read then infers them). `make bench`'s `pods` (an object per
+        event, copied into the extra_fields map), one process: a body's rows 2.66-2.73 against
+        2.86-2.93 ms per 1,000 events (pyarrow's read ~0.4 ms less, msgspec's look at every
+        field ~0.15 more); every other body with one field more, 2.89-2.93 either way."""
+        names = self.object_fields
+        try:
+            if b"\\" in body and b"\\u" in body:  # (a key spelled with an escape: pyarrow's and msgspec's names may differ)
+                raise msgspec.DecodeError
+            events = _fields_decoder((*names, *self.reading.names), only=True).decode_lines(body)
+            table = self.read(body, "ignore", epoch, as_read=as_read, objects=names)
+            if len(events) != table.num_rows:
+                raise msgspec.DecodeError
+        except (msgspec.DecodeError, pa.ArrowInvalid):  # (msgspec's ValidationError is one)
+            # A producer whose bodies now and then hold another field: the next few are inferred at once.
+            self.object_fields = ()
+            self.objects_memory.gave_up()
+            return None
+        self.object_texts = (body, {name: list(map(operator.attrgetter(f"f{index}"), events)) for index, name in enumerate(names)})
+        return table
 
     def mistyped(self, exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
         """(the column, the row) where pyarrow met text in one of `columns` (text_as_null's)."""
@@ -2343,7 +2394,11 @@ class BodyReader:
                 extras = pa.nulls(table.num_rows, TEXT_MAP)
             else:
                 try:
-                    extras = extra_maps(table, lines, self.known, every_line, body, self.layout_memory)
+                    texts = self.object_texts[1] if self.object_texts is not None and self.object_texts[0] is body else None
+                    self.object_texts = None
+                    if texts is None:  # (read inferring them: which are objects, for the next body)
+                        self.object_fields = () if every_line else _object_fields(table, self.known)
+                    extras = extra_maps(table, lines, self.known, every_line, body, self.layout_memory, texts)
                 except ValueError as exc:  # Unspellable, or a line Python's json reads otherwise
                     raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
             table = pa.Table.from_arrays([*(table.column(name) for name in self.known), extras], names=[*self.known, self.extra_fields])

@@ -1329,6 +1329,80 @@ def test_after_a_body_with_a_field_of_changing_type_the_next_few_are_read_withou
     assert reader.rows_of(steady)[0].to_pylist() == fresh(steady)  # read from every line: the same
 
 
+def test_after_a_body_whose_fields_the_table_lacks_are_objects_the_next_is_read_without_inferring_their_keys() -> None:
+    """A Kubernetes shipper's events, each with a `pod` object the table lacks: once a task's body
+    held such objects, its next is read with `pod` as an object whose keys are not inferred (one
+    read, the fields outside the table ignored once msgspec found no other), its maps copied from
+    the texts msgspec found. A body with another field the table lacks, or `pod` as text, is read inferring
+    them as before (one read, or, where `pod` changed type, the reads of a field of changing type),
+    and so are the task's next few bodies.
+    Rows always those of a fresh reader."""
+    def reads_of(reader: BodyReader) -> list[tuple[str, tuple[str, ...]]]:
+        reads, read = [], reader.read
+
+        def counted(body: bytes, unexpected: str, *args, objects: tuple[str, ...] = (), **kwargs) -> pa.Table:  # noqa: ANN002, ANN003
+            reads.append((unexpected, objects))
+            return read(body, unexpected, *args, objects=objects, **kwargs)
+
+        reader.read = counted
+        return reads
+
+    def fresh(body: bytes) -> list[dict]:
+        return BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True).rows_of(body)[0].to_pylist()
+
+    pods = [b'{"id":%d,"msg":"m","pod":{"name":"web-%d","labels":{"app":"web"}}}' % (i, i) for i in range(5)]
+    for sequence in [
+        [(b"\n".join(pods), [("infer", ())]),
+         (b"\n".join([*pods, b'{"id":9}', b'{"id":10,"pod":null}']), [("ignore", ("pod",))]),
+         (b"\n".join([*pods, b'{"id":11,"trace":"t1"}']), [("infer", ())]),  # another field: msgspec refuses it before any read
+         # ... and the next 33 bodies are inferred at once (the first as object_fields were forgotten, then the 32
+         # objects_memory skips), then it is tried again.
+         *[(b"\n".join(pods), [("infer", ())])] * 33, (b"\n".join(pods), [("ignore", ("pod",))])],
+        [(b"\n".join(pods), [("infer", ())]),
+         (b'{"id":13,"pod":{"a":1.50,"b":[{"c":"\\u00e9"}]}}', [("infer", ())])],  # an escape: inferred, as a key could be one
+        [(b"\n".join(pods), [("infer", ())]),
+         # text where the object was: of changing type, read as such
+         (b"\n".join([*pods, b'{"id":12,"pod":"web-12"}']), [("ignore", ("pod",)), ("infer", ()), ("ignore", ())])],
+    ]:
+        reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+        reads = reads_of(reader)
+        for body, expected_reads in sequence:
+            reads.clear()
+            assert reader.rows_of(body)[0].to_pylist() == fresh(body)
+            assert reads == expected_reads
+    assert fresh(pods[0])[0]["_extra"] == [("pod", '{"name":"web-0","labels":{"app":"web"}}')]
+
+
+_POD_OBJECT = st.dictionaries(st.sampled_from(["name", "a b", "é", "id"]),
+                              st.none() | st.integers(-5, 5) | st.sampled_from(["x", "q\"", 0.5, 1e20]) | st.just({"k": [1]}), max_size=3)
+_POD_VALUE = _POD_OBJECT | st.none() | st.sampled_from(["web", 1, 2.5, [1, "a"]])
+_TRACE = st.sampled_from(["t1", 7])
+# Mostly a pod's object in every event (a shipper's), now and then with a trace or a node; now and then anything.
+_POD_EVENT = st.fixed_dictionaries({"pod": _POD_OBJECT}, optional={"trace": _TRACE}) | st.fixed_dictionaries(
+    {"pod": _POD_OBJECT}, optional={"node": _POD_OBJECT}) | st.fixed_dictionaries({}, optional={"pod": _POD_VALUE, "node": _POD_VALUE, "trace": _TRACE})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(_POD_EVENT, min_size=1, max_size=4), min_size=2, max_size=5))
+def test_a_tasks_bodies_with_objects_the_table_lacks_read_one_after_another_are_read_as_each_alone(bodies: list[list[dict]]) -> None:
+    """Bodies one after another in one task (so each may be read as its last body's objects say),
+    their events' fields the table lacks objects, text, numbers, lists or nulls: each body's rows
+    (or its refusal) are those a fresh reader gives it."""
+    reader = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+    reader.objects_memory = FallbackMemory(skipped=0)  # each body tried so after one whose fields were objects
+
+    def rows(reading: BodyReader, body: bytes) -> object:
+        try:
+            return reading.rows_of(body)[0].to_pylist()
+        except Refused as exc:
+            return str(exc)
+
+    for events in bodies:
+        body = b"\n".join(json.dumps({"id": index, **event}, separators=(",", ":")).encode() for index, event in enumerate(events))
+        fresh = BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True)
+        assert rows(reader, body) == rows(fresh, body)
+
+
 def test_a_body_after_one_read_in_groups_is_read_so_first_in_one_read_where_its_values_can_be_quoted() -> None:
     """BodyReader, the reads behind the test above: once a body held a number and text in a text
     column, the next such body is read so first, its numbers there written as the text the Spark
