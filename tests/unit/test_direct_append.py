@@ -51,11 +51,13 @@ from spark_jobs.direct_append import (
     _appender,
     _extras_by_column,
     _JsonLayout,
+    _KeysBefore,
     exact_numbers,
     extra_maps,
     extra_text,
     java_double,
     json_event,
+    key_colons,
     may_read_as_number,
     parse_schema,
     places,
@@ -1327,6 +1329,27 @@ def test_after_a_body_with_a_field_of_changing_type_the_next_few_are_read_withou
         assert reader.rows_of(changing)[0].to_pylist() == fresh(changing)
         assert len(reads) == expected_reads
     assert reader.rows_of(steady)[0].to_pylist() == fresh(steady)  # read from every line: the same
+
+
+_KEY_NAMES = ["msg", "status", "us", "a b", "é", 'q"t', "x:y", "ts"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(_KEY_NAMES), _ANY_VALUE | st.sampled_from(['"status":1', 'a": 2', "msg", 'x":{']), max_size=5),
+                min_size=1, max_size=5),
+       st.sampled_from([(",", ":"), (", ", ": "), (",", " :"), (",", ":\t")]), st.sets(st.sampled_from(_KEY_NAMES), min_size=1),
+       st.sampled_from([(rb"[-0-9tf{[]", b"-0123456789tf{["), (b'"', b'"')]))
+def test_keys_before_a_value_are_found_where_the_regex_finds_them(events: list[dict], separators: tuple[str, str], names: set[str],
+                                                                  after: tuple[bytes, bytes]) -> None:
+    """_KeysBefore.found (numpy, in compact JSON) gives what its regex's finditer gives: each of
+    some names as a key before a value starting with some bytes, in lines written compact or
+    with spaces, the names among keys and in string values (with quotes and colons of their
+    own), ASCII or not; where the body is not compact it is the regex's answer."""
+    text = b"\n".join(json.dumps(event, separators=separators, ensure_ascii=False).encode() for event in events)
+    search = _KeysBefore(names, *after)
+    expected = [(at.start(), at[1], at[0][-1]) for at in search.regex.finditer(text)]
+    assert search.found(text) == expected
+    assert search.found(text, key_colons(text)) == expected
 
 
 def test_after_a_body_whose_fields_the_table_lacks_are_objects_the_next_is_read_without_inferring_their_keys() -> None:
