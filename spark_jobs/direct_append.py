@@ -393,17 +393,15 @@ class _KeysBefore:
     def search(self, text: bytes) -> re.Match | None:
         return self.regex.search(text)
 
-    def found(self, text: bytes, colons: tuple[np.ndarray, np.ndarray] | None | bool = False) -> list[tuple[int, bytes, int]]:
+    def found(self, text: bytes, colons: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[int, bytes, int]]:
         """Each key found in `text`: (where its opening quote is, the key as spelled, the first
         byte of its value), in order, as the regex's finditer finds them. In compact JSON (as the
         api writes every line) numpy finds them from each colon after a quote (`colons`:
-        key_colons(text), where already found), a key's last byte, the quote opening it and then
+        key_colons(text), found once for a body's searches), a key's last byte, the quote opening it and then
         its bytes checked: a `mixed` body's two searches (read_split) ~0.4 ms per 1,000 events
         against ~0.85 by the regex, which tries its names at every quote; events of 100 integer
         fields whose names are as long as a text column's, 1.1 against 2.1. Any other text: the regex."""
-        if colons is False and self.first is not None:
-            colons = key_colons(text)
-        if self.first is None or colons is None or colons is False:
+        if self.first is None or colons is None:
             return [(at.start(), at[1], at[0][-1]) for at in self.regex.finditer(text)]
         data, colons = colons
         colons = colons[self.first[data[colons + 1]]]
@@ -1347,16 +1345,17 @@ def _extras_by_column(held: list[tuple[str, pa.ChunkedArray]], body: bytes, text
     return pa.MapArray.from_arrays(offsets, keys, values, type=TEXT_MAP, mask=pa.array(counts == 0))
 
 
-def _raw_values(body: bytes, names: tuple[str, ...], rows: int) -> list[list[msgspec.Raw | None]] | None:
+def _raw_values(body: bytes, names: tuple[str, ...], rows: int | None, others: tuple[str, ...] = ()) -> list[list[msgspec.Raw | None]] | None:
     """Each of the body's `rows` events' value of each of `names` (top-level fields), as its JSON
     text (msgspec's Raw: the value's bytes in the body, found by msgspec's parser without making
     the value), None where the event lacks the field; None where msgspec reads the body as other
-    than that many JSON objects (pyarrow read it: never so, but then not sure)."""
+    than that many JSON objects (pyarrow read it: never so, but then not sure; `rows` None: any
+    number). `others`: the only other fields an event may hold (None where one holds another)."""
     try:
-        events = _fields_decoder(names).decode_lines(body)
-    except msgspec.DecodeError:
+        events = _fields_decoder((*names, *others), only=bool(others)).decode_lines(body)
+    except msgspec.DecodeError:  # (msgspec's ValidationError, another field, is one)
         return None
-    if len(events) != rows:
+    if rows is not None and len(events) != rows:
         return None
     return [list(map(operator.attrgetter(f"f{index}"), events)) for index in range(len(names))]
 
@@ -1994,19 +1993,18 @@ class BodyReader:
         2.86-2.93 ms per 1,000 events (pyarrow's read ~0.4 ms less, msgspec's look at every
         field ~0.15 more); every other body with one field more, 2.89-2.93 either way."""
         names = self.object_fields
+        # (A key spelled with an escape: pyarrow's and msgspec's names may differ.)
+        texts = None if b"\\" in body and b"\\u" in body else _raw_values(body, names, None, tuple(self.reading.names))
         try:
-            if b"\\" in body and b"\\u" in body:  # (a key spelled with an escape: pyarrow's and msgspec's names may differ)
-                raise msgspec.DecodeError
-            events = _fields_decoder((*names, *self.reading.names), only=True).decode_lines(body)
-            table = self.read(body, "ignore", epoch, as_read=as_read, objects=names)
-            if len(events) != table.num_rows:
-                raise msgspec.DecodeError
-        except (msgspec.DecodeError, pa.ArrowInvalid):  # (msgspec's ValidationError is one)
+            table = None if texts is None else self.read(body, "ignore", epoch, as_read=as_read, objects=names)
+        except pa.ArrowInvalid:
+            table = None
+        if table is None or len(texts[0]) != table.num_rows:
             # A producer whose bodies now and then hold another field: the next few are inferred at once.
             self.object_fields = ()
             self.objects_memory.gave_up()
             return None
-        self.object_texts = (body, {name: list(map(operator.attrgetter(f"f{index}"), events)) for index, name in enumerate(names)})
+        self.object_texts = (body, dict(zip(names, texts)))
         return table
 
     def mistyped(self, exc: pa.ArrowInvalid, columns: frozenset[str] | None = None) -> tuple[str, int] | None:
