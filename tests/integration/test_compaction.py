@@ -251,6 +251,49 @@ def test_a_compactions_copies_run_at_most_compact_tasks_at_once_and_copy_every_r
     assert sorted(row["id"] for path in copies for row in pq.read_table(path).to_pylist()) == list(range(60))
 
 
+def test_a_compactions_tasks_copy_the_row_groups_of_files_written_alike_with_each_sources_place(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    """Files written alike, each holding a writer task's rows, are copied by compaction's Spark
+    tasks row group by row group (each output holds its run's row groups, as many as they had,
+    and the rows in order), with the layout that says where each source's rows now are (what a
+    delete committed meanwhile is carried over by); in a run that also holds a quiet producer's
+    small file, that file's rows are encoded into a row group of their own, in their place."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from service.iceberg.files import list_data_files
+    from spark_jobs.compact_job import COPIED_ROW_GROUP_ROWS, copy_files
+    from spark_jobs.contract import layout_path
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "msg", StringType())).as_arrow()
+    sizes = [COPIED_ROW_GROUP_ROWS, COPIED_ROW_GROUP_ROWS + 5, 10, COPIED_ROW_GROUP_ROWS]  # the third: a quiet producer's file
+    paths, first = [], 0
+    for index, size in enumerate(sizes):
+        path = tmp_path / f"part-{index}.parquet"
+        pq.write_table(pa.table({"id": pa.array(range(first, first + size), pa.int64()), "msg": [f"m{index}"] * size}, schema=schema), path,
+                       compression="zstd")  # as writers write them
+        paths.append(str(path))
+        first += size
+    written = copy_files(fresh_spark, paths, schema, str(tmp_path / "out"), pafs.LocalFileSystem(), 2)
+    assert written == sum(sizes)
+    by_first: dict[int, tuple[list[int], list]] = {}  # per output, by its first id: its row groups' rows, its layout
+    for copy in list_data_files((tmp_path / "out").as_uri()):
+        local = copy.removeprefix("file://")
+        ids = pq.read_table(local).column("id").to_pylist()
+        assert ids == sorted(ids)
+        metadata = pq.read_metadata(local)
+        by_first[ids[0]] = ([metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)],
+                            json.loads(Path(layout_path(local)).read_text()))
+    assert by_first == {
+        0: (sizes[:2], [[paths[0], 0, sizes[0], []], [paths[1], sizes[0], sizes[1], []]]),
+        sizes[0] + sizes[1]: (sizes[2:], [[paths[2], 0, sizes[2], []], [paths[3], sizes[2], sizes[3], []]]),
+    }
+
+
 @pytest.mark.parametrize(("tasks", "waves"), [(1, ["wave-0", "wave-1", "wave-2"]), (2, ["wave-0", "wave-1"]), (None, [""])])
 def test_a_compaction_spark_rewrites_runs_at_most_compact_tasks_at_once_and_keeps_every_row(fresh_spark, tmp_path, tasks, waves) -> None:  # noqa: ANN001
     """When pyarrow cannot copy the files, Spark's reader and writer rewrite them: as jobs of at
