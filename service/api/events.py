@@ -92,6 +92,12 @@ def _without_digits(text: bytes) -> bytes:
     return text.translate(None, b"0123456789")
 
 
+def _respelled_numbers(value: object, text: bytes) -> bool:
+    """Whether `value`'s encoding differs from `text` (the JSON it was read from) only in digits."""
+    line = _encoding(value)
+    return line is not None and line != text and _without_digits(line) == _without_digits(text)
+
+
 # Built once: json.loads builds a decoder per call when given hooks (twice exact_event's cost).
 _EXACT = json.JSONDecoder(parse_float=orjson.Fragment)
 _EXACT_INTEGERS = json.JSONDecoder(parse_float=orjson.Fragment, parse_int=_exact_integer)
@@ -451,7 +457,7 @@ def _encoded_lines(body: bytes, events: list[bytes], shallow: bool) -> list[byte
                 # A line that differs from its encoding only in its digits (a number orjson
                 # spells otherwise: a decimal of 22 digits among compact JSON) is its exact
                 # encoding already: kept as sent, without reading it again (that cost `ledger`'s
-                # api twice its CPU).
+                # api twice its CPU), as _parse_texts reads it exactly.
                 if _without_digits(text) == _without_digits(line):
                     line = text
                 elif may_hold_long_numbers(text):
@@ -483,7 +489,11 @@ def _parse_texts(body: bytes, texts: list[bytes], where: str, first: int, max_ev
         else:
             if not isinstance(value, dict):
                 raise BadRequestBody(f"{where.format(number)}: expected a JSON object, got {type(value).__name__}")
-            event = event_lines(exact_event(text) if long_numbers and may_hold_long_numbers(text) else value, text, shallow)
+            # In a body that may hold a number orjson's reading changes, a line that may hold one,
+            # or whose encoding differs from it only in digits (a number spelled otherwise:
+            # `1e-07`), is read exactly: kept as spelled, as _encoded_lines keeps such a line.
+            exact = long_numbers and (may_hold_long_numbers(text) or _respelled_numbers(value, text))
+            event = event_lines(exact_event(text) if exact else value, text, shallow)
         lines.extend(event)
         if len(lines) > max_events:
             raise too_many_events(max_events)

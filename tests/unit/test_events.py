@@ -10,7 +10,7 @@ from unittest import mock
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.api import events
@@ -334,6 +334,9 @@ def test_the_events_a_body_holds_at_least_counted_unread_are_never_more_than_rea
 
 @settings(max_examples=500, deadline=None)
 @given(ndjson_bodies())
+# Found by CI: a body that may hold a long number (the first line's 17 digits), and a line without
+# one spelled otherwise than orjson spells it only in its digits (`e-07`): kept as sent at once.
+@example(b'{"":10000000000000000}\n{"":[1.192092896e-07]}')
 def test_random_bodies_read_at_once_give_what_reading_every_line_gives(body: bytes) -> None:
     """Reading a body at once (msgspec's reading of the whole body, then line by line only where
     a line is not its event's encoding) gives the lines, counts and errors of reading every line
