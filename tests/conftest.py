@@ -60,6 +60,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
+LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A failed test's report carries the end of each log of the stacks it started (the writer's,
+    the committer's, the api's): their data directories are gone once the run ends, and a failure
+    seen once under `make test`'s load is otherwise left without its story."""
+    report = yield
+    build = getattr(item, "funcargs", {}).get("stack_factory")
+    if report.failed and build is not None:
+        for number, stack in enumerate(build.stacks):
+            for path in sorted(stack.data_dir.glob("*.log")):
+                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                if lines:
+                    report.sections.append((f"stack {number} {path.name} (last {len(lines)} lines)", "\n".join(lines)))
+    return report
+
+
 POSTGRES_ADMIN_URL = os.environ.get("CALVE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -172,6 +191,7 @@ def stack_factory(tmp_path: Path, redis_url: str, spark_remote: str, redis_clien
         stacks.append(stack)
         return stack
 
+    build.stacks = stacks  # for a failed test's report (pytest_runtest_makereport)
     yield build
     for stack in stacks:
         stack.stop(signal.SIGKILL)
