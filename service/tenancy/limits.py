@@ -69,6 +69,9 @@ class OverLimits(Exception):
         self.verdict, self.detail = verdict, detail
 
 
+_REFUSED_KEPT = 1024  # tenants in the refusal memo before those past their time are let go
+
+
 class TenantLimits:
     def __init__(self, client: aioredis.Redis, burst_s: float) -> None:
         self._client = client
@@ -80,8 +83,12 @@ class TenantLimits:
 
     def note_refused(self, tenant: str, for_s: float) -> None:
         """The tenant was just refused (over its backlog cap or rate): for `for_s` seconds, what it
-        sends is looked at before it is read."""
-        self._refused[tenant] = time.monotonic() + for_s
+        sends is looked at before it is read. A tenant refused once that never sends again is let
+        go when the memo next grows past _REFUSED_KEPT, with every entry past its time."""
+        now = time.monotonic()
+        if len(self._refused) >= _REFUSED_KEPT:
+            self._refused = {name: until for name, until in self._refused.items() if until > now}
+        self._refused[tenant] = now + for_s
 
     def refused_lately(self, tenant: str) -> bool:
         """Whether the tenant's requests are looked at before they are read (note_refused)."""

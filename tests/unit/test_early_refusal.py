@@ -76,3 +76,18 @@ def test_a_tenant_not_refused_lately_is_not_looked_at(redis_client: redis.Redis,
         return took_turn
 
     assert asyncio.run(main()) is False
+
+
+def test_the_refusal_memo_lets_go_of_tenants_past_their_time_once_it_grows(redis_url: str) -> None:
+    """Many tenants refused once that never send again do not pile up in an api's memory: once the
+    memo holds _REFUSED_KEPT tenants, those past their time are let go; those still within it stay."""
+    from service.tenancy.limits import _REFUSED_KEPT
+
+    limits = TenantLimits(aioredis.Redis.from_url(redis_url), burst_s=2.0)
+    limits.note_refused("recent", 60)
+    for number in range(_REFUSED_KEPT - 1):
+        limits.note_refused(f"gone-{number}", 0)  # past its time at once
+    assert len(limits._refused) == _REFUSED_KEPT
+    limits.note_refused("next", 60)
+    assert set(limits._refused) == {"recent", "next"}
+    assert limits.refused_lately("recent") and limits.refused_lately("next") and not limits.refused_lately("gone-0")
