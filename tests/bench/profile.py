@@ -60,6 +60,7 @@ class Sample:
     direct: dict[str, float] = field(default_factory=dict)  # the short way's batches by outcome (written, partial, refused, failed)
     compacted: dict[str, float] = field(default_factory=dict)  # files removed, files added and bytes removed by committed compactions
     ways: dict[str, float] = field(default_factory=dict)  # ingest requests by way: known (fast_ingest.py) or routed
+    jit: dict[tuple[int, int], float] = field(default_factory=dict)  # (pid, thread id) -> CPU seconds of a Spark JVM's JIT compiler thread
 
     @property
     def backlog(self) -> float:
@@ -82,6 +83,8 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
             continue
         # Threads count; children a role waited for (spark-submit's exec'd JVM is itself) too.
         taken.cpu[process.pid] = (role, times.user + times.system + times.children_user + times.children_system)
+        if role in ("spark", "spark executors"):
+            taken.jit.update(compiler_threads(process))
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
     for name, kind, value in METRIC.findall(text):
         taken.metrics[(name, kind)] = taken.metrics.get((name, kind), 0.0) + float(value)
@@ -95,6 +98,24 @@ def sample(stack_pid: int, port: int, token: str) -> Sample:
     for way, value in WAYS.findall(text):
         taken.ways[way] = taken.ways.get(way, 0.0) + float(value)
     return taken
+
+
+def compiler_threads(process: psutil.Process) -> dict[tuple[int, int], float]:
+    """The CPU seconds of each of a JVM's JIT compiler threads (`C1/C2 CompilerThread`, by their
+    names in /proc): a JVM compiles Spark's code for minutes after it starts, so a window soon
+    after the start holds warm-up that a long-running server no longer pays."""
+    found = {}
+    try:
+        for thread in process.threads():
+            try:
+                with open(f"/proc/{process.pid}/task/{thread.id}/comm") as comm:
+                    if "CompilerThre" in comm.read():
+                        found[(process.pid, thread.id)] = thread.user_time + thread.system_time
+            except OSError:  # the thread ended
+                continue
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return found
 
 
 def committed_between(start: Sample, end: Sample) -> tuple[int, float | None]:
@@ -118,7 +139,11 @@ def breakdown(start: Sample, end: Sample, events: int) -> dict:
                           "events_each": round(events / count) if count else None}
     order = {role: index for index, role in enumerate(ROLE_ORDER)}
     stack = sum(seconds for role, seconds in cpu.items() if role != "load generator")
+    # Of the Spark JVMs' CPU, their JIT compiler threads' (a compiler thread that ended in the window is left out).
+    jit = sum(seconds - start.jit.get(thread, 0.0) for thread, seconds in end.jit.items())
     return {
+        "spark_jit_s": round(jit, 2),
+        "spark_jit_s_per_100k": round(jit * 100_000 / events, 3) if events else None,
         # Every process of the stack (the load generator is not Calve's).
         "cpu_s_per_100k_all_roles": round(stack * 100_000 / events, 3) if events else None,
         "cpu_s": {role: round(cpu[role], 2) for role in sorted(cpu, key=order.get)},
@@ -143,6 +168,9 @@ def table(profile: dict) -> str:
         rss = profile.get("rss_mib", {}).get(role)
         memory = f"   RSS {rss[0]} -> {rss[1]} MiB" if rss else ""
         lines.append(f"  {role:<15} {seconds:6.1f}   {profile['cpu_s_per_100k_events'][role]}{memory}")
+    if profile.get("spark_jit_s"):
+        lines.append(f"  of spark's: its JIT compiling Spark's code {profile['spark_jit_s']:.1f} CPU-s ({profile['spark_jit_s_per_100k']} per 100k events; "
+                     "warm-up, fading over the JVM's first minutes)")
     lines.append(f"  all but the load generator: {profile['cpu_s_per_100k_all_roles']} CPU-s per 100k events")
     for name, timing in profile["timings"].items():
         lines.append(f"  {name}: {timing['count']} in the window, {timing['mean_s']} s each, ~{timing['events_each']} events each")
