@@ -61,6 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 LOG_TAIL_LINES = 80
+LOG_TAIL_BYTES = 64 << 10  # read of each log's end, at most
 
 
 @pytest.hookimpl(wrapper=True)
@@ -73,7 +74,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if report.failed and build is not None:
         for number, stack in enumerate(build.stacks):
             for path in sorted(stack.data_dir.glob("*.log")):
-                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                with open(path, "rb") as log:
+                    log.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+                    lines = log.read().decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
                 if lines:
                     report.sections.append((f"stack {number} {path.name} (last {len(lines)} lines)", "\n".join(lines)))
     return report

@@ -12,7 +12,7 @@ from fastapi import HTTPException
 
 from service.api.routes.ingest import charge_of, looked_at
 from service.core.config import Settings
-from service.tenancy.limits import ALLOWED, TenantLimits
+from service.tenancy.limits import _REFUSED_KEPT, ALLOWED, TenantLimits
 from service.tenancy.tenants import Principal
 
 
@@ -81,8 +81,6 @@ def test_a_tenant_not_refused_lately_is_not_looked_at(redis_client: redis.Redis,
 def test_the_refusal_memo_lets_go_of_tenants_past_their_time_once_it_grows(redis_url: str) -> None:
     """Many tenants refused once that never send again do not pile up in an api's memory: once the
     memo holds _REFUSED_KEPT tenants, those past their time are let go; those still within it stay."""
-    from service.tenancy.limits import _REFUSED_KEPT
-
     limits = TenantLimits(aioredis.Redis.from_url(redis_url), burst_s=2.0)
     limits.note_refused("recent", 60)
     for number in range(_REFUSED_KEPT - 1):
