@@ -232,7 +232,7 @@ class TableCommits:
         mark, runs = watermark(table), ahead(table)
         if runs:  # these receipts are published: not again by this leader's next plan
             self.announced.setdefault(member, set()).update(entry.entry_id for entry in plan.entries if within(entry.entry_id, runs))
-        self.client.xtrim(keys.commit_stream_key(tenant, table_name), minid=next_id(mark))
+        trim_to(self.client, keys.commit_stream_key(tenant, table_name), mark)
         return True
 
     def _commit(self, table: Table, plan: CommitPlan, lease: TableLease) -> Rewritten | None:
@@ -304,7 +304,7 @@ class TableCommits:
                 snapshots[0],
             )
             self.publisher.mark_committed(tenant, table_name, holder.snapshot_id, entry.rows_by_receipt)
-        self.client.xtrim(stream, minid=next_id(text(raw[-1][0])))
+        trim_to(self.client, stream, text(raw[-1][0]))
 
     # -- what cannot commit -----------------------------------------------------------------
 
@@ -379,3 +379,11 @@ class TableCommits:
 def appends_behind(segments: list[CommitPlan]) -> bool:
     """Whether one of these segments (those behind a run of row changes) is appends."""
     return any(segment.operation is Operation.APPEND for segment in segments)
+
+
+def trim_to(client: redis.Redis, stream: str, mark: str) -> None:
+    """Drop the commit stream's entries up to `mark` (committed and announced), exactly: an
+    approximate trim removes only whole stream nodes, and an entry left in a node that a later
+    entry shares outlives that entry's XDEL (a dropped rewrite, a parked entry), so an idle
+    table would show a waiting entry, and be planned every interval, until its next commit."""
+    client.xtrim(stream, minid=next_id(mark), approximate=False)
