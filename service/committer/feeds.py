@@ -36,7 +36,7 @@ from service.feeds.pages import read_page
 from service.feeds.spark_diffs import SparkDiffs
 from service.iceberg.changelog import CHANGE_TYPE, DELETE, INSERT, METADATA_COLUMNS, UPDATE_AFTER
 from service.pipelines.spec import FEED_OPERATION
-from service.pipelines.store import PipelineRecord, fed_by
+from service.pipelines.store import PipelineRecord, table_feeds
 from service.protocol import scripts
 
 log = logging.getLogger(__name__)
@@ -71,24 +71,21 @@ class FeedPump:
         self.settings = settings
         self.client = client
         self._buffer = client.register_script(scripts.BUFFER)
-        self._pipelines: dict[tuple[str, str], tuple[float, list[PipelineRecord]]] = {}
+        self._feeds: dict[tuple[str, str], list[PipelineRecord]] = {}  # by (tenant, table): the pipelines its changes feed
+        self._feeds_read_at = float("-inf")
         self.differ = SparkDiffs(client, settings.feed_spark_rows, settings.feed_diff_timeout_s)
 
     def _engine(self):  # noqa: ANN202
         return get_engine(self.settings.resolved_database_url())
 
     def fed_by(self, tenant: str, table_name: str) -> list[PipelineRecord]:
-        """The pipelines reading `table_name`'s changes: an indexed query every PIPELINES_CACHE_S
-        per table, parsing only their definitions (once per version: store.stored_definition)."""
-        cached = self._pipelines.get((tenant, table_name))
-        if cached is None or time.monotonic() - cached[0] > PIPELINES_CACHE_S:
-            try:
-                with Session(self._engine()) as session:
-                    records = fed_by(session, tenant, table_name)
-            except NotFound:
-                records = []
-            cached = self._pipelines[(tenant, table_name)] = (time.monotonic(), records)
-        return cached[1]
+        """The pipelines reading `table_name`'s changes: every table's found by one query every
+        PIPELINES_CACHE_S, parsing only their definitions (once per version: store.stored_definition)."""
+        if time.monotonic() - self._feeds_read_at > PIPELINES_CACHE_S:
+            with Session(self._engine()) as session:
+                self._feeds = table_feeds(session)
+            self._feeds_read_at = time.monotonic()
+        return self._feeds.get((tenant, table_name), [])
 
     def pump(self, tenant: str, table_name: str, load_table) -> int:  # noqa: ANN001 - () -> Table
         """Buffer the next changes of `table_name` for each pipeline it feeds; the events buffered."""

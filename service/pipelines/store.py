@@ -34,6 +34,7 @@ from service.core.models import (
     ChangeConsumer,
     Pipeline,
     PipelineVersion,
+    Tenant,
     utcnow,
 )
 from service.pipelines.expressions import stored
@@ -251,12 +252,18 @@ def list_pipelines(session: Session, tenant: str) -> list[PipelineRecord]:
     return sorted(records + builtins, key=lambda record: record.name)
 
 
-def fed_by(session: Session, tenant: str, table: str) -> list[PipelineRecord]:
-    """The live pipelines that read the changes of `table` (one indexed query)."""
-    pipelines = session.exec(select(Pipeline).where(
-        Pipeline.tenant_id == _tenant_id(session, tenant), Pipeline.source_table == table, Pipeline.deleted_at.is_(None),
-    ).order_by(Pipeline.name)).all()
-    return [_record(p, _version(session, p, p.version)) for p in pipelines]
+def table_feeds(session: Session) -> dict[tuple[str, str], list[PipelineRecord]]:
+    """The live pipelines that read a table's changes, by (tenant, table), every tenant's in one
+    query: a committer looks them up for each table it leads, and one query a table every few
+    seconds kept an idle committer of 40 tables at ~2% of a core."""
+    rows = session.exec(
+        select(Tenant.name, Pipeline).join(Tenant, Tenant.id == Pipeline.tenant_id)
+        .where(Pipeline.source_table.is_not(None), Pipeline.deleted_at.is_(None)).order_by(Pipeline.name)
+    ).all()
+    feeds: dict[tuple[str, str], list[PipelineRecord]] = {}
+    for tenant, pipeline in rows:
+        feeds.setdefault((tenant, pipeline.source_table), []).append(_record(pipeline, _version(session, pipeline, pipeline.version)))
+    return feeds
 
 
 def delete_pipeline(session: Session, tenant: str, name: str) -> PipelineRecord:

@@ -53,6 +53,9 @@ built-in `logs` made by one request of plain events first, as plain made it), an
 tables are compacted by hand once its window closes: in one stack, a shape otherwise paid for
 compacting what the shapes before it left (in the built-in `logs` most of all, which they
 shared). BENCH_TABLES=shared: one tenant for all and no compaction between shapes.
+BENCH_QUIET_TENANTS=N: N more tenants, each with a `logs` table made by one request, that send
+nothing while the shapes are measured (a busy tenant among quiet ones: what each table costs its
+committer and Redis while idle).
 
 Then the open loop: plain events at fixed arrival rates (BENCH_OPEN_RATES, events/s, default
 20,000 to 300,000 in steps of 20,000; BENCH_OPEN_STEP_S each, default 30), each request sent on
@@ -71,6 +74,7 @@ CALVE_MAX_EVENTS_PER_S or CALVE_MAX_BYTES_PER_S is set (UNLIMITED).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -740,6 +744,11 @@ def main() -> None:
         stack = start_stack(data_dir, port)
         operator = operator_token(data_dir)
         try:
+            quiet = int(os.environ.get("BENCH_QUIET_TENANTS", "0"))
+            if quiet:
+                say(f"making {quiet} quiet tenants, a logs table each ...")
+                with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                    list(pool.map(lambda n: tenant_of_its_own(port, operator, f"quiet_{n}"), range(quiet)))
             take_sample = lambda: sample(stack.pid, port, operator)  # noqa: E731
             for index, shape in enumerate(shapes):
                 drain(take_sample)  # the last shape's backlog (answered once buffered) is not this one's

@@ -37,7 +37,7 @@ def http(name: str) -> PipelineDefinition:
     return parse_definition({"name": name, "source": {"http": {"path": f"/{name}"}}, "sinks": [{"table": name, "auto_create": True}]})
 
 
-def test_the_pipelines_a_table_feeds_are_found_without_parsing_the_others(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pipelines_every_table_feeds_are_found_at_once_without_parsing_the_others(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     store.create_pipeline(session, "demo", fed("copy", "orders"))
     store.create_pipeline(session, "demo", fed("other", "users"))
     store.create_pipeline(session, "beta", fed("theirs", "orders"))
@@ -49,9 +49,10 @@ def test_the_pipelines_a_table_feeds_are_found_without_parsing_the_others(sessio
     parsed = []
     real = PipelineDefinition.model_validate
     monkeypatch.setattr(PipelineDefinition, "model_validate", lambda data, **kw: parsed.append(data["name"]) or real(data, **kw))
-    assert [r.name for r in store.fed_by(session, "demo", "orders")] == ["other"]
-    assert [r.name for r in store.fed_by(session, "demo", "orders")] == ["other"]
-    assert parsed == ["other"], "only the matching definition, and once per version"
+    for _round in range(2):
+        feeds = store.table_feeds(session)
+        assert {key: [r.name for r in records] for key, records in feeds.items()} == {("demo", "orders"): ["other"], ("beta", "orders"): ["theirs"]}
+    assert sorted(parsed) == ["other", "theirs"], "only the definitions of pipelines a table feeds, and once per version"
 
 
 def test_a_definition_stored_before_a_limit_was_added_is_still_read(session: Session) -> None:
