@@ -19,7 +19,10 @@ it: into `_extra` as JSON text, as a Kubernetes log shipper sends them); `pandas
 events with the integer status written as a double (`200.0`); `loose`, plain events with a number
 for the host in one of ten and for the message in one of a hundred (text columns holding numbers
 and text alike, as a loosely typed logger sends them); `mixed`, plain events with the status as
-text in one of fifty and the message an object in another of fifty; `declared`, the same
+text in one of fifty and the message an object in another of fifty; `errors`, plain events and
+one in twenty an error whose message carries a stack trace (~1 KB, newlines, tabs and quotes
+escaped); `scripts`, plain events with messages in many scripts (accents, CJK, Cyrillic, Arabic,
+emoji: UTF-8 as sent); `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nanos`, the declared shape with `ts` in nanoseconds (Go's RFC 3339, trailing zeros trimmed);
@@ -248,6 +251,31 @@ def with_nano_time(event: dict) -> dict:
     return event
 
 
+FRAMES = ["app/handlers/checkout.py", "app/services/payments.py", "lib/http/client.py", "lib/db/pool.py", "app/models/order.py"]
+SCRIPTS = ["Zahlung für Bestellung bestätigt", "paiement reçu, commande expédiée", "注文の支払いを確認しました",
+           "заказ оплачен и отправлен", "결제가 완료되었습니다", "تم تأكيد الدفع", "pagamento confirmado ✅", "Ödeme alındı 🚚"]
+
+
+def with_stack_trace(event: dict, i: int) -> dict:
+    """The event; one in twenty an error whose message carries its stack trace: a dozen lines,
+    ~1 KB, with the newlines, tabs and quotes escaped in the JSON text, as loggers of exceptions
+    send them."""
+    if i % 20 == 9:
+        frames = [f'  File "{random.choice(FRAMES)}", line {random.randrange(1, 900)}, in handle\n\t'
+                  f"result = self.call(request, timeout={random.randrange(1, 30)})" for _ in range(6)]
+        event["level"], event["status"] = "error", 500
+        event["msg"] = "Traceback (most recent call last):\n" + "\n".join(frames) + '\nTimeoutError: "upstream" did not answer'
+        event["msg"] = event["msg"].encode().decode("unicode_escape")
+    return event
+
+
+def in_many_scripts(event: dict, i: int) -> dict:
+    """The event with its message in the language of the user it served (accents, CJK, Cyrillic,
+    Arabic, emoji: UTF-8 as sent, not escaped), as a service with users everywhere logs it."""
+    event["msg"] = f"{SCRIPTS[i % len(SCRIPTS)]} #{i:010d}"
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -257,7 +285,8 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "strings": lambda i: with_number_texts(make_event(i)), "traced": lambda i: with_trace(make_event(i)),
           "pods": lambda i: with_pod(make_event(i)),
           "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
-          "mixed": lambda i: mixed_up(make_event(i), i),
+          "mixed": lambda i: mixed_up(make_event(i), i), "errors": lambda i: with_stack_trace(make_event(i), i),
+          "scripts": lambda i: in_many_scripts(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "kubernetes": lambda i: with_pod(with_days(i)), "routed": with_days, "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,
