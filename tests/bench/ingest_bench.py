@@ -22,7 +22,8 @@ and text alike, as a loosely typed logger sends them); `mixed`, plain events wit
 text in one of fifty and the message an object in another of fifty; `errors`, plain events and
 one in twenty an error whose message carries a stack trace (~1 KB, newlines, tabs and quotes
 escaped); `scripts`, plain events with messages in many scripts (accents, CJK, Cyrillic, Arabic,
-emoji: UTF-8 as sent); `declared`, the same
+emoji: UTF-8 as sent); `wide`, plain events each with thirty flat fields the table lacks (named
+as Elastic's common schema flattens them, half text, half numbers: into `_extra`); `declared`, the same
 fields with `ts` as ISO 8601 text into a declared schema (`ts timestamptz`) partitioned by day(ts);
 `processors`, that with two processors (where, set), which the short way evaluates itself;
 `nanos`, the declared shape with `ts` in nanoseconds (Go's RFC 3339, trailing zeros trimmed);
@@ -276,6 +277,18 @@ def in_many_scripts(event: dict, i: int) -> dict:
     return event
 
 
+WIDE_FIELDS = [f"{group}.{name}" for group in ("http", "client", "cloud", "user_agent", "process") for name in ("id", "name", "kind", "region", "version", "bytes")]
+
+
+def widened(event: dict, i: int) -> dict:
+    """The event with thirty flat fields the built-in `logs` table lacks (into its `_extra` map),
+    named as Elastic's common schema flattens them (`http.bytes`, `cloud.region`), half text and
+    half numbers: what a shipper that adds its host's and request's metadata sends."""
+    for n, name in enumerate(WIDE_FIELDS):
+        event[name] = (i * 31 + n) % 9973 if n % 2 else f"{name.split('.')[0]}-{(i + n) % 17}"
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -286,7 +299,7 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "pods": lambda i: with_pod(make_event(i)),
           "pandas": lambda i: with_whole_doubles(make_event(i)), "loose": lambda i: loosely_typed(make_event(i), i),
           "mixed": lambda i: mixed_up(make_event(i), i), "errors": lambda i: with_stack_trace(make_event(i), i),
-          "scripts": lambda i: in_many_scripts(make_event(i), i),
+          "scripts": lambda i: in_many_scripts(make_event(i), i), "wide": lambda i: widened(make_event(i), i),
           "declared": with_days, "processors": with_days, "nested": lambda i: nested(with_days(i)), "orders": lambda i: ordered(with_days(i)),
           "labelled": lambda i: labelled(with_days(i)), "kubernetes": lambda i: with_pod(with_days(i)), "routed": with_days, "ledger": lambda i: ledgered(with_days(i)), "renamed": lambda i: renamed(with_days(i)),
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,

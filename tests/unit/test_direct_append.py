@@ -42,6 +42,7 @@ from pyiceberg.types import (
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
+    MANY_INFERRED,
     MAX_MISTYPED,
     BodyReader,
     FallbackMemory,
@@ -52,6 +53,8 @@ from spark_jobs.direct_append import (
     _extras_by_column,
     _JsonLayout,
     _KeysBefore,
+    _spans,
+    _twice,
     exact_numbers,
     extra_maps,
     extra_text,
@@ -421,6 +424,32 @@ def test_fields_of_changing_type_are_read_from_the_layout_without_reading_each_l
     assert _JsonLayout(twice).unknown_fields(parsing.names, len(lines) + 1) is None
     not_utf8 = body + b'\n{"id": 6, "us\xffer": 1}'
     assert _JsonLayout(not_utf8).unknown_fields(parsing.names, len(lines) + 1) is None
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.sampled_from([41, 10**7]))
+def test_a_value_there_twice_is_found_whether_counted_or_sorted(pairs: list[int], kinds: int) -> None:
+    """_twice (a key twice in an event, as each event's keys' codes): counted where the kinds are
+    few, sorted where they are many, the same answer as a set's."""
+    assert _twice(np.array(pairs, np.int64), kinds) == (len(set(pairs)) < len(pairs))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=12), st.binary(min_size=40, max_size=40))
+def test_spans_in_ascending_order_are_their_bytes(steps: list[tuple[int, int]], text: bytes) -> None:
+    """_spans of spans in ascending order and apart (empty ones, and ones that touch, too), as
+    _pieces copies them: each its bytes, or None where one is no UTF-8."""
+    starts, ends, at = [], [], 0
+    for gap, length in steps:
+        if at + gap + length > len(text):
+            break
+        starts.append(at + gap)
+        ends.append(at + gap + length)
+        at += gap + length
+    got = _spans(np.frombuffer(text, np.uint8), np.array(starts, np.int64), np.array(ends, np.int64))
+    try:
+        expected = [text[start:end].decode() for start, end in zip(starts, ends)]
+    except UnicodeDecodeError:
+        expected = None
+    assert (None if got is None else got.to_pylist()) == expected
 
 
 @given(st.lists(st.sampled_from([b'{"a":1}', b'{"b":"x"}', b"", b" ", b"\r", b"\t", b" {}", b"\x0b", b"{\r"]), max_size=8),
@@ -1329,6 +1358,25 @@ def test_after_a_body_with_a_field_of_changing_type_the_next_few_are_read_withou
         assert reader.rows_of(changing)[0].to_pylist() == fresh(changing)
         assert len(reads) == expected_reads
     assert reader.rows_of(steady)[0].to_pylist() == fresh(steady)  # read from every line: the same
+
+
+def test_after_a_body_of_wide_events_the_next_few_are_read_without_inferring_the_fields_the_table_lacks() -> None:
+    """Events with more fields the table lacks than extra_maps asks column by column (MANY_INFERRED:
+    their maps come from where the keys and values are): the task's next FallbackMemory.SKIPPED
+    bodies are read ignoring those fields (inferring their columns was for nothing: ~35% of such
+    a body's reading), and then inferring is tried again. Rows are the same as a fresh reader's."""
+    wide = "\n".join(json.dumps({"id": row, "msg": "m", **{f"f{n}": n * row if n % 2 else f"v{row}" for n in range(MANY_INFERRED + 4)}})
+                     for row in range(5)).encode()
+
+    def fresh(body: bytes) -> list[dict]:
+        return BodyReader(parse_schema(TABLE, "_extra", []), TABLE, frozenset({"id"}), "_extra", [], False, None, True).rows_of(body)[0].to_pylist()
+
+    reader, reads = counted_reader()
+    for inferred in [True, *[False] * FallbackMemory.SKIPPED, True]:
+        reads.clear()
+        assert reader.rows_of(wide)[0].to_pylist() == fresh(wide)
+        assert [read[1] for read in reads] == ["infer" if inferred else "ignore"]
+    assert len(fresh(wide)[0]["_extra"]) == MANY_INFERRED + 4
 
 
 _KEY_NAMES = ["msg", "status", "us", "a b", "é", 'q"t', "x:y", "ts"]
