@@ -27,6 +27,19 @@ NULLED = "_calve_nulled"  # the columns where the event's value could not be con
 LINE_SLOTS = 1 << 24
 
 
+def by_name(name: str) -> Column:
+    """The column named `name` as it is: quoted, so that a dot in it (`http.method`) is not read as
+    a path into a struct, nor a backtick as a quote."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def column_name_ok(name: str) -> bool:
+    """Whether a field of events may become a column of a table made or evolved from them: not a
+    name with a dot (readers, Spark's among them, take `http.method` for a path into a struct) or
+    a backtick (SQL's quote)."""
+    return "." not in name and "`" not in name
+
+
 def balanced(combine: Callable[[Column, Column], Column], columns: list[Column]) -> Column:
     """`columns` combined pairwise as a balanced tree: an expression as deep as log2 of their
     number. Spark Connect sends a plan as nested messages and pyspark walks them recursively, so a

@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import coerce, exact_type, shadow_type
-from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of
+from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, OP_VALUE, REASON, RECEIPT, SEQ, TABLE, any_of, by_name
 from spark_jobs.targets import Target
 
 NO_NAMES = "array<string>"
@@ -51,13 +51,13 @@ def convert(rows: DataFrame, target: Target, consumed: list[str], parsed_with_ta
             present.append(kept.isNotNull())
             continue
         if column.name in source_types:
-            converted = coerce(F.col(column.name), source_types[column.name], column.dataType,
+            converted = coerce(by_name(column.name), source_types[column.name], column.dataType,
                                F.col(EXACT).getField(column.name) if column in exact else None)
-            present.append(F.col(column.name).isNotNull())
+            present.append(by_name(column.name).isNotNull())
         else:
             converted = coerce(F.lit(None), T.NullType(), column.dataType)
         columns.append(converted.value.alias(column.name))
-        missing = F.col(column.name).isNull() if column.name in source_types else F.lit(True)
+        missing = by_name(column.name).isNull() if column.name in source_types else F.lit(True)
         unconvertible = F.lit(f"field {column.name!r} cannot be converted to {column.dataType.simpleString()}")
         if column.name in keys:
             reasons.append(F.when(missing, F.lit(f"missing identifier field {column.name!r}")))
@@ -200,7 +200,7 @@ def _entries_map(entries: list[tuple[str, Column, T.DataType]]) -> Column:
 
 def _unparsed_columns(rows: DataFrame, taken: list[str]) -> list[tuple[str, Column, T.DataType]]:
     """The batch's top-level fields (parsed with its own types) that no column takes."""
-    return [(f.name, F.col(f.name), f.dataType) for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken]
+    return [(f.name, by_name(f.name), f.dataType) for f in rows.schema.fields if not f.name.startswith(INTERNAL) and f.name not in taken]
 
 
 def _struct_paths(target: Target) -> list[tuple[tuple[str, ...], list[str]]]:
@@ -241,7 +241,7 @@ def _missing_fields(rows: DataFrame, target: Target) -> list[tuple[str, Column, 
 
 
 def _field_at(path: tuple[str, ...]) -> Column:
-    value = F.col(path[0])
+    value = by_name(path[0])
     for name in path[1:]:
         value = value.getField(name)
     return value

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from spark_jobs.columns import INTERNAL
+from spark_jobs.columns import INTERNAL, by_name, column_name_ok
 
 
 def without_null_types(schema: T.StructType) -> T.StructType:
@@ -31,8 +31,8 @@ def without_null_types(schema: T.StructType) -> T.StructType:
 def inferred_table_schema(rows: DataFrame) -> pa.Schema | None:
     """A new table's schema from the rows bound for it: the fields that have a value in at least
     one of them (None when there are no rows). One Spark action."""
-    columns = [c for c in rows.columns if not c.startswith(INTERNAL)]
-    counts = rows.select(F.count(F.lit(1)).alias("_calve_rows"), *[F.count(F.col(c)).alias(c) for c in columns]).first()
+    columns = [c for c in rows.columns if not c.startswith(INTERNAL) and column_name_ok(c)]
+    counts = rows.select(F.count(F.lit(1)).alias("_calve_rows"), *[F.count(by_name(c)).alias(c) for c in columns]).first()
     if not counts or not counts["_calve_rows"]:
         return None
     present = [f for f in rows.schema.fields if f.name in columns and counts[f.name]]
@@ -54,7 +54,7 @@ def needed_widenings(current: pa.Schema, incoming: pa.Schema, rows: DataFrame) -
     candidates = [f.name for f in incoming if f.name in narrow and f.type != narrow[f.name]]
     if not candidates:
         return incoming
-    peaks = rows.select(*[F.max(F.abs(F.col(name))).alias(name) for name in candidates]).first()
+    peaks = rows.select(*[F.max(F.abs(by_name(name))).alias(name) for name in candidates]).first()
     kept = []
     for column in incoming:
         if column.name in candidates and (peaks[column.name] is None or peaks[column.name] <= NARROW_LIMITS[narrow[column.name]]):

@@ -546,3 +546,27 @@ def test_fields_a_struct_column_lacks_are_kept_under_their_path_or_named_never_l
     for _ in range(2):  # inferred, then the table's schema
         answer = send(stack, "/named", [{"id": "m", "user": {"name": "bob", "email": "bob@example.org"}}])
         assert answer["tables"]["named"]["dropped_fields"] == ["user.email"], answer
+
+
+def test_fields_named_with_a_dot_never_become_columns_and_are_kept_in_extra_fields(stack: Stack) -> None:
+    """Flattened names (`http.method`, `client.bytes`, as Elastic's common schema and OpenTelemetry
+    spell them) in the events a table is created from: Spark would read the dot as a path into a
+    struct (the table's creation failed on them, and every request went to the DLQ). They never
+    become columns: the built-in `logs` keeps them in its `_extra` map, by the full Spark job (the
+    table's first request, and a request it takes again: a number column's text) and by the short
+    way alike; a sink without extra_fields names them as dropped."""
+    first = send(stack, "/logs", [{"id": "d1", "msg": "x", "http.method": "GET", "client.bytes": 12, "a`b": True}])
+    assert first["tables"]["logs"]["rows"] == 1 and "dropped_fields" not in first["tables"]["logs"]
+    send(stack, "/logs", [{"id": "d2", "msg": "y", "http.method": "PUT", "client.bytes": 7}])  # the short way
+    send(stack, "/logs", [{"id": "d3", "msg": "z", "http.method": "GET"}, {"id": 4, "msg": {"an": "object"}, "client.bytes": 1}])
+    table = stack.catalog().load_table(("demo", "logs"))
+    assert not [f.name for f in table.schema().fields if "." in f.name or "`" in f.name]
+    assert {r["id"]: r["_extra"] and dict(r["_extra"]) for r in stack.rows("logs")} == {
+        "d1": {"http.method": "GET", "client.bytes": "12", "a`b": "true"}, "d2": {"http.method": "PUT", "client.bytes": "7"},
+        "d3": {"http.method": "GET"}, "4": {"client.bytes": "1"},
+    }
+    assert not dlq(stack)
+    create(stack, {"name": "flat", "source": {"http": {"path": "/flat"}}, "sinks": [{"table": "flat", "auto_create": True}]})
+    flat = send(stack, "/flat", [{"id": "f1", "http.method": "GET"}])
+    assert flat["tables"]["flat"]["dropped_fields"] == ["http.method"]
+    assert stack.rows("flat") == [{"id": "f1"}]
