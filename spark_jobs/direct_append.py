@@ -1775,25 +1775,22 @@ def _spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, dropped: np.n
     (ascending); None where one is no UTF-8."""
     lengths = ends - starts
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    if (dropped is None or not len(dropped)) and len(starts) and starts[0] == 0 and ends[-1] == len(data) and (starts[1:] == ends[:-1]).all():
-        taken = None  # the spans are the data, one after another: their texts are its bytes
-    elif (dropped is None or not len(dropped)) and len(starts) and len(data) < 2**31 and (lengths >= 0).all() and (starts[1:] >= ends[:-1]).all():
+    whole = dropped is None or not len(dropped)  # no byte of the spans left out
+    if whole and len(starts) and starts[0] == 0 and ends[-1] == len(data) and (starts[1:] == ends[:-1]).all():
+        # The spans are the data, one after another: their texts are its bytes.
+        texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
+    elif whole and len(starts) and len(data) < 2**31 and (lengths >= 0).all() and (starts[1:] >= ends[:-1]).all():
         texts = _pieces(data, starts, ends)
-        try:
-            texts.validate(full=True)
-        except pa.ArrowInvalid:
-            return None
-        return texts
     else:
         taken = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)  # each span's bytes, span after span
-    if taken is not None and dropped is not None and len(dropped) and len(taken):
-        marked = np.zeros(len(data), bool)
-        marked[dropped] = True
-        kept = ~marked[taken]
-        taken = taken[kept]
-        counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
-        offsets = counted[offsets]
-    texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data if taken is None else data[taken].tobytes()))
+        if not whole and len(taken):
+            marked = np.zeros(len(data), bool)
+            marked[dropped] = True
+            kept = ~marked[taken]
+            taken = taken[kept]
+            counted = np.concatenate([[0], np.cumsum(kept)])  # kept bytes before each of the spans' bytes
+            offsets = counted[offsets]
+        texts = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data[taken].tobytes()))
     try:
         texts.validate(full=True)  # UTF-8, as json would read it
     except pa.ArrowInvalid:
