@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import declared_not_null
+from spark_jobs.columns import by_name
 from spark_jobs.contract import layout_path
 from spark_jobs.files import _path, conform, freeze_once, read_parquet, write_parquet
 from spark_jobs.task_code import bound
@@ -91,7 +91,7 @@ def spark_rewrite(
         wave = runs[start:start + step]
         frame = read_parquet(spark, [path for run in wave for path in run], schema, filesystem)
         frame = frame.select(*[
-            declared_not_null(F.col(field.name), field.dataType).alias(field.name) if field.name in required else F.col(field.name)
+            declared_not_null(by_name(field.name), field.dataType).alias(field.name) if field.name in required else by_name(field.name)
             for field in spark_schema.fields
         ])
         # coalesce, not repartition: each output task reads whole input files, without a shuffle.

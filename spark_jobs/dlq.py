@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.coerce import declared_not_null
-from spark_jobs.columns import EVENT, RECEIPT, TABLE
+from spark_jobs.columns import EVENT, RECEIPT, TABLE, by_name
 from spark_jobs.contract import DLQ_ID, DLQ_SCHEMA, SET_ASIDE_MARK
 from spark_jobs.files import write_parquet
 from spark_jobs.targets import Output
@@ -57,7 +57,7 @@ class DeadLetters:
                 return None
             spark_types = {f.name: f.dataType for f in from_arrow_schema(DLQ_SCHEMA).fields}
             required = [
-                declared_not_null(F.col(f.name), spark_types[f.name]).alias(f.name) if not f.nullable else F.col(f.name)
+                declared_not_null(by_name(f.name), spark_types[f.name]).alias(f.name) if not f.nullable else by_name(f.name)
                 for f in DLQ_SCHEMA
             ]
             write_parquet(dead.select(*required), self.directory, self.filesystem, schema=DLQ_SCHEMA)

@@ -42,8 +42,43 @@ def set_aside_rows(events: DataFrame) -> DataFrame:
 def infer_event_schema(spark: SparkSession, events: DataFrame) -> T.StructType:
     """The fields of this batch's events as Spark's JSON reader infers them (integers are long,
     other numbers double, ISO timestamps stay strings until a table's schema says otherwise)."""
-    inferred = spark.read.json(events.select(EVENT)).schema
+    inferred = once_each(spark.read.json(events.select(EVENT)).schema)
     return T.StructType([f for f in inferred.fields if not f.name.startswith(INTERNAL) and f.name != "_corrupt_record"])
+
+
+def once_each(data_type: T.DataType) -> T.DataType:
+    """`data_type` with each struct's fields named once: Spark's reader infers a field twice where
+    an event holds its key twice (`{"a": 1, "a": 2}`), and every reference to it is then
+    ambiguous (AMBIGUOUS_REFERENCE_TO_FIELDS: the batch failed, halved down to the request, which
+    went to the DLQ). The two are merged as its inference merges two events' types (_merged)."""
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(once_each(data_type.elementType), data_type.containsNull)
+    if not isinstance(data_type, T.StructType):
+        return data_type
+    fields: dict[str, T.StructField] = {}
+    for f in data_type.fields:
+        kept = fields.get(f.name)
+        fields[f.name] = T.StructField(f.name, once_each(f.dataType) if kept is None else _merged(kept.dataType, once_each(f.dataType)), True)
+    return T.StructType(list(fields.values()))
+
+
+def _merged(one: T.DataType, other: T.DataType) -> T.DataType:
+    """The type that holds values of both, as Spark's JSON inference widens one event's type by
+    another's: structs field by field, lists by their elements, numbers to double, any other
+    two types to text."""
+    if one == other:
+        return one
+    if isinstance(one, T.StructType) and isinstance(other, T.StructType):
+        return once_each(T.StructType([*one.fields, *other.fields]))
+    if isinstance(one, T.ArrayType) and isinstance(other, T.ArrayType):
+        return T.ArrayType(_merged(one.elementType, other.elementType), True)
+    if isinstance(one, T.NullType):
+        return other
+    if isinstance(other, T.NullType):
+        return one
+    if isinstance(one, (T.LongType, T.DoubleType, T.DecimalType)) and isinstance(other, (T.LongType, T.DoubleType, T.DecimalType)):
+        return T.DoubleType()
+    return T.StringType()
 
 
 def parse(events: DataFrame, schema: T.StructType) -> DataFrame:

@@ -11,7 +11,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.buckets import with_buckets
 from spark_jobs.coerce import declared_not_null
-from spark_jobs.columns import INTERNAL
+from spark_jobs.columns import INTERNAL, by_name
 from spark_jobs.files import write_parquet
 from spark_jobs.targets import Target
 
@@ -42,8 +42,8 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
     """The table's data files of `good` (in the table's types) under target.directory: one file
     per partition value for a partitioned table, `per_file` rows per file at most when given."""
     data = good.select(*[
-        declared_not_null(F.col(f.name), from_arrow_schema(pa.schema([f]))[0].dataType).alias(f.name)
-        if f.name in target.required else F.col(f.name)
+        declared_not_null(by_name(f.name), from_arrow_schema(pa.schema([f]))[0].dataType).alias(f.name)
+        if f.name in target.required else by_name(f.name)
         for f in target.schema
     ])
     if per_file and not target.partition:
@@ -60,9 +60,9 @@ def write_data_files(good: DataFrame, target: Target, rows: int = 0, per_file: i
             bucketed.append((name, source, int(transform[len("bucket["):-1])))
             continue
         if transform.startswith("truncate["):
-            value = truncate(F.col(source), int(transform[len("truncate["):-1]), types[source])
+            value = truncate(by_name(source), int(transform[len("truncate["):-1]), types[source])
         else:
-            value = partition_value(F.col(source), transform)
+            value = partition_value(by_name(source), transform)
         data = data.withColumn(name, value)
     if bucketed:
         data = with_buckets(data, bucketed)
