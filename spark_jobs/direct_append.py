@@ -84,7 +84,7 @@ from pyspark.sql import types as T
 
 from spark_jobs import otlp_rows
 from spark_jobs.buckets import buckets
-from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ
+from spark_jobs.columns import INTERNAL, LINE_SLOTS, OP, RECEIPT, SEQ, column_name_ok
 from spark_jobs.contract import BUCKETS_METADATA
 from spark_jobs.events import has_set_aside
 from spark_jobs.files import _path, conform, freeze_once, rows_per_file, write_runs
@@ -134,9 +134,11 @@ def time_kind(data_type: pa.DataType) -> str | None:
     return "date" if pa.types.is_date32(data_type) else None
 
 RESULT = T.StructType([T.StructField("path", T.StringType()), T.StructField("counts", T.StringType()), T.StructField("refused", T.StringType()),
-                       T.StructField("rejected", T.StringType()), T.StructField("nulled", T.StringType()), T.StructField("sink", T.IntegerType())])
+                       T.StructField("rejected", T.StringType()), T.StructField("nulled", T.StringType()),
+                       T.StructField("dropped", T.StringType()), T.StructField("sink", T.IntegerType())])
 RESULT_ARROW = pa.schema([pa.field("path", pa.string()), pa.field("counts", pa.string()), pa.field("refused", pa.string()),
-                          pa.field("rejected", pa.string()), pa.field("nulled", pa.string()), pa.field("sink", pa.int32())])
+                          pa.field("rejected", pa.string()), pa.field("nulled", pa.string()),
+                          pa.field("dropped", pa.string()), pa.field("sink", pa.int32())])
 # The requests' frame as append_directly makes it, its bodies shipped or read by the tasks
 # (entries' ids). Said to Spark (DataFrame.to) so that mapInArrow, which needs the frame's columns,
 # does not ask the server for them: an AnalyzePlan that analyses the whole plan, rows included.
@@ -797,11 +799,12 @@ def append_directly(
     parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None = None,
     partition: list[tuple[str, str]] | tuple = (), changes: bool = False, entries: StreamEntries | None = None,
     by_request: bool = False, processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
-    task_bytes: int | None = None, text_nulls: bool = False,
-) -> tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]:
+    task_bytes: int | None = None, text_nulls: bool = False, dropping: str | None = None,
+) -> tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]], dict[str, tuple[list[str], int]]]:
     """Write the bodies' events as Parquet files under `directory`: (rows per receipt, None, [],
-    per receipt the columns where a value was made NULL by its conversion and in how many events),
-    or (None, why not, [], {}) with nothing left behind. by_request: a request (body) that this way
+    per receipt the columns where a value was made NULL by its conversion and in how many events,
+    per receipt the fields no column took and in how many events), or (None, why not, [], {}, {})
+    with nothing left behind. by_request: a request (body) that this way
     cannot take is left out instead of refusing the batch, and the third item lists the places in
     `bodies` of those left out (the caller runs them through the Spark job); the batch is still
     refused whole when the tasks cannot read the bodies. extra_fields: the table's map column for the fields
@@ -822,14 +825,17 @@ def append_directly(
     the work itself (make bench, README "The short way"). text_nulls: the table's columns are
     converted as the full job converts a known table's (no processors, no evolving schema, no
     row changes), so text that cannot be a number in an optional number column (not a partition's
-    source) reads as NULL there, as the full job makes it, instead of leaving its request out."""
+    source) reads as NULL there, as the full job makes it, instead of leaving its request out.
+    dropping: fields the table lacks, without extra_fields, are left out and named as the full
+    job names them (BodyReader.dropped_fields: DROP_KEYS or DROP_VALUES), instead of leaving their
+    request out (None)."""
     sink = sink_arguments(directory, filesystem, parsing, file_schema, required, extra_fields, partition, changes, processors,
-                          target_file_size, text_nulls)
+                          target_file_size, text_nulls, dropping)
     answers, refused, rejected = _run_tasks(spark, receipts, bodies, [sink], entries, by_request, task_bytes)
     if answers is None:
-        return None, refused, [], {}
-    ((counts, made_null),) = answers
-    return counts, None, rejected, made_null
+        return None, refused, [], {}, {}
+    ((counts, made_null, dropped),) = answers
+    return counts, None, rejected, made_null, dropped
 
 
 def append_routed(
@@ -847,7 +853,7 @@ def append_routed(
 def sink_arguments(directory: str, filesystem: object | None, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str],
                    extra_fields: str | None = None, partition: list[tuple[str, str]] | tuple = (), changes: bool = False,
                    processors: tuple[list[tuple], list[str]] | None = None, target_file_size: int | None = None,
-                   text_nulls: bool = False) -> tuple:
+                   text_nulls: bool = False, dropping: str | None = None) -> tuple:
     """One sink's part of a short-way task's arguments (append_directly's, which see), as plain data."""
     if filesystem is None:
         from pyarrow import fs as pafs
@@ -857,7 +863,7 @@ def sink_arguments(directory: str, filesystem: object | None, parsing: pa.Schema
         file_schema = file_schema.append(pa.field(OP, pa.string())).append(pa.field(SEQ, pa.int64())).append(pa.field(RECEIPT, pa.string()))
         partition = ()
     return (_path(directory), filesystem, parsing, file_schema, required, extra_fields, list(partition), changes, processors,
-            target_file_size, text_nulls)
+            target_file_size, text_nulls, dropping)
 
 
 def _run_tasks(spark: SparkSession, receipts: list[str], bodies: list[bytes], sinks: list[tuple], entries: StreamEntries | None,
@@ -897,7 +903,8 @@ def _run_tasks(spark: SparkSession, receipts: list[str], bodies: list[bytes], si
             for receipt, rows in json.loads(row.counts or "{}").items():
                 counts[receipt] = counts.get(receipt, 0) + rows
         made_null = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in mine for receipt, (names, events) in json.loads(row.nulled or "{}").items()}
-        answers.append((counts, made_null))
+        dropped = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in mine for receipt, (names, events) in json.loads(row.dropped or "{}").items()}
+        answers.append((counts, made_null, dropped))
     rejected = sorted({seq // LINE_SLOTS for row in results for seq in json.loads(row.rejected or "[]")})
     return answers, None, rejected
 
@@ -910,6 +917,7 @@ class _AnswerRow(NamedTuple):
     refused: str | None
     rejected: str | None
     nulled: str | None
+    dropped: str | None
     sink: int
 
 
@@ -1262,6 +1270,21 @@ def extra_maps(table: pa.Table, lines: Sequence[bytes], known: list[str], every_
 
 
 MANY_INFERRED = 16  # more inferred columns than this: every line is read rather than each column asked
+# How BodyReader.dropped_fields names the fields a table without extra_fields lacks: a table as it
+# is (every key), an evolving one (the fields with a value, none of which may become a column).
+DROP_KEYS, DROP_VALUES = "keys", "values"
+# An evolving table's request with more fields the table lacks: the full job's (a batch of more
+# fields than max_table_columns is parsed with fewer, its dropped fields named by their keys).
+MAX_DROPPED_INFERRED = 200
+
+
+def _holds_empty_object(data_type: pa.DataType) -> bool:
+    """Whether pyarrow inferred an empty object ({}) somewhere in a value of this type."""
+    if pa.types.is_struct(data_type):
+        return data_type.num_fields == 0 or any(_holds_empty_object(data_type.field(i).type) for i in range(data_type.num_fields))
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _holds_empty_object(data_type.value_type)
+    return False
 
 
 def _object_fields(table: pa.Table, known: list[str]) -> tuple[str, ...]:
@@ -1519,25 +1542,9 @@ class _JsonLayout:
         import pyarrow.compute as pc
 
         data, quotes = self.data, self.quotes
-        if len(quotes) % 2:
+        if (keys := self._top_keys(rows)) is None:
             return None
-        tops = self.brackets[(self.step == 1) & (self.depth == 1)]  # each event's opening brace
-        if len(tops) != rows or (data[tops] != ord("{")).any():
-            return None
-        opening, closing = quotes[0::2], quotes[1::2]
-        before = np.searchsorted(self.brackets, opening) - 1
-        top = np.where(before >= 0, self.depth[np.maximum(before, 0)], 0) == 1
-        opening, closing = opening[top], closing[top]
-        colons = self._past_spaces(closing + 1)
-        if colons is None:
-            return None
-        keyed = data[colons] == ord(":")
-        opening, closing, colons = opening[keyed], closing[keyed], colons[keyed]
-        if len(self.backslashes) and (np.searchsorted(self.backslashes, opening) != np.searchsorted(self.backslashes, closing)).any():
-            return None  # a key spelled with an escape
-        if (names := _spans(data, opening + 1, closing)) is None:
-            return None
-        row = np.searchsorted(tops, opening, side="right") - 1
+        names, row, colons = keys
         codes = pc.dictionary_encode(names)
         if _twice(row * len(codes.dictionary) + codes.indices.to_numpy(zero_copy_only=False), rows * len(codes.dictionary)):
             return None  # a key twice in an event: extra_text's reading refuses it
@@ -1568,6 +1575,44 @@ class _JsonLayout:
         counts = np.bincount(row, minlength=rows)
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
         return pa.MapArray.from_arrays(offsets, names, texts, type=TEXT_MAP, mask=pa.array(counts == 0))
+
+    def _top_keys(self, rows: int) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+        """Each top-level key of the `rows` events (a string at depth 1 followed by a colon):
+        its name, its event's row and its colon's place; None where an event is no object or a
+        key is spelled with an escape."""
+        data, quotes = self.data, self.quotes
+        if len(quotes) % 2:
+            return None
+        tops = self.brackets[(self.step == 1) & (self.depth == 1)]  # each event's opening brace
+        if len(tops) != rows or (data[tops] != ord("{")).any():
+            return None
+        opening, closing = quotes[0::2], quotes[1::2]
+        before = np.searchsorted(self.brackets, opening) - 1
+        top = np.where(before >= 0, self.depth[np.maximum(before, 0)], 0) == 1
+        opening, closing = opening[top], closing[top]
+        colons = self._past_spaces(closing + 1)
+        if colons is None:
+            return None
+        keyed = data[colons] == ord(":")
+        opening, closing, colons = opening[keyed], closing[keyed], colons[keyed]
+        if len(self.backslashes) and (np.searchsorted(self.backslashes, opening) != np.searchsorted(self.backslashes, closing)).any():
+            return None  # a key spelled with an escape
+        if (names := _spans(data, opening + 1, closing)) is None:
+            return None
+        return names, np.searchsorted(tops, opening, side="right") - 1, colons
+
+    def key_rows(self, names: list[str], rows: int) -> dict[str, set[int]] | None:
+        """The rows of the `rows` events holding each of these top-level keys, whatever its
+        value (those held by none left out); None where not sure (_top_keys)."""
+        import pyarrow.compute as pc
+
+        if (keys := self._top_keys(rows)) is None:
+            return None
+        found, row, _colons = keys
+        wanted = pa.array(names, pa.string())
+        at = pc.fill_null(pc.index_in(found, value_set=wanted), -1).to_numpy(zero_copy_only=False)
+        which, row = at[at >= 0], row[at >= 0]
+        return {names[k]: set(row[which == k].tolist()) for k in np.unique(which).tolist()}
 
     def _closings(self, starts: np.ndarray) -> np.ndarray | None:
         """Past the bracket closing each object or list that opens at `starts`; None where one
@@ -1894,7 +1939,7 @@ class BodyReader:
 
     def __init__(self, parsing: pa.Schema, file_schema: pa.Schema, required: frozenset[str], extra_fields: str | None,
                  partition: list[tuple[str, str]] | None, changes: bool, processors: tuple[list[tuple], list[str]] | None,
-                 text_nulls: bool) -> None:
+                 text_nulls: bool, dropping: str | None = None) -> None:
         self.parsing, self.file_schema, self.extra_fields, self.processors = parsing, file_schema, extra_fields, processors
         self.kinds = {f.name: kind for f in file_schema if f.name in parsing.names and (kind := time_kind(f.type))}
         self.binary = [f.name for f in file_schema if f.name in parsing.names and is_binary(f.type)]
@@ -1934,6 +1979,10 @@ class BodyReader:
         # Each nested column's type once its maps of strings are made (nested_text_maps): those with maps, and the others as parsed.
         self.nested_types = {name: nested_parsing(file_schema.field(name).type, read=False) for name in self.nested}
         self.nested_maps = [name for name in self.nested if has_nested_maps(file_schema.field(name).type)]
+        # Fields the table lacks left out and named (append_directly's dropping; dropped_fields),
+        # where nothing else reads them: no extra_fields, processors, row changes, maps or objects.
+        self.dropping = dropping if not extra_fields and processors is None and not changes and not self.maps and not self.nested else None
+        self.dropped_rows: dict[str, set[int]] = {}  # the body's rows holding each field it left out, by name (dropped_fields)
         self.wide_maps = False  # True once a body's maps had many keys
         self.layout_memory = FallbackMemory()  # the layout for fields the table lacks (extra_maps)
         self.infer_memory = FallbackMemory()  # inferring fields the table lacks (read_fields)
@@ -1997,7 +2046,7 @@ class BodyReader:
         try:
             # Fields the table lacks inferred as columns: which events have any (and the maps
             # of strings as structs: which events have one).
-            unexpected = "infer" if self.extra_fields or self.maps or self.drops or self.nested_maps else "error"
+            unexpected = "infer" if self.extra_fields or self.maps or self.drops or self.nested_maps or self.dropping else "error"
             return self.read(body, unexpected, epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
             if (not self.extra_fields or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, self.text_columns)
@@ -2443,6 +2492,7 @@ class BodyReader:
         """The body's rows before the processors, and its number of events; Refused saying why
         this way cannot."""
         self.nulled_rows.clear()
+        self.dropped_rows = {}
         if is_rows(body):  # an OTLP export's rows as columns (otlp_rows.py)
             rows = from_ipc(body)
             if self.takes_rows:
@@ -2501,6 +2551,9 @@ class BodyReader:
             table = text_maps(table, lines, self.maps, shells, self.known if shells and not self.extra_fields else None)
             if not self.extra_fields and (other := next((name for name in table.column_names if name not in self.known), None)):
                 raise Refused(f"a field the table lacks: {other[:200]!r}")
+        if self.dropping and (unknown := [name for name in table.column_names if name not in self.known]):
+            self.dropped_rows = self.dropped_fields(table, unknown, body)
+            table = table.drop_columns(unknown)
         if self.extra_fields:
             if self.processors is not None:
                 if every_line or any(table.column(name).null_count < table.num_rows for name in table.column_names if name not in self.known):
@@ -2520,6 +2573,33 @@ class BodyReader:
                     raise Refused(f"a field the table lacks: {str(exc)[:200]}") from None
             table = pa.Table.from_arrays([*(table.column(name) for name in self.known), extras], names=[*self.known, self.extra_fields])
         return table, events
+
+    def dropped_fields(self, table: pa.Table, unknown: list[str], body: bytes) -> dict[str, set[int]]:
+        """The rows of `table` (read from `body`, the fields the table lacks inferred as the
+        columns `unknown`) holding each such field, as the full job names the fields no column
+        takes: DROP_KEYS (a table as it is, parsed with its own types: convert.dropped_fields
+        lists each event's keys) every key, whatever its value, null too; DROP_VALUES (an
+        evolving table: the batch's types inferred) those with a value, where no such field may
+        become a column (columns.column_name_ok: a dotted name, say), as the full job would
+        evolve the table by any other. Refused where not sure."""
+        import pyarrow.compute as pc
+
+        columns = [(name, table.column(name)) for name in unknown]
+        if self.dropping == DROP_VALUES:
+            if (name := next((name for name in unknown if column_name_ok(name)), None)) is not None:
+                raise Refused(f"a field the table lacks: {name[:200]!r}")  # the full job evolves the table by it
+            if len(unknown) > MAX_DROPPED_INFERRED:  # (the full job parses a batch of so many with fewer: by their keys)
+                raise Refused(f"{len(unknown)} fields the table lacks")
+            if any(_holds_empty_object(column.type) for _name, column in columns):
+                # Spark's inference leaves out a field that is only ever {} in the batch (no value,
+                # not named), but names it where another request gives it keys.
+                raise Refused("a field the table lacks holding an empty object")
+        elif b"null" in body and any(column.null_count for _name, column in columns):
+            # A null is no value to pyarrow, but a key the full job names: where the keys are.
+            if (keys := _JsonLayout(body).key_rows(unknown, table.num_rows)) is None:
+                raise Refused("fields the table lacks, some null, where their keys cannot be told apart")
+            return keys
+        return {name: set(pc.indices_nonzero(pc.is_valid(column)).to_pylist()) for name, column in columns if column.null_count < len(column)}
 
     def processed(self, table: pa.Table, events: int) -> tuple[pa.Table, int]:
         """read_rows's rows through the processors, and how many a where kept."""
@@ -2563,13 +2643,15 @@ class BodyReader:
 
 
 def _answer(path: str | None = None, counts: dict | None = None, refused: str | None = None, rejected: list[int] | None = None,
-            nulled_by_receipt: dict | None = None, sink: int = 0) -> pa.RecordBatch:
+            nulled_by_receipt: dict | None = None, dropped_by_receipt: dict | None = None, sink: int = 0) -> pa.RecordBatch:
     """One row of a task's answer: a file written for a sink (its place in the task's sinks); a
-    sink's last also its counts and, per request, the columns where values were made NULL and in
-    how many events; the task's last the requests left out."""
+    sink's last also its counts and, per request, the columns where values were made NULL and
+    the fields no column took (dropped), each with how many events had any; the task's last the
+    requests left out."""
     return pa.RecordBatch.from_pylist([{"path": path, "counts": json.dumps(counts or {}), "refused": refused,
                                         "rejected": json.dumps(rejected) if rejected else None,
-                                        "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None, "sink": sink}],
+                                        "nulled": json.dumps(nulled_by_receipt) if nulled_by_receipt else None,
+                                        "dropped": json.dumps(dropped_by_receipt) if dropped_by_receipt else None, "sink": sink}],
                                       schema=RESULT_ARROW)
 
 
@@ -2577,9 +2659,9 @@ def _reading(sink: tuple) -> tuple:
     """What a task's reading of a body for a sink (BodyReader.read_rows) depends on: the sink's
     arguments less its files' place and size, its processors only by what they rename and drop
     (they are applied after: a sink's routes among them)."""
-    _directory, _filesystem, parsing, file_schema, required, extra_fields, partition, changes, processors, _size, text_nulls = sink
+    _directory, _filesystem, parsing, file_schema, required, extra_fields, partition, changes, processors, _size, text_nulls, dropping = sink
     plan = None if processors is None else (renamed(processors[0]), dropped(processors[0]), nulled(processors[0]))
-    return parsing, file_schema, required, extra_fields, partition, changes, text_nulls, plan
+    return parsing, file_schema, required, extra_fields, partition, changes, text_nulls, dropping, plan
 
 
 def _fault(data: pa.Table, required: frozenset[str]) -> str | None:
@@ -2644,9 +2726,10 @@ def _rows_read(readers: list[BodyReader], reads_with: list[int], body: bytes) ->
     return [readers[index].read_rows(body) if index == mine else None for mine, index in enumerate(reads_with)]
 
 
-def _read_together(readers: list[BodyReader], reads_with: list[int], bodies: list[bytes]) -> list[list[tuple[tuple[pa.Table, int], dict]]] | None:
+def _read_together(readers: list[BodyReader], reads_with: list[int], bodies: list[bytes]) -> list[list[tuple[tuple[pa.Table, int], dict, dict]]] | None:
     """Each body's reading by each sink (as _append reads a body alone: its rows and how many a
-    where kept, and the rows a conversion made NULL by column), the bodies read as one body and
+    where kept, the rows a conversion made NULL by column and the rows holding each field no
+    column took), the bodies read as one body and
     split again at their lines; None where the bodies together cannot be read so (any refusal or
     fault: each is then read alone, as a request's rows never depend on another's)."""
     joined = b"\n".join(bodies)
@@ -2660,7 +2743,9 @@ def _read_together(readers: list[BodyReader], reads_with: list[int], bodies: lis
         return None
     offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
     nulled = [_split_rows(readers[index].nulled_rows, offsets) for index in reads_with]
-    return [[(sink_parts[k], sink_nulled[k]) for sink_parts, sink_nulled in zip(parts, nulled)] for k in range(len(bodies))]
+    dropped = [_split_rows(readers[index].dropped_rows, offsets) for index in reads_with]
+    return [[(sink_parts[k], sink_nulled[k], sink_dropped[k]) for sink_parts, sink_nulled, sink_dropped in zip(parts, nulled, dropped)]
+            for k in range(len(bodies))]
 
 
 def _line_counts(joined: bytes, bodies: list[bytes]) -> list[int]:
@@ -2695,14 +2780,15 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
     processors (its routes' condition among them); one left out (by_request) is left out of every
     sink."""
     freeze_once()
-    readers = [BodyReader(parsing, file_schema, required, extra_fields, partition, changes, processors, text_nulls)
-               for _d, _f, parsing, file_schema, required, extra_fields, partition, changes, processors, _t, text_nulls in sinks]
+    readers = [BodyReader(parsing, file_schema, required, extra_fields, partition, changes, processors, text_nulls, dropping)
+               for _d, _f, parsing, file_schema, required, extra_fields, partition, changes, processors, _t, text_nulls, dropping in sinks]
     # Sinks that read a body alike (into tables alike, their routes apart) share one reading of it.
     readings = [_reading(sink) for sink in sinks]
     reads_with = [readings.index(reading) for reading in readings]
     tables: list[list[pa.Table]] = [[] for _ in sinks]  # per sink, its rows of each request taken
     events: list[list[int]] = [[] for _ in sinks]  # ... and how many
     nulled_by_seq: list[dict[int, tuple[list[str], int]]] = [{} for _ in sinks]  # per written request: those columns, and how many of its events
+    dropped_by_seq: list[dict[int, tuple[list[str], int]]] = [{} for _ in sinks]  # ... the fields no column took, and how many of its events
     places, rejected = [], []  # the requests taken: (receipt, seq)
     together_memory = FallbackMemory()  # whether the task's last requests read together had one that could not be
     sizes: dict[int, int] = {}  # each written request's body size, by its place
@@ -2726,7 +2812,8 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
             if (read := together.pop(place, None)) is None:
                 try:
                     rows = _rows_read(readers, reads_with, body)
-                    read = [(reader.processed(*rows[index]), readers[index].nulled_rows) for reader, index in zip(readers, reads_with)]
+                    read = [(reader.processed(*rows[index]), readers[index].nulled_rows, readers[index].dropped_rows)
+                            for reader, index in zip(readers, reads_with)]
                 except Exception as exc:  # noqa: BLE001 - Refused, or a fault of this reader on the request's bytes
                     reason = str(exc) if isinstance(exc, Refused) else reader_fault(exc)
                     if not by_request:
@@ -2734,11 +2821,13 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
                         return
                     rejected.append(seq)  # the Spark job takes this request
                     continue
-            for index, ((table, count), nulled_rows) in enumerate(read):
+            for index, ((table, count), nulled_rows, dropped_rows) in enumerate(read):
                 tables[index].append(table)
                 events[index].append(count)
                 if nulled_rows:
                     nulled_by_seq[index][seq] = (sorted(nulled_rows), len(set().union(*nulled_rows.values())))
+                if dropped_rows:
+                    dropped_by_seq[index][seq] = (sorted(dropped_rows), len(set().union(*dropped_rows.values())))
             places.append((receipt, seq))
             sizes[seq] = len(body)
     kept = [True] * len(places)
@@ -2759,7 +2848,7 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
         yield _answer(rejected=rejected)
         return
     for index, sink in enumerate(sinks):
-        directory, filesystem, _parsing, file_schema, _required, _extra, partition, changes, _processors, target_file_size, _nulls = sink
+        directory, filesystem, _parsing, file_schema, _required, _extra, partition, changes, _processors, target_file_size, _nulls, _drop = sink
         data = readers[reads_with[index]].joined(tables[index])  # (the reader that read them: whether some came as columns)
         counts: dict[str, int] = {}
         for (receipt, _seq), count in zip(places, events[index]):
@@ -2777,5 +2866,7 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
         for path, _rows, _key in written[:-1]:
             yield _answer(path=path, sink=index)
         nulled_by_receipt = {receipt: nulled_by_seq[index][seq] for receipt, seq in places if seq in nulled_by_seq[index]}
-        yield _answer(path=written[-1][0] if written else None, counts=counts, nulled_by_receipt=nulled_by_receipt, sink=index,
+        dropped_by_receipt = {receipt: dropped_by_seq[index][seq] for receipt, seq in places if seq in dropped_by_seq[index]}
+        yield _answer(path=written[-1][0] if written else None, counts=counts, nulled_by_receipt=nulled_by_receipt,
+                      dropped_by_receipt=dropped_by_receipt, sink=index,
                       rejected=rejected if index == len(sinks) - 1 else None)

@@ -35,7 +35,7 @@ from spark_jobs.columns import DROPPED, EVENT, INTERNAL, NULLED, OP, REASON, REC
 from spark_jobs.contract import SET_ASIDE_MARK
 from spark_jobs.convert import convert, holds_maps
 from spark_jobs.definition import Definition, Sink
-from spark_jobs.direct_append import append_directly, append_routed, has_nested_maps, parse_schema, sink_arguments
+from spark_jobs.direct_append import DROP_KEYS, DROP_VALUES, append_directly, append_routed, has_nested_maps, parse_schema, sink_arguments
 from spark_jobs.dlq import DeadLetters
 from spark_jobs.events import event_rows, has_set_aside, infer_event_schema, parse, set_aside_rows
 from spark_jobs.files import delete_directory, rows_per_file, write_parquet
@@ -122,7 +122,7 @@ def evolves_alike(schema: pa.Schema) -> bool:
     return all(any(check(field.type) for check in _EVOLVING_TYPES) for field in schema)
 
 
-_DirectAnswer = tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]]]  # append_directly's
+_DirectAnswer = tuple[dict[str, int] | None, str | None, list[int], dict[str, tuple[list[str], int]], dict[str, tuple[list[str], int]]]  # append_directly's
 
 
 _Reply = TypeVar("_Reply", bound=tuple)  # an answer of append_directly or append_routed: (..., why not, ...)
@@ -235,7 +235,7 @@ class PipelineJob:
             raise
         for name, output in short.tables.items():
             if name in result.tables:
-                result.tables[name].add(output.directory, output.rows_by_receipt, output.nulled_by_receipt)
+                result.tables[name].add(output.directory, output.rows_by_receipt, output.nulled_by_receipt, output.dropped_by_receipt)
             else:
                 result.tables[name] = output
         result.direct, result.bodies, result.rejected = short.direct, short.bodies, short.rejected
@@ -282,14 +282,15 @@ class PipelineJob:
                 partition, changes=target.changes is not None, entries=entries, by_request=target.changes is None, processors=processors,
                 target_file_size=target.target_file_size, task_bytes=self.task_bytes,
                 text_nulls=processors is None and target.changes is None and not self.evolving_table,
+                dropping=None if target.extra_fields else DROP_VALUES if self.evolving_table else DROP_KEYS,
             )
 
         done = _short_way_ran(append, entries)
         if isinstance(done, JobResult):
             return done
-        (counts, _refused, rejected, nulled), way = done
+        (counts, _refused, rejected, nulled, dropped), way = done
         good = {receipt: n for receipt, n in counts.items() if n}
-        tables = {target.name: Output(target.directory, good, target.changes, nulled_by_receipt=nulled)} if good else {}
+        tables = {target.name: Output(target.directory, good, target.changes, dropped, nulled)} if good else {}
         if len(rejected) == len(bodies):  # none written: the Spark job writes the batch
             return JobResult(direct="refused", bodies=way)
         if rejected:
@@ -326,7 +327,7 @@ class PipelineJob:
             return done
         (answers, _refused, _rejected, _nulled), way = done
         tables: dict[str, Output] = {}
-        for target, (counts, nulled) in zip(targets, answers):
+        for target, (counts, nulled, _dropped) in zip(targets, answers):  # (routed sinks never drop: no dropping)
             good = {receipt: n for receipt, n in counts.items() if n}
             if good:  # (two sinks into one table: one Output)
                 tables.setdefault(target.name, Output(target.directory)).add(target.directory, good, nulled)

@@ -61,14 +61,17 @@ class Output:
         return [self.directory, *self.more_directories]
 
     def add(self, directory: str, rows_by_receipt: dict[str, int] | None = None,
-            nulled_by_receipt: dict[str, tuple[list[str], int]] | None = None) -> None:
+            nulled_by_receipt: dict[str, tuple[list[str], int]] | None = None,
+            dropped_by_receipt: dict[str, tuple[list[str], int]] | None = None) -> None:
         """More of this batch's files of the table (another sink's, or the other way's) and their
-        rows per receipt; each request's NULLed columns are one way's, so taken as they are."""
+        rows per receipt; each request's NULLed columns and dropped fields are one way's, so
+        taken as they are."""
         if directory not in self.directories:
             self.more_directories.append(directory)
         for receipt, rows in (rows_by_receipt or {}).items():
             self.rows_by_receipt[receipt] = self.rows_by_receipt.get(receipt, 0) + rows
         self.nulled_by_receipt.update(nulled_by_receipt or {})
+        self.dropped_by_receipt.update(dropped_by_receipt or {})
 
 
 @dataclass

@@ -43,7 +43,10 @@ own), as a pipeline normalising a shipper's fields has them; `arithmetic`, the d
 a `set` of arithmetic (`latency_ms / 1000` into a column of its own); `redacted`, the declared shape
 with a `drop` of one of the table's own columns (`host`, no longer to be kept); `evolving`, `extra`'s
 events into a table created from them whose sink evolves its schema (the five fields some events
-add become columns). The shippers'
+add become columns); `trimmed`, the declared shape with a logger's name and a trace (three fields
+the declared table, without extra_fields, lacks: dropped and named in the receipt); `attributes`,
+plain events with two dotted attributes (`http.method`, as OpenTelemetry names them) into a table
+whose sink evolves its schema (such names never become columns: dropped and named). The shippers'
 protocols, the same facts into their built-in pipelines: `otlp` (OTLP/JSON log records, a resource
 per service, three attributes each), `otlp-proto` (the same in protobuf), `loki` (a Loki push in
 JSON, a stream per service and level) and `bulk` (Elasticsearch `_bulk` into `logs`). Loki's push
@@ -289,6 +292,20 @@ def widened(event: dict, i: int) -> dict:
     return event
 
 
+def with_logger(event: dict) -> dict:
+    """The event with the trace it was logged in and its logger's name: fields a declared
+    table without extra_fields lacks, dropped and named in the receipt (dropped_fields)."""
+    event["logger"] = f"app.{event['service']}"
+    return with_trace(event)
+
+
+def with_attributes(event: dict, i: int) -> dict:
+    """The event with two attributes named as OpenTelemetry's conventions spell them, dotted:
+    an evolving table never takes such a name as a column (dropped and named in the receipt)."""
+    event["http.method"], event["user_agent.original"] = ("GET", "POST")[i % 2], f"curl/8.{i % 7}"
+    return event
+
+
 def with_days(i: int) -> dict:
     """An event with an ISO 8601 ts; 200 requests' events span ~4 days: a few partition values per batch."""
     return with_iso_time(make_event(i * 20))
@@ -305,6 +322,7 @@ SHAPES = {"plain": make_event, "extra": lambda i: with_extra_field(make_event(i)
           "functions": with_days, "arithmetic": with_days, "redacted": with_days,
           "evolving": lambda i: with_extra_field(make_event(i), i), "measured": lambda i: measured(make_event(i), i),
           "nanos": lambda i: with_nano_time(make_event(i * 20)),
+          "trimmed": lambda i: with_logger(with_days(i)), "attributes": lambda i: with_attributes(make_event(i), i),
           # The shippers' protocols: make_event's facts as OTLP log records (JSON and protobuf),
           # Loki push lines (JSON) and Elasticsearch _bulk documents into the built-in pipelines.
           "otlp": make_event, "otlp-proto": make_event, "loki": make_event, "bulk": make_event}
@@ -368,6 +386,11 @@ PIPELINES = {
                                                                         "partition_spec": [{"column": "ts", "transform": "day"}]}}]},
     "evolving": {"name": "evolving", "source": {"http": {"path": "/evolving"}},
                  "sinks": [{"table": "evolving", "auto_create": True, "schema_evolution": True}]},
+    "trimmed": {"name": "trimmed", "source": {"http": {"path": "/trimmed"}}, "sinks": [{
+        "table": "trimmed", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS, "partition_spec": [{"column": "ts", "transform": "day"}]},
+    }]},
+    "attributes": {"name": "attributes", "source": {"http": {"path": "/attributes"}},
+                   "sinks": [{"table": "attributes", "auto_create": True, "schema_evolution": True}]},
     "redacted": {"name": "redacted", "source": {"http": {"path": "/redacted"}}, "processors": [{"drop": ["host"]}],
                  "sinks": [{"table": "redacted", "auto_create": True, "schema": {"columns": DECLARED_COLUMNS,
                                                                                 "partition_spec": [{"column": "ts", "transform": "day"}]}}]},

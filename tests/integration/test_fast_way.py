@@ -70,6 +70,10 @@ DEFINITION = PipelineDefinition.model_validate({
 EVOLVING = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events", "schema_evolution": True}],
 })
+# The same table but for _extra, its sink without extra_fields: the fields it lacks are dropped and named.
+DROPPING = PipelineDefinition.model_validate({
+    "name": "events", "source": {"http": {"path": "/events"}}, "sinks": [{"table": "events"}],
+})
 UPSERTS = PipelineDefinition.model_validate({
     "name": "events", "source": {"http": {"path": "/events"}},
     "sinks": [{"table": "events", "extra_fields": "_extra", "identifier_columns": ["id"], "mode": "upsert"}],
@@ -213,7 +217,7 @@ def _short_way_tried_first() -> None:
 
 def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, str]], batches: st.SearchStrategy,  # noqa: ANN001
                  examples: int, least_written: int, check_file=None, changes: bool = False, redis_url: str | None = None,  # noqa: ANN001
-                 evolving: bool = False) -> None:
+                 evolving: bool = False, dropping: bool = False) -> dict[str, int]:
     """Each drawn batch through the fast way and through the full job alone, into a table of
     `schema` and `partition`: what the fast way wrote must be what the full job writes (the same
     rows, no DLQ entry, the same counts, no dropped field, the same columns and events with values
@@ -225,7 +229,9 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
     do (spark_jobs/stream_bodies.py), instead of their being shipped with the job.
     evolving: the sink evolves the table's schema (EVOLVING, no extra_fields): the full job infers
     the batch's types, and the table stays as it is (a request the fast way writes needs nothing
-    evolved; one that does is the full job's either way)."""
+    evolved; one that does is the full job's either way). dropping: the sink keeps no extra_fields
+    (DROPPING): the fields the table lacks are left out, each request's named alike either way.
+    Returns how many batches went which way ("named": a request written the fast way had fields dropped)."""
     examples, least_written = drawn(examples, least_written)
     client = redis.Redis.from_url(redis_url) if redis_url else None
     directories = iter(range(10**6))
@@ -233,7 +239,7 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
     def resolve(name, sink, rows):  # noqa: ANN001, ANN202
         directory = (tmp_path / f"batch-{next(directories)}").as_uri()
         return Target(name=name, schema=schema, required=frozenset({"id"}), partition=partition, directory=directory,
-                      extra_fields=None if evolving else "_extra", changes=ChangeSpec(None, ("id",), True) if changes else None)
+                      extra_fields=None if evolving or dropping else "_extra", changes=ChangeSpec(None, ("id",), True) if changes else None)
 
     def job(definition: PipelineDefinition | None) -> PipelineJob:
         if definition is not None and evolving:
@@ -248,7 +254,7 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
         if evolving:
             return PipelineJob(spark, "events", 1, EVOLVING, resolve=resolve, dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(),
                                evolving_table=True)
-        return PipelineJob(spark, "events", 1, UPSERTS if changes else DEFINITION, resolve=resolve,
+        return PipelineJob(spark, "events", 1, UPSERTS if changes else DROPPING if dropping else DEFINITION, resolve=resolve,
                            dlq_directory=(tmp_path / f"dlq-{next(directories)}").as_uri(), known_schema=schema)
 
     ways = {"written": 0, "refused": 0}
@@ -283,16 +289,25 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
             ways["full job failed"] = ways.get("full job failed", 0) + 1
             return
         ways[fast.direct] = ways.get(fast.direct, 0) + 1
+        if fast.direct in ("written", "partial") and any(int(r[1:]) not in fast.rejected for o in fast.tables.values() for r in o.dropped_by_receipt):
+            ways["named"] = ways.get("named", 0) + 1  # a request the fast way wrote had fields left out
         if fast.direct not in ("written", "partial"):
             return  # the full job wrote both
         names = sorted({*fast.tables, *full.tables, "events"})
         assert {name: written(fast, name) for name in names} == {name: written(full, name) for name in names}, (definition, bodies)
         if fast.direct == "written":
             assert full.dlq is None, f"the fast way wrote what the full job sends to the DLQ: {bodies}"
-            assert not any(o.dropped_by_receipt for o in full.tables.values())
-        else:  # the requests it left out went through the full job: their dead letters and dropped fields too
+        else:  # the requests it left out went through the full job: their dead letters too
             assert dead_letters(fast) == dead_letters(full), bodies
-            assert {r: o.dropped_by_receipt for r, o in fast.tables.items()} == {r: o.dropped_by_receipt for r, o in full.tables.items()}
+        # The fields no column took, per request: the same names, the same events (none with
+        # extra_fields). Evolving, of the requests the fast way wrote only: the full job infers a
+        # batch's types, so a request it wrote names an empty object where another request of its
+        # batch gave the field keys, and not where it ran alone (as the rest of a partial batch).
+        def named(result) -> dict:  # noqa: ANN001
+            return {t: {r: d for r, d in o.dropped_by_receipt.items() if not evolving or int(r[1:]) not in fast.rejected}
+                    for t, o in result.tables.items()}
+
+        assert named(fast) == named(full), bodies
         assert {r: o.rows_by_receipt for r, o in fast.tables.items()} == {r: o.rows_by_receipt for r, o in full.tables.items()}
         assert {r: o.changes for r, o in fast.tables.items()} == {r: o.changes for r, o in full.tables.items()}
         # Values made NULL by their conversion are named alike, per request: the columns, the events.
@@ -310,6 +325,8 @@ def compare_ways(spark, tmp_path, schema: pa.Schema, partition: list[tuple[str, 
             client.close()
     # A batch written in part is compared as closely (the rest's dead letters and dropped fields too).
     assert ways["written"] + ways.get("partial", 0) >= least_written and ways["refused"] + ways.get("partial", 0) >= 1, ways
+    print(ways)
+    return ways
 
 
 @differential
@@ -318,7 +335,16 @@ def test_random_batches_give_the_same_rows_the_fast_way_and_the_full_way(fresh_s
 
 
 @differential
-@pytest.mark.parametrize("columns", ["plain", "processors"])
+def test_fields_a_table_without_extra_fields_lacks_are_dropped_and_named_alike_the_fast_way_and_the_full_way(fresh_spark, tmp_path) -> None:  # noqa: ANN001
+    # The full job parses with the table's types and names every key the table lacks, null or
+    # not (convert.dropped_fields); the fast way leaves them out and names them so.
+    schema = pa.schema([field for field in TABLE if field.name != "_extra"])
+    ways = compare_ways(fresh_spark, tmp_path, schema, [], batch(), examples=24, least_written=6, dropping=True)
+    assert ways.get("named", 0) >= drawn(24, 6)[1], ways  # requests written the fast way, fields left out and named
+
+
+@differential
+@pytest.mark.parametrize("columns", ["plain", "processors", "dotted"])
 def test_a_table_whose_sink_evolves_its_schema_gets_the_same_rows_the_fast_way_and_the_full_way(fresh_spark, tmp_path, columns: str) -> None:  # noqa: ANN001
     # The full job infers the batch's types (and would evolve the table: not for the requests the
     # fast way writes, whose values are all of the table's columns and types); requests with a
@@ -326,15 +352,25 @@ def test_a_table_whose_sink_evolves_its_schema_gets_the_same_rows_the_fast_way_a
     schema = pa.schema([field for field in TABLE if field.name != "_extra"])
     if columns == "plain":
         compare_ways(fresh_spark, tmp_path, schema, [], plain_batch(), examples=20, least_written=5, evolving=True)
+    elif columns == "dotted":  # fields named as OpenTelemetry's attributes: never columns, dropped and named either way
+        ways = compare_ways(fresh_spark, tmp_path, schema, [], plain_batch(dotted=True), examples=20, least_written=5, evolving=True)
+        assert ways.get("named", 0) >= drawn(20, 4)[1], ways
     else:  # processed_batch's definitions: the short way plans them over the table as it is
         compare_ways(fresh_spark, tmp_path, schema, [], processed_batch(evolving=True), examples=20, least_written=3, evolving=True)
 
 
 @st.composite
-def plain_batch(draw) -> list[bytes]:  # noqa: ANN001
+def plain_batch(draw, dotted: bool = False) -> list[bytes]:  # noqa: ANN001
     """processed_batch's events (the table's fields in their types, now and then a field the table
-    lacks or a value of another type) without processors."""
-    return requests_of(draw, lambda chance, integral: plain_fields(draw, chance, integral), lambda: draw(st.booleans()))
+    lacks or a value of another type) without processors; `dotted`: now and then one or two
+    fields named with a dot (`http.method`) too."""
+    def fields(chance: random.Random, integral: bool) -> list[tuple[str, str]]:
+        pairs = plain_fields(draw, chance, integral)
+        for name in chance.sample(["http.method", "a.b", "service.name", "x`y"], chance.choice([0, 0, 1, 2])) if dotted else ():
+            pairs.append((name, draw(USUAL_VALUE)))
+        return pairs
+
+    return requests_of(draw, fields, lambda: draw(st.booleans()))
 
 
 # Text where the table has a number: what Spark's cast may read as one, and what it cannot.
@@ -718,7 +754,7 @@ def mapped_batch(draw) -> list[bytes]:  # noqa: ANN001
                 if chance.random() < 0.05:  # a key per event (a request id, say): later requests read the lines for maps
                     keys += [f"id-{chance.randrange(10**6)}" for _ in range(9)]
                 value = json.dumps({key: draw(TEXT | MAP_TEXT) for key in keys}, ensure_ascii=chance.random() < 0.5)
-                pairs.append((name, value if chance.random() > 0.03 else draw(ODD_MAPS)))
+                pairs.append((name, value if chance.random() > 0.08 else draw(ODD_MAPS)))
         if chance.random() < 0.5:
             pairs.append(("msg", json.dumps(draw(TEXT))))
         return pairs
@@ -1214,6 +1250,30 @@ def test_a_key_twice_in_a_map_keeps_its_last_value_in_key_order_and_fails_nothin
     assert result.direct != "written"
     assert [(row["id"], row["labels"], row["attrs"]) for row in written(result)] == [(1, [("a", "2"), ("b", "x")], None), (2, None, [("y", "2"), ("z", "1")])]
     assert result.dlq is None
+
+
+@pytest.mark.parametrize("way", ["short", "full"])
+def test_an_event_with_a_key_twice_is_written_when_the_batchs_types_are_inferred(fresh_spark, tmp_path, way: str) -> None:  # noqa: ANN001
+    """A key twice in an event (the same type, or two) into an evolving table: the full job
+    infers the batch's types, and Spark's reader infers such a field twice, which failed every
+    reference to it (the batch halved down to the request, sent to the DLQ). Written, its last
+    value kept, a field the table lacks named as dropped, either way."""
+    schema = pa.schema([field for field in TABLE if field.name != "_extra"])
+    directories = iter(range(10))
+
+    def resolve(name, sink, rows):  # noqa: ANN001, ANN202
+        return Target(name=name, schema=schema, required=frozenset({"id"}), partition=[], directory=(tmp_path / f"b{next(directories)}").as_uri(),
+                      extra_fields=None)
+
+    pipeline_job._direct_off_until = 0.0 if way == "short" else float("inf")
+    try:
+        job = PipelineJob(fresh_spark, "events", 1, EVOLVING, resolve=resolve, dlq_directory=(tmp_path / "dlq").as_uri(), evolving_table=True)
+        result = job.run(["r0", "r1"], [b'{"id": 1, "n": 1, "n": 2, "a.b": 1, "a.b": 2}', b'{"id": 2, "msg": "x", "msg": "y", "c.d": 1, "c.d": "x"}'])
+    finally:
+        pipeline_job._direct_off_until = 0.0
+    assert result.dlq is None
+    assert [(row["id"], row["n"], row["msg"]) for row in written(result)] == [(1, 2, None), (2, None, "y")]
+    assert result.tables["events"].dropped_by_receipt == {"r0": (["a.b"], 1), "r1": (["c.d"], 1)}
 
 
 def test_a_pipeline_whose_batches_the_short_way_keeps_refusing_skips_it_until_a_try_writes_again(fresh_spark, tmp_path) -> None:  # noqa: ANN001

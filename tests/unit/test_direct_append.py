@@ -42,6 +42,8 @@ from pyiceberg.types import (
 from spark_jobs.buckets import buckets, murmur3_32
 from spark_jobs.columns import LINE_SLOTS
 from spark_jobs.direct_append import (
+    DROP_KEYS,
+    DROP_VALUES,
     MANY_INFERRED,
     MAX_MISTYPED,
     BodyReader,
@@ -1358,6 +1360,34 @@ def test_after_a_body_with_a_field_of_changing_type_the_next_few_are_read_withou
         assert reader.rows_of(changing)[0].to_pylist() == fresh(changing)
         assert len(reads) == expected_reads
     assert reader.rows_of(steady)[0].to_pylist() == fresh(steady)  # read from every line: the same
+
+
+def test_fields_a_table_without_extra_fields_lacks_are_left_out_and_named_with_the_events_that_held_them() -> None:
+    """A table as it is names every key it lacks, null or not (the full job lists the keys); an
+    evolving one those with a value, and refuses a request whose new field could be a column."""
+    plain = pa.schema([field for field in TABLE if field.name != "_extra"])
+
+    def read(dropping: str, body: bytes) -> tuple[list[str], dict[str, set[int]]]:
+        reader = BodyReader(parse_schema(plain, None, []), plain, frozenset({"id"}), None, [], False, None, dropping == DROP_KEYS, dropping)
+        table, _events = reader.rows_of(body)
+        return table.column_names, reader.dropped_rows
+
+    columns = ["id", "msg", "n", "x", "ok"]
+    # No null in the body: pyarrow's columns say which events hold each key.
+    assert read(DROP_KEYS, b'{"id": 1, "trace": "t"}\n{"id": 2, "msg": "a", "trace": "u", "span": 3}\n{"id": 3}') == (
+        columns, {"trace": {0, 1}, "span": {1}})
+    # A null value: the key still counts (found where it is in the body), a null of a known
+    # column or the text "null" in a string changes nothing.
+    assert read(DROP_KEYS, b'{"id": 1, "user": null, "msg": "null"}\n{"id": 2, "n": null, "trace": "x"}\n{"id": 3, "user": "u"}') == (
+        columns, {"user": {0, 2}, "trace": {1}})
+    assert read(DROP_KEYS, b'{"id": 1, "msg": "a"}') == (columns, {})
+    # Evolving: the dotted fields with a value only; a field that could become a column is the full job's.
+    assert read(DROP_VALUES, b'{"id": 1, "http.method": null}\n{"id": 2, "http.method": "GET", "a.b": [1]}') == (
+        columns, {"http.method": {1}, "a.b": {1}})
+    with pytest.raises(Refused, match="lacks: 'trace'"):
+        read(DROP_VALUES, b'{"id": 1, "trace": "t", "a.b": 1}')
+    with pytest.raises(Refused, match="empty object"):  # the full job's inference leaves {} out, unless another request gives it keys
+        read(DROP_VALUES, b'{"id": 1, "a.b": {}}')
 
 
 def test_after_a_body_of_wide_events_the_next_few_are_read_without_inferring_the_fields_the_table_lacks() -> None:
