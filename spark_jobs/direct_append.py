@@ -1601,14 +1601,17 @@ class _JsonLayout:
             return None
         return names, np.searchsorted(tops, opening, side="right") - 1, colons
 
-    def key_rows(self, names: list[str], rows: int) -> dict[str, set[int]] | None:
-        """The rows of the `rows` events holding each of these top-level keys, whatever its
-        value (those held by none left out); None where not sure (_top_keys)."""
+    def key_rows(self, rows: int, names: list[str] | None = None, known: list[str] | None = None) -> dict[str, set[int]] | None:
+        """The rows of the `rows` events holding each of these top-level keys (`names`, or every
+        key outside `known`), whatever its value (those held by none left out); None where not
+        sure (_top_keys)."""
         import pyarrow.compute as pc
 
         if (keys := self._top_keys(rows)) is None:
             return None
         found, row, _colons = keys
+        if names is None:
+            names = pc.unique(found.filter(pc.invert(pc.is_in(found, value_set=pa.array(known or [], pa.string()))))).to_pylist()
         wanted = pa.array(names, pa.string())
         at = pc.fill_null(pc.index_in(found, value_set=wanted), -1).to_numpy(zero_copy_only=False)
         which, row = at[at >= 0], row[at >= 0]
@@ -1980,8 +1983,9 @@ class BodyReader:
         self.nested_types = {name: nested_parsing(file_schema.field(name).type, read=False) for name in self.nested}
         self.nested_maps = [name for name in self.nested if has_nested_maps(file_schema.field(name).type)]
         # Fields the table lacks left out and named (append_directly's dropping; dropped_fields),
-        # where nothing else reads them: no extra_fields, processors, row changes, maps or objects.
-        self.dropping = dropping if not extra_fields and processors is None and not changes and not self.maps and not self.nested else None
+        # where nothing else reads them: no extra_fields, processors, row changes or maps (a key
+        # an object's struct column lacks still refuses its request: the full job names it).
+        self.dropping = dropping if not extra_fields and processors is None and not changes and not self.maps and not self.nested_maps else None
         self.dropped_rows: dict[str, set[int]] = {}  # the body's rows holding each field it left out, by name (dropped_fields)
         self.wide_maps = False  # True once a body's maps had many keys
         self.layout_memory = FallbackMemory()  # the layout for fields the table lacks (extra_maps)
@@ -2049,7 +2053,8 @@ class BodyReader:
             unexpected = "infer" if self.extra_fields or self.maps or self.drops or self.nested_maps or self.dropping else "error"
             return self.read(body, unexpected, epoch, as_read=as_read), False
         except pa.ArrowInvalid as exc:
-            if (not self.extra_fields or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc)) or _number_for_text(exc, self.text_columns)
+            if ((not self.extra_fields and self.dropping != DROP_KEYS) or self.maps or self.mistyped(exc) or _FRACTION_FOR_INTEGER.search(str(exc))
+                    or _number_for_text(exc, self.text_columns)
                     or _other_for_text(exc, self.text_columns) or _text_for_flag(exc, self.flag_columns) or _number_for_flag(exc, self.flag_columns)):
                 raise
             # Such a field of changing type cannot be inferred: every line is looked at.
@@ -2551,7 +2556,11 @@ class BodyReader:
             table = text_maps(table, lines, self.maps, shells, self.known if shells and not self.extra_fields else None)
             if not self.extra_fields and (other := next((name for name in table.column_names if name not in self.known), None)):
                 raise Refused(f"a field the table lacks: {other[:200]!r}")
-        if self.dropping and (unknown := [name for name in table.column_names if name not in self.known]):
+        if self.dropping and every_line:  # a field the table lacks of changing type: not inferred, only its keys looked for
+            if (keys := _JsonLayout(body).key_rows(table.num_rows, known=self.known)) is None:
+                raise Refused("fields the table lacks, of changing type, whose keys cannot be told apart")
+            self.dropped_rows = keys
+        elif self.dropping and (unknown := [name for name in table.column_names if name not in self.known]):
             self.dropped_rows = self.dropped_fields(table, unknown, body)
             table = table.drop_columns(unknown)
         if self.extra_fields:
@@ -2596,7 +2605,7 @@ class BodyReader:
                 raise Refused("a field the table lacks holding an empty object")
         elif b"null" in body and any(column.null_count for _name, column in columns):
             # A null is no value to pyarrow, but a key the full job names: where the keys are.
-            if (keys := _JsonLayout(body).key_rows(unknown, table.num_rows)) is None:
+            if (keys := _JsonLayout(body).key_rows(table.num_rows, unknown)) is None:
                 raise Refused("fields the table lacks, some null, where their keys cannot be told apart")
             return keys
         return {name: set(pc.indices_nonzero(pc.is_valid(column)).to_pylist()) for name, column in columns if column.null_count < len(column)}

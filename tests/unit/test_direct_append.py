@@ -1381,6 +1381,9 @@ def test_fields_a_table_without_extra_fields_lacks_are_left_out_and_named_with_t
     assert read(DROP_KEYS, b'{"id": 1, "user": null, "msg": "null"}\n{"id": 2, "n": null, "trace": "x"}\n{"id": 3, "user": "u"}') == (
         columns, {"user": {0, 2}, "trace": {1}})
     assert read(DROP_KEYS, b'{"id": 1, "msg": "a"}') == (columns, {})
+    # A field of changing type (pyarrow cannot infer it): not read, only its keys looked for.
+    assert read(DROP_KEYS, b'{"id": 1, "user": 7, "span": null}\n{"id": 2, "user": "anon"}\n{"id": 3, "msg": "m"}') == (
+        columns, {"user": {0, 1}, "span": {0}})
     # Evolving: the dotted fields with a value only; a field that could become a column is the full job's.
     assert read(DROP_VALUES, b'{"id": 1, "http.method": null}\n{"id": 2, "http.method": "GET", "a.b": [1]}') == (
         columns, {"http.method": {1}, "a.b": {1}})
