@@ -486,6 +486,8 @@ def test_fields_no_column_takes_are_kept_in_an_extra_fields_column_or_named_in_t
 
     text = stack.metrics()
     assert 'calve_events_with_dropped_fields_total{pipeline="declared",tenant="demo"} 4.0' in text
+    # After the first, which made the table, the short way wrote each request, dropping and naming as the full job.
+    assert 'calve_direct_batches_total{outcome="written",pipeline="declared",tenant="demo"} 3.0' in text, text
     assert 'calve_events_with_dropped_fields_total{pipeline="trimmed",tenant="demo"} 1.0' in text
     assert 'calve_events_with_dropped_fields_total{pipeline="logs"' not in text
     assert 'calve_events_with_dropped_fields_total{pipeline="kept",tenant="demo"} 1.0' in text, "only before extra_fields"
