@@ -902,11 +902,19 @@ def _run_tasks(spark: SparkSession, receipts: list[str], bodies: list[bytes], si
         for row in mine:
             for receipt, rows in json.loads(row.counts or "{}").items():
                 counts[receipt] = counts.get(receipt, 0) + rows
-        made_null = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in mine for receipt, (names, events) in json.loads(row.nulled or "{}").items()}
-        dropped = {receipt: (names[:MAX_DROPPED_NAMES], events) for row in mine for receipt, (names, events) in json.loads(row.dropped or "{}").items()}
-        answers.append((counts, made_null, dropped))
+        answers.append((counts, _named_by_receipt(row.nulled for row in mine), _named_by_receipt(row.dropped for row in mine)))
     rejected = sorted({seq // LINE_SLOTS for row in results for seq in json.loads(row.rejected or "[]")})
     return answers, None, rejected
+
+
+def _named_by_receipt(texts: Iterable[str | None]) -> dict[str, tuple[list[str], int]]:
+    """The answer rows' names per receipt (NULLed columns, or dropped fields), at most MAX_DROPPED_NAMES each, and how many events had any."""
+    return {receipt: (names[:MAX_DROPPED_NAMES], events) for text in texts for receipt, (names, events) in json.loads(text or "{}").items()}
+
+
+def _named(rows_by_name: dict[str, set[int]]) -> tuple[list[str], int]:
+    """A request's names (NULLed columns, or dropped fields) and how many of its events had any, from the rows by name."""
+    return sorted(rows_by_name), len(set().union(*rows_by_name.values()))
 
 
 class _AnswerRow(NamedTuple):
@@ -2834,9 +2842,9 @@ def _append(sinks: list[tuple], where: tuple[str, bool, str] | None, by_request:
                 tables[index].append(table)
                 events[index].append(count)
                 if nulled_rows:
-                    nulled_by_seq[index][seq] = (sorted(nulled_rows), len(set().union(*nulled_rows.values())))
+                    nulled_by_seq[index][seq] = _named(nulled_rows)
                 if dropped_rows:
-                    dropped_by_seq[index][seq] = (sorted(dropped_rows), len(set().union(*dropped_rows.values())))
+                    dropped_by_seq[index][seq] = _named(dropped_rows)
             places.append((receipt, seq))
             sizes[seq] = len(body)
     kept = [True] * len(places)
